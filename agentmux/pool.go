@@ -1,0 +1,206 @@
+package agentmux
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/zentinelproxy/sidecar/protocol"
+)
+
+// Agent is one configured agent as the dataplane sees it, whatever the
+// transport: it hands out exchanges over its live connections.
+type Agent interface {
+	// Name is the agent's configured name.
+	Name() string
+	// Begin opens an exchange on the least loaded live connection.
+	// It fails with ErrAgentUnavailable when there is none.
+	Begin(ctx context.Context) (*Exchange, error)
+	// Capabilities are the declared capabilities of a live connection (the
+	// zero value while none is live).
+	Capabilities() protocol.Capabilities
+	// Snapshot describes the agent's connections for status pages and metrics.
+	Snapshot() AgentStatus
+	// Close drains: CancelAll to every connection, then closes them.
+	Close() error
+}
+
+// AgentStatus is a point-in-time view of an agent.
+type AgentStatus struct {
+	Name        string               `json:"name"`
+	Transport   string               `json:"transport"`
+	Connections int                  `json:"connections"`
+	Ready       bool                 `json:"ready"`
+	InFlight    int64                `json:"in_flight"`
+	Late        uint64               `json:"late_replies"`
+	Timeouts    uint64               `json:"timeouts"`
+	Protocol    uint64               `json:"protocol_errors"`
+	Completed   uint64               `json:"completed"`
+	Caps        protocol.Capabilities `json:"capabilities"`
+	LastError   string               `json:"last_error,omitempty"`
+}
+
+// Pool is a set of live sessions to one agent; new exchanges go to the
+// session with the fewest in flight that still has a free slot. It
+// implements Agent and is what every transport's client builds on.
+type Pool struct {
+	name      string
+	transport string
+
+	mu       sync.Mutex
+	sessions atomic.Pointer[[]*Session] // copy-on-write: Begin reads without locking
+	lastErr  atomic.Pointer[string]
+	// retired carries the counters of sessions that left the pool so that
+	// Snapshot totals never go backwards.
+	retired Stats
+}
+
+// NewPool returns an empty pool.
+func NewPool(name, transport string) *Pool {
+	p := &Pool{name: name, transport: transport}
+	empty := []*Session{}
+	p.sessions.Store(&empty)
+	return p
+}
+
+// Name implements Agent.
+func (p *Pool) Name() string { return p.name }
+
+// Add puts a live session into the pool.
+func (p *Pool) Add(s *Session) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	old := *p.sessions.Load()
+	next := make([]*Session, 0, len(old)+1)
+	next = append(next, old...)
+	next = append(next, s)
+	p.sessions.Store(&next)
+}
+
+// Remove takes a session out of the pool (it stays usable by the
+// exchanges already open on it).
+func (p *Pool) Remove(s *Session) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	old := *p.sessions.Load()
+	next := make([]*Session, 0, len(old))
+	for _, x := range old {
+		if x != s {
+			next = append(next, x)
+		}
+	}
+	if len(next) != len(old) {
+		st := s.Stats()
+		p.retired.Late += st.Late
+		p.retired.Timeouts += st.Timeouts
+		p.retired.Protocol += st.Protocol
+		p.retired.Completed += st.Completed
+		p.retired.Cancels += st.Cancels
+	}
+	p.sessions.Store(&next)
+}
+
+// Sessions returns the live sessions (do not modify the slice).
+func (p *Pool) Sessions() []*Session { return *p.sessions.Load() }
+
+// Len is the number of live sessions.
+func (p *Pool) Len() int { return len(*p.sessions.Load()) }
+
+// SetLastError records why the last connection attempt failed (for status).
+func (p *Pool) SetLastError(err error) {
+	if err == nil {
+		p.lastErr.Store(nil)
+		return
+	}
+	s := err.Error()
+	p.lastErr.Store(&s)
+}
+
+// Begin implements Agent.
+func (p *Pool) Begin(ctx context.Context) (*Exchange, error) {
+	ss := *p.sessions.Load()
+	var best *Session
+	var bestLoad int64 = -1
+	for _, s := range ss {
+		select {
+		case <-s.done:
+			continue
+		default:
+		}
+		n := s.inflight.Load()
+		if n >= int64(cap(s.sem)) && best != nil {
+			continue
+		}
+		// Prefer free capacity, then the fewest in flight.
+		if best == nil || n < bestLoad || (bestLoad >= int64(cap(best.sem)) && n < int64(cap(s.sem))) {
+			best, bestLoad = s, n
+		}
+	}
+	if best == nil {
+		msg := "no live connection"
+		if le := p.lastErr.Load(); le != nil {
+			msg += " (last error: " + *le + ")"
+		}
+		return nil, fmt.Errorf("%w: %s: %s", ErrAgentUnavailable, p.name, msg)
+	}
+	return best.Begin(ctx)
+}
+
+// Capabilities implements Agent.
+func (p *Pool) Capabilities() protocol.Capabilities {
+	for _, s := range *p.sessions.Load() {
+		return s.caps
+	}
+	return protocol.Capabilities{}
+}
+
+// Snapshot implements Agent.
+func (p *Pool) Snapshot() AgentStatus {
+	p.mu.Lock()
+	st := AgentStatus{
+		Name:      p.name,
+		Transport: p.transport,
+		Late:      p.retired.Late,
+		Timeouts:  p.retired.Timeouts,
+		Protocol:  p.retired.Protocol,
+		Completed: p.retired.Completed,
+	}
+	p.mu.Unlock()
+	for _, s := range *p.sessions.Load() {
+		x := s.Stats()
+		st.Connections++
+		st.InFlight += x.InFlight
+		st.Late += x.Late
+		st.Timeouts += x.Timeouts
+		st.Protocol += x.Protocol
+		st.Completed += x.Completed
+		st.Caps = s.caps
+	}
+	st.Ready = st.Connections > 0
+	if le := p.lastErr.Load(); le != nil {
+		st.LastError = *le
+	}
+	return st
+}
+
+// CancelAll sends CancelAll to every live session.
+func (p *Pool) CancelAll(reason string) {
+	for _, s := range *p.sessions.Load() {
+		_ = s.SendCancelAll(reason)
+	}
+}
+
+// Close implements Agent: CancelAll, then close every session.
+func (p *Pool) Close() error {
+	p.CancelAll("shutdown")
+	p.mu.Lock()
+	ss := *p.sessions.Load()
+	empty := []*Session{}
+	p.sessions.Store(&empty)
+	p.mu.Unlock()
+	for _, s := range ss {
+		_ = s.Close()
+	}
+	return nil
+}

@@ -1,0 +1,510 @@
+// Package agentmux multiplexes many HTTP requests over one agent connection.
+//
+// It is the transport-independent half of the proxy side of agent protocol
+// v2: request ids, the in-flight limit with a bounded wait queue, per-event
+// deadlines, cancellation, late-reply accounting and failing every waiter
+// when the connection dies. A transport (uds, reverse, grpcagent) supplies a
+// Link that puts events on the wire and feeds decoded replies back through
+// Session.Deliver from its single read loop.
+//
+// Every event the proxy sends gets exactly one reply, so an Exchange has at
+// most one event outstanding; the reply is delivered by swapping Reply
+// buffers between the read loop and the waiter, which costs no allocation
+// and no copy.
+package agentmux
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/zentinelproxy/sidecar/protocol"
+)
+
+// Errors returned to callers of an Exchange. They are wrapped with the
+// agent's name; test with errors.Is.
+var (
+	// ErrAgentUnavailable: no live connection to the agent.
+	ErrAgentUnavailable = errors.New("agentmux: agent unavailable")
+	// ErrAgentTimeout: the agent did not answer within the deadline.
+	ErrAgentTimeout = errors.New("agentmux: agent timed out")
+	// ErrAgentOverloaded: the in-flight limit is reached and the wait queue is full.
+	ErrAgentOverloaded = errors.New("agentmux: agent overloaded")
+	// ErrAgentConnLost: the connection died while the request was in flight.
+	ErrAgentConnLost = errors.New("agentmux: agent connection lost")
+	// ErrAgentProtocol: the agent answered with a reply that breaks the protocol.
+	ErrAgentProtocol = errors.New("agentmux: agent protocol error")
+	// ErrAgentCanceled: the caller's context ended (client went away).
+	ErrAgentCanceled = errors.New("agentmux: request canceled")
+)
+
+// Link is the transport under a Session.
+type Link interface {
+	// Send queues one event for the agent. msg is a pointer to the protocol
+	// message of type t; Send must encode it before returning (the caller
+	// reuses it) and must not block on the network.
+	Send(t protocol.MsgType, msg any) error
+	// Close tears the connection down. The transport then calls Session.Fail.
+	Close() error
+}
+
+// Reply is an agent's answer to one event: a Decision or a BodyMutation.
+type Reply struct {
+	Type     protocol.MsgType
+	Decision protocol.Decision
+	Mutation protocol.BodyMutation
+	// Err is set by a transport that could tell which request a malformed
+	// reply belonged to; the waiter gets ErrAgentProtocol.
+	Err error
+}
+
+// RequestID returns the request id of the reply.
+func (r *Reply) RequestID() uint64 {
+	if r.Type == protocol.TypeBodyMutation {
+		return r.Mutation.RequestID
+	}
+	return r.Decision.RequestID
+}
+
+// nextID is process-wide so request ids never repeat across connections.
+var nextID atomic.Uint64
+
+// NextRequestID returns a fresh request id, unique in this process.
+func NextRequestID() uint64 { return nextID.Add(1) }
+
+// SessionConfig bounds one Session.
+type SessionConfig struct {
+	// Name labels errors and logs.
+	Name string
+	// MaxInFlight is the proxy's own limit; the agent's
+	// max_concurrent_requests lowers it when smaller. Must be > 0.
+	MaxInFlight int
+	// MaxQueue is how many Begin calls may wait for a slot; more fail at once
+	// with ErrAgentOverloaded.
+	MaxQueue int
+	// MessageTimeout bounds the wait for each reply (0: only the context).
+	MessageTimeout time.Duration
+}
+
+// Stats are a Session's counters.
+type Stats struct {
+	InFlight  int64
+	Waiting   int64
+	Late      uint64 // replies for unknown, finished or timed-out requests
+	Timeouts  uint64
+	Cancels   uint64 // CancelRequest frames sent
+	Protocol  uint64 // malformed replies
+	Completed uint64 // events answered
+}
+
+// Session multiplexes requests over one agent connection.
+type Session struct {
+	cfg  SessionConfig
+	link Link
+	caps protocol.Capabilities
+	sem  chan struct{}
+
+	mu      sync.Mutex
+	pending map[uint64]*Exchange
+	err     error // set once when the session fails
+	done    chan struct{}
+
+	inflight  atomic.Int64
+	waiting   atomic.Int64
+	late      atomic.Uint64
+	timeouts  atomic.Uint64
+	cancels   atomic.Uint64
+	protoErrs atomic.Uint64
+	completed atomic.Uint64
+}
+
+// NewSession wraps a connected, handshaken link.
+func NewSession(link Link, caps protocol.Capabilities, cfg SessionConfig) *Session {
+	limit := cfg.MaxInFlight
+	if limit <= 0 {
+		limit = 1024
+	}
+	if m := int(caps.MaxConcurrentRequests); m > 0 && m < limit {
+		limit = m
+	}
+	return &Session{
+		cfg:     cfg,
+		link:    link,
+		caps:    caps,
+		sem:     make(chan struct{}, limit),
+		pending: make(map[uint64]*Exchange, limit),
+		done:    make(chan struct{}),
+	}
+}
+
+// Capabilities returns what the agent declared.
+func (s *Session) Capabilities() protocol.Capabilities { return s.caps }
+
+// Limit is the effective in-flight limit.
+func (s *Session) Limit() int { return cap(s.sem) }
+
+// InFlight is the number of open exchanges.
+func (s *Session) InFlight() int64 { return s.inflight.Load() }
+
+// Done is closed when the session has failed or was closed.
+func (s *Session) Done() <-chan struct{} { return s.done }
+
+// Err returns why the session ended, or nil while it is live.
+func (s *Session) Err() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.err
+}
+
+// Stats returns a snapshot of the counters.
+func (s *Session) Stats() Stats {
+	return Stats{
+		InFlight:  s.inflight.Load(),
+		Waiting:   s.waiting.Load(),
+		Late:      s.late.Load(),
+		Timeouts:  s.timeouts.Load(),
+		Cancels:   s.cancels.Load(),
+		Protocol:  s.protoErrs.Load(),
+		Completed: s.completed.Load(),
+	}
+}
+
+// CountProtocolError records a malformed frame the transport could not
+// attribute to a request.
+func (s *Session) CountProtocolError() { s.protoErrs.Add(1) }
+
+// CountLate records a reply the transport dropped before Deliver.
+func (s *Session) CountLate() { s.late.Add(1) }
+
+var exchangePool = sync.Pool{New: func() any {
+	e := &Exchange{ch: make(chan struct{}, 1), reply: new(Reply)}
+	e.timer = time.NewTimer(time.Hour)
+	e.timer.Stop()
+	return e
+}}
+
+// Begin opens an exchange for one HTTP request: it waits for an in-flight
+// slot (bounded by ctx and the queue limit) and assigns a request id.
+// The caller must call Finish exactly once.
+func (s *Session) Begin(ctx context.Context) (*Exchange, error) {
+	select {
+	case s.sem <- struct{}{}:
+	default:
+		if s.waiting.Add(1) > int64(s.cfg.MaxQueue) {
+			s.waiting.Add(-1)
+			return nil, fmt.Errorf("%w: %s: %d in flight and %d waiting", ErrAgentOverloaded, s.cfg.Name, cap(s.sem), s.cfg.MaxQueue)
+		}
+		err := s.waitSlot(ctx)
+		s.waiting.Add(-1)
+		if err != nil {
+			return nil, err
+		}
+	}
+	e := exchangePool.Get().(*Exchange)
+	e.s = s
+	e.id = NextRequestID()
+	e.state = stateIdle
+	e.err = nil
+	s.mu.Lock()
+	if s.err != nil {
+		err := s.err
+		s.mu.Unlock()
+		<-s.sem
+		e.s = nil
+		exchangePool.Put(e)
+		return nil, err
+	}
+	s.pending[e.id] = e
+	s.mu.Unlock()
+	s.inflight.Add(1)
+	return e, nil
+}
+
+func (s *Session) waitSlot(ctx context.Context) error {
+	var tc <-chan time.Time
+	if s.cfg.MessageTimeout > 0 {
+		// The slot wait is cold (the fast path above took no timer).
+		t := time.NewTimer(s.cfg.MessageTimeout)
+		defer t.Stop()
+		tc = t.C
+	}
+	select {
+	case s.sem <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("%w: %s: waiting for a slot: %v", ErrAgentCanceled, s.cfg.Name, context.Cause(ctx))
+	case <-tc:
+		s.timeouts.Add(1)
+		return fmt.Errorf("%w: %s: no free slot within %v", ErrAgentTimeout, s.cfg.Name, s.cfg.MessageTimeout)
+	case <-s.done:
+		return fmt.Errorf("%w: %s", ErrAgentConnLost, s.cfg.Name)
+	}
+}
+
+// Deliver hands a decoded reply to the exchange waiting for it and returns
+// a Reply for the transport to decode the next frame into. A reply nobody
+// waits for is counted as late and its buffer handed back.
+func (s *Session) Deliver(r *Reply) *Reply {
+	id := r.RequestID()
+	s.mu.Lock()
+	e := s.pending[id]
+	if e == nil || e.state != stateWaiting {
+		s.mu.Unlock()
+		s.late.Add(1)
+		return r
+	}
+	old := e.reply
+	e.reply = r
+	e.state = stateAnswered
+	s.mu.Unlock()
+	e.ch <- struct{}{}
+	return old
+}
+
+// Fail ends the session: every waiting exchange gets err (wrapped in
+// ErrAgentConnLost) at once, and later Begin calls fail.
+func (s *Session) Fail(err error) {
+	s.mu.Lock()
+	if s.err != nil {
+		s.mu.Unlock()
+		return
+	}
+	if err == nil {
+		err = errors.New("closed")
+	}
+	s.err = fmt.Errorf("%w: %s: %v", ErrAgentConnLost, s.cfg.Name, err)
+	close(s.done)
+	for _, e := range s.pending {
+		if e.state == stateWaiting {
+			e.state = stateFailed
+			e.ch <- struct{}{}
+		}
+	}
+	s.mu.Unlock()
+}
+
+// Close closes the link (which fails the session).
+func (s *Session) Close() error {
+	err := s.link.Close()
+	s.Fail(errors.New("closed by proxy"))
+	return err
+}
+
+// SendCancelAll tells the agent to stop all work (on shutdown or drain).
+func (s *Session) SendCancelAll(reason string) error {
+	return s.link.Send(protocol.TypeCancelAll, &protocol.CancelAll{Reason: []byte(reason)})
+}
+
+type exchangeState uint8
+
+const (
+	stateIdle exchangeState = iota
+	stateWaiting
+	stateAnswered
+	stateFailed
+	stateDead // timed out or canceled: no further events
+)
+
+// Exchange is one HTTP request's conversation with one agent.
+// It is not safe for concurrent use; Cancel may be called from any goroutine
+// only through the context passed to the event methods.
+type Exchange struct {
+	s     *Session
+	id    uint64
+	state exchangeState // guarded by s.mu
+	reply *Reply
+	ch    chan struct{}
+	timer *time.Timer
+	err   error
+}
+
+// RequestID is the id this request has on the wire.
+func (e *Exchange) RequestID() uint64 { return e.id }
+
+// Capabilities of the agent behind this exchange.
+func (e *Exchange) Capabilities() protocol.Capabilities { return e.s.caps }
+
+// RequestHeaders sends m (its RequestID is set here) and waits for the Decision.
+func (e *Exchange) RequestHeaders(ctx context.Context, m *protocol.RequestHeaders) (*Reply, error) {
+	m.RequestID = e.id
+	return e.call(ctx, protocol.TypeRequestHeaders, m, false, 0)
+}
+
+// ResponseHeaders sends m and waits for the Decision.
+func (e *Exchange) ResponseHeaders(ctx context.Context, m *protocol.ResponseHeaders) (*Reply, error) {
+	m.RequestID = e.id
+	return e.call(ctx, protocol.TypeResponseHeaders, m, false, 0)
+}
+
+// BodyChunk sends one body chunk of the given phase and waits for the
+// Decision or the BodyMutation for it.
+func (e *Exchange) BodyChunk(ctx context.Context, phase protocol.Phase, m *protocol.BodyChunk) (*Reply, error) {
+	m.RequestID = e.id
+	t := protocol.TypeRequestBodyChunk
+	if phase == protocol.PhaseResponse {
+		t = protocol.TypeResponseBodyChunk
+	}
+	return e.call(ctx, t, m, true, m.ChunkIndex)
+}
+
+func (e *Exchange) call(ctx context.Context, t protocol.MsgType, msg any, chunk bool, index uint32) (*Reply, error) {
+	s := e.s
+	if e.err != nil {
+		return nil, e.err
+	}
+	s.mu.Lock()
+	if s.err != nil {
+		err := s.err
+		s.mu.Unlock()
+		e.err = err
+		return nil, err
+	}
+	e.state = stateWaiting
+	s.mu.Unlock()
+	if err := s.link.Send(t, msg); err != nil {
+		e.abandon()
+		e.err = fmt.Errorf("%w: %s: send %s: %v", ErrAgentConnLost, s.cfg.Name, t, err)
+		return nil, e.err
+	}
+	var tc <-chan time.Time
+	if s.cfg.MessageTimeout > 0 {
+		e.timer.Reset(s.cfg.MessageTimeout)
+		tc = e.timer.C
+	}
+	var why error
+	select {
+	case <-e.ch:
+	case <-ctx.Done():
+		why = fmt.Errorf("%w: %s: %v", ErrAgentCanceled, s.cfg.Name, context.Cause(ctx))
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			why = fmt.Errorf("%w: %s: request deadline exceeded", ErrAgentTimeout, s.cfg.Name)
+		}
+	case <-tc:
+		why = fmt.Errorf("%w: %s: no reply to %s within %v", ErrAgentTimeout, s.cfg.Name, t, s.cfg.MessageTimeout)
+	}
+	if tc != nil {
+		e.timer.Stop()
+	}
+	if why != nil && !e.abandon() {
+		// The reply won the race with the deadline; take it.
+		<-e.ch
+		why = nil
+	}
+	if why != nil {
+		if errors.Is(why, ErrAgentTimeout) {
+			s.timeouts.Add(1)
+		}
+		e.err = why
+		e.sendCancel("timeout")
+		return nil, why
+	}
+	s.mu.Lock()
+	failed := e.state == stateFailed
+	if !failed {
+		e.state = stateIdle
+	}
+	err := s.err
+	s.mu.Unlock()
+	if failed {
+		e.err = err
+		return nil, err
+	}
+	r := e.reply
+	if r.Err != nil {
+		s.protoErrs.Add(1)
+		e.err = fmt.Errorf("%w: %s: %v", ErrAgentProtocol, s.cfg.Name, r.Err)
+		e.kill()
+		return nil, e.err
+	}
+	switch {
+	case r.Type == protocol.TypeDecision:
+	case r.Type == protocol.TypeBodyMutation && chunk && r.Mutation.ChunkIndex == index &&
+		(r.Mutation.Phase == protocol.PhaseResponse) == (t == protocol.TypeResponseBodyChunk):
+	default:
+		s.protoErrs.Add(1)
+		e.err = fmt.Errorf("%w: %s: %s is not a valid reply to %s", ErrAgentProtocol, s.cfg.Name, r.Type, t)
+		e.kill()
+		return nil, e.err
+	}
+	s.completed.Add(1)
+	return r, nil
+}
+
+// abandon stops waiting; it reports false when the reply already arrived.
+func (e *Exchange) abandon() bool {
+	s := e.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e.state != stateWaiting {
+		return false
+	}
+	e.state = stateDead
+	return true
+}
+
+func (e *Exchange) kill() {
+	s := e.s
+	s.mu.Lock()
+	e.state = stateDead
+	s.mu.Unlock()
+	e.sendCancel("protocol_error")
+}
+
+func (e *Exchange) sendCancel(reason string) {
+	s := e.s
+	if !s.caps.SupportsCancellation {
+		return
+	}
+	var m protocol.CancelRequest
+	m.RequestID = e.id
+	m.Reason = reasonBytes(reason)
+	if s.link.Send(protocol.TypeCancelRequest, &m) == nil {
+		s.cancels.Add(1)
+	}
+}
+
+var reasons = map[string][]byte{}
+
+func init() {
+	for _, r := range []string{"timeout", "protocol_error", "client_disconnect", "decided", "shutdown"} {
+		reasons[r] = []byte(r)
+	}
+}
+
+func reasonBytes(r string) []byte {
+	if b, ok := reasons[r]; ok {
+		return b
+	}
+	return []byte(r)
+}
+
+// Cancel tells the agent to stop work on this request (client went away,
+// an earlier agent decided) and ends the exchange's conversation. Replies
+// that arrive afterwards are discarded and counted as late.
+func (e *Exchange) Cancel(reason string) {
+	if e.err != nil {
+		return // already dead, and a CancelRequest went out if it could
+	}
+	e.err = fmt.Errorf("%w: %s: %s", ErrAgentCanceled, e.s.cfg.Name, reason)
+	e.s.mu.Lock()
+	e.state = stateDead
+	e.s.mu.Unlock()
+	e.sendCancel(reason)
+}
+
+// Finish releases the exchange's slot. The Exchange and any Reply it
+// returned must not be used afterwards.
+func (e *Exchange) Finish() {
+	s := e.s
+	s.mu.Lock()
+	delete(s.pending, e.id)
+	s.mu.Unlock()
+	<-s.sem
+	s.inflight.Add(-1)
+	e.s = nil
+	e.err = nil
+	exchangePool.Put(e)
+}

@@ -1,0 +1,457 @@
+// Package protocol holds the messages of agent protocol v2 shared by every
+// transport (UDS, reverse connections, gRPC) and their JSON wire codec.
+//
+// The hot messages (RequestHeaders, BodyChunk, ResponseHeaders, Decision,
+// BodyMutation) use []byte fields so that a decoder can point them into a
+// buffer owned by the message itself and reuse it frame after frame without
+// allocating. A decoded message is valid until the next Decode into it or
+// its Reset. See docs/protocol.md for where this implementation decides what
+// the wire contract leaves open.
+package protocol
+
+import "errors"
+
+// Version is the only protocol version this implementation speaks.
+const Version = 2
+
+// Size limits from the wire contract.
+const (
+	// MaxFrameSize is the largest UDS frame length (type byte + payload).
+	MaxFrameSize = 16 << 20
+	// MaxGRPCMessageSize is the largest gRPC message in either direction.
+	MaxGRPCMessageSize = 10 << 20
+)
+
+// MsgType is the type byte of a frame.
+type MsgType uint8
+
+// Frame types of PROTOCOL.md section 2.
+const (
+	TypeHandshakeRequest     MsgType = 0x01
+	TypeHandshakeResponse    MsgType = 0x02
+	TypeRegistrationRequest  MsgType = 0x03
+	TypeRegistrationResponse MsgType = 0x04
+	TypeRequestHeaders       MsgType = 0x10
+	TypeRequestBodyChunk     MsgType = 0x11
+	TypeResponseHeaders      MsgType = 0x12
+	TypeResponseBodyChunk    MsgType = 0x13
+	TypeDecision             MsgType = 0x20
+	TypeBodyMutation         MsgType = 0x21
+	TypeCancelRequest        MsgType = 0x30
+	TypeCancelAll            MsgType = 0x31
+	TypePing                 MsgType = 0xF0
+	TypePong                 MsgType = 0xF1
+)
+
+// String names the type for logs.
+func (t MsgType) String() string {
+	switch t {
+	case TypeHandshakeRequest:
+		return "HandshakeRequest"
+	case TypeHandshakeResponse:
+		return "HandshakeResponse"
+	case TypeRegistrationRequest:
+		return "RegistrationRequest"
+	case TypeRegistrationResponse:
+		return "RegistrationResponse"
+	case TypeRequestHeaders:
+		return "RequestHeaders"
+	case TypeRequestBodyChunk:
+		return "RequestBodyChunk"
+	case TypeResponseHeaders:
+		return "ResponseHeaders"
+	case TypeResponseBodyChunk:
+		return "ResponseBodyChunk"
+	case TypeDecision:
+		return "Decision"
+	case TypeBodyMutation:
+		return "BodyMutation"
+	case TypeCancelRequest:
+		return "CancelRequest"
+	case TypeCancelAll:
+		return "CancelAll"
+	case TypePing:
+		return "Ping"
+	case TypePong:
+		return "Pong"
+	}
+	return "Unknown"
+}
+
+// Known reports whether t is one of the frame types of the contract.
+func (t MsgType) Known() bool { return t.String() != "Unknown" }
+
+// Sentinel errors. Decoders wrap them with the offending field; callers
+// test with errors.Is.
+var (
+	// ErrProtocolSyntax: the payload is not a valid UTF-8 JSON object.
+	ErrProtocolSyntax = errors.New("protocol: payload is not a valid JSON object")
+	// ErrProtocolField: a field has the wrong JSON type or an invalid value.
+	ErrProtocolField = errors.New("protocol: invalid field")
+	// ErrProtocolVersion: the peer speaks another protocol version.
+	ErrProtocolVersion = errors.New("protocol: unsupported protocol version")
+	// ErrProtocolDecision: the decision kind is unknown or its parameters are invalid.
+	ErrProtocolDecision = errors.New("protocol: invalid decision")
+)
+
+// Phase says which side of the exchange a body or header operation belongs to.
+type Phase uint8
+
+// Phases.
+const (
+	PhaseRequest Phase = iota
+	PhaseResponse
+)
+
+// String is the wire name of the phase.
+func (p Phase) String() string {
+	if p == PhaseResponse {
+		return "response"
+	}
+	return "request"
+}
+
+// Header is one header field. A name with several values appears as several
+// Header entries in order; the JSON codec groups them into name → list.
+type Header struct {
+	Name  []byte
+	Value []byte
+}
+
+// Headers is an ordered list of header fields.
+type Headers []Header
+
+// Get returns the first value of name (compared case-insensitively) or nil.
+func (h Headers) Get(name string) []byte {
+	for i := range h {
+		if equalFold(h[i].Name, name) {
+			return h[i].Value
+		}
+	}
+	return nil
+}
+
+// Add appends a field. The slices are kept, not copied.
+func (h Headers) Add(name, value []byte) Headers {
+	return append(h, Header{Name: name, Value: value})
+}
+
+func equalFold(b []byte, s string) bool {
+	if len(b) != len(s) {
+		return false
+	}
+	for i := 0; i < len(b); i++ {
+		x, y := b[i], s[i]
+		if x == y {
+			continue
+		}
+		if 'A' <= x && x <= 'Z' {
+			x += 'a' - 'A'
+		}
+		if 'A' <= y && y <= 'Z' {
+			y += 'a' - 'A'
+		}
+		if x != y {
+			return false
+		}
+	}
+	return true
+}
+
+// Metadata describes the request beyond its headers. Empty fields are
+// unknown and are omitted on the wire; ClientPort 0 is unknown.
+type Metadata struct {
+	CorrelationID []byte
+	ClientIP      []byte
+	ClientPort    int
+	Protocol      []byte
+	ServerName    []byte
+	RouteID       []byte
+	UpstreamID    []byte
+	Traceparent   []byte
+	Timestamp     []byte // RFC 3339
+}
+
+// RequestHeaders (0x10) opens a request.
+type RequestHeaders struct {
+	RequestID uint64
+	Method    []byte
+	URI       []byte
+	HasBody   bool
+	Headers   Headers
+	Metadata  Metadata
+
+	raw []byte // decoder-owned backing store
+}
+
+// Reset clears m, keeping its buffers for reuse.
+func (m *RequestHeaders) Reset() {
+	raw, hdr := m.raw[:0], m.Headers[:0]
+	*m = RequestHeaders{raw: raw, Headers: hdr}
+}
+
+// BodyChunk is a RequestBodyChunk (0x11) or ResponseBodyChunk (0x13); the
+// frame type says which. Data holds the decoded bytes (base64 on the wire).
+type BodyChunk struct {
+	RequestID  uint64
+	ChunkIndex uint32
+	Data       []byte
+	IsLast     bool
+	// TotalSize is the whole body size when known (Content-Length), else -1.
+	TotalSize int64
+	// Progress is bytes_received (request) or bytes_sent (response) so far,
+	// -1 when not sent.
+	Progress int64
+
+	raw []byte
+}
+
+// Reset clears m, keeping its buffers for reuse.
+func (m *BodyChunk) Reset() {
+	raw := m.raw[:0]
+	*m = BodyChunk{raw: raw, TotalSize: -1, Progress: -1}
+}
+
+// ResponseHeaders (0x12) carries the upstream response's status and headers.
+type ResponseHeaders struct {
+	RequestID  uint64
+	StatusCode int
+	Headers    Headers
+	HasBody    bool
+
+	raw []byte
+}
+
+// Reset clears m, keeping its buffers for reuse.
+func (m *ResponseHeaders) Reset() {
+	raw, hdr := m.raw[:0], m.Headers[:0]
+	*m = ResponseHeaders{raw: raw, Headers: hdr}
+}
+
+// DecisionKind is the verdict of a Decision.
+type DecisionKind uint8
+
+// Decision kinds. NeedsMore is "no verdict yet, send the next chunk".
+const (
+	DecisionAllow DecisionKind = iota
+	DecisionBlock
+	DecisionRedirect
+	DecisionNeedsMore
+)
+
+// String names the kind.
+func (k DecisionKind) String() string {
+	switch k {
+	case DecisionAllow:
+		return "allow"
+	case DecisionBlock:
+		return "block"
+	case DecisionRedirect:
+		return "redirect"
+	case DecisionNeedsMore:
+		return "needs_more"
+	}
+	return "unknown"
+}
+
+// HeaderOpKind is the operation of a HeaderOp.
+type HeaderOpKind uint8
+
+// Header operations.
+const (
+	HeaderSet HeaderOpKind = iota
+	HeaderAdd
+	HeaderRemove
+)
+
+// String is the wire name of the operation.
+func (k HeaderOpKind) String() string {
+	switch k {
+	case HeaderAdd:
+		return "add"
+	case HeaderRemove:
+		return "remove"
+	}
+	return "set"
+}
+
+// HeaderOp is one header change requested by an agent.
+type HeaderOp struct {
+	Op    HeaderOpKind
+	Name  []byte
+	Value []byte // unused for HeaderRemove
+}
+
+// Audit is the optional audit record of a Decision.
+type Audit struct {
+	Tags        [][]byte
+	RuleIDs     [][]byte
+	Confidence  float64
+	HasConf     bool
+	ReasonCodes [][]byte
+	// Custom is the raw JSON of "custom", kept verbatim (nil when absent).
+	Custom []byte
+}
+
+// Empty reports whether no audit field is set.
+func (a *Audit) Empty() bool {
+	return len(a.Tags) == 0 && len(a.RuleIDs) == 0 && !a.HasConf && len(a.ReasonCodes) == 0 && len(a.Custom) == 0
+}
+
+// MutationAction says what to do with one body chunk.
+type MutationAction uint8
+
+// Mutation actions: data absent/null → pass, "" → drop, bytes → replace.
+const (
+	MutationPass MutationAction = iota
+	MutationDrop
+	MutationReplace
+)
+
+// BodyMutation (0x21) tells the proxy what to forward for one chunk.
+type BodyMutation struct {
+	RequestID  uint64
+	Phase      Phase
+	ChunkIndex uint32
+	Action     MutationAction
+	Data       []byte // only for MutationReplace
+
+	raw []byte
+}
+
+// Reset clears m, keeping its buffers for reuse.
+func (m *BodyMutation) Reset() {
+	raw := m.raw[:0]
+	*m = BodyMutation{raw: raw}
+}
+
+// Decision (0x20) is an agent's answer to one event.
+type Decision struct {
+	RequestID uint64
+	Kind      DecisionKind
+	// NeedsMore is set for DecisionNeedsMore and for an allow that carries
+	// the top-level "needs_more": true; both mean "send the next chunk".
+	NeedsMore bool
+
+	// Block parameters.
+	Status       int // block: 100–599 (default 403); redirect: 3xx (default 302)
+	Body         []byte
+	BlockHeaders Headers
+	// Redirect parameter.
+	RedirectURL []byte
+
+	RequestHeaderOps  []HeaderOp
+	ResponseHeaderOps []HeaderOp
+
+	// Body mutations carried inside a Decision (optional).
+	HasRequestBodyMutation  bool
+	RequestBodyMutation     BodyMutation
+	HasResponseBodyMutation bool
+	ResponseBodyMutation    BodyMutation
+
+	Audit Audit
+
+	raw []byte
+}
+
+// Reset clears m, keeping its buffers for reuse.
+func (m *Decision) Reset() {
+	raw := m.raw[:0]
+	bh, rq, rs := m.BlockHeaders[:0], m.RequestHeaderOps[:0], m.ResponseHeaderOps[:0]
+	tags, rules, codes := m.Audit.Tags[:0], m.Audit.RuleIDs[:0], m.Audit.ReasonCodes[:0]
+	*m = Decision{raw: raw, BlockHeaders: bh, RequestHeaderOps: rq, ResponseHeaderOps: rs}
+	m.Audit.Tags, m.Audit.RuleIDs, m.Audit.ReasonCodes = tags, rules, codes
+}
+
+// Final reports whether the decision ends the agent's say over the phase.
+func (m *Decision) Final() bool { return !m.NeedsMore && m.Kind != DecisionNeedsMore }
+
+// CancelRequest (0x30) tells the agent to stop work on one request.
+type CancelRequest struct {
+	RequestID uint64
+	Reason    []byte
+
+	raw []byte
+}
+
+// CancelAll (0x31) tells the agent to stop work on every request.
+type CancelAll struct {
+	Reason []byte
+
+	raw []byte
+}
+
+// Ping (0xF0) and Pong (0xF1) share this payload; a Pong echoes the Ping.
+type Ping struct {
+	Sequence    uint64
+	TimestampMs int64
+}
+
+// Capabilities are what an agent declares in its handshake or registration.
+type Capabilities struct {
+	HandlesRequestHeaders  bool `json:"handles_request_headers"`
+	HandlesRequestBody     bool `json:"handles_request_body"`
+	HandlesResponseHeaders bool `json:"handles_response_headers"`
+	HandlesResponseBody    bool `json:"handles_response_body"`
+	SupportsStreaming      bool `json:"supports_streaming"`
+	SupportsCancellation   bool `json:"supports_cancellation"`
+	// MaxConcurrentRequests of 0 means the agent sets no limit.
+	MaxConcurrentRequests uint32 `json:"max_concurrent_requests,omitempty"`
+}
+
+// Handles reports whether the agent wants events of the given phase and kind.
+func (c Capabilities) Handles(phase Phase, body bool) bool {
+	switch {
+	case phase == PhaseRequest && !body:
+		return c.HandlesRequestHeaders
+	case phase == PhaseRequest && body:
+		return c.HandlesRequestBody
+	case phase == PhaseResponse && !body:
+		return c.HandlesResponseHeaders
+	default:
+		return c.HandlesResponseBody
+	}
+}
+
+// Features a proxy may offer in its handshake.
+const (
+	FeatureCancellation = "cancellation"
+	FeatureBodyMutation = "body_mutation"
+	FeatureStreaming    = "streaming"
+)
+
+// HandshakeRequest (0x01) is the first frame on a proxy-initiated connection.
+type HandshakeRequest struct {
+	ProtocolVersion   int      `json:"protocol_version"`
+	ClientName        string   `json:"client_name"`
+	SupportedFeatures []string `json:"supported_features"`
+}
+
+// HandshakeResponse (0x02) is the agent's answer. A response without
+// "accepted" is an acceptance (the seed's shape); Accepted is then true.
+type HandshakeResponse struct {
+	ProtocolVersion int          `json:"protocol_version"`
+	AgentName       string       `json:"agent_name"`
+	Accepted        bool         `json:"accepted"`
+	Error           string       `json:"error,omitempty"`
+	Capabilities    Capabilities `json:"capabilities"`
+}
+
+// RegistrationRequest (0x03) is the first frame on a reverse connection.
+type RegistrationRequest struct {
+	ProtocolVersion int          `json:"protocol_version"`
+	AgentID         string       `json:"agent_id"`
+	Capabilities    Capabilities `json:"capabilities"`
+	AuthToken       string       `json:"auth_token,omitempty"`
+	// Metadata is kept as raw JSON (nil when absent).
+	Metadata []byte `json:"-"`
+}
+
+// RegistrationResponse (0x04) answers a registration.
+type RegistrationResponse struct {
+	Accepted   bool   `json:"accepted"`
+	Error      string `json:"error,omitempty"`
+	AssignedID string `json:"assigned_id,omitempty"`
+	// Config is pushed configuration as raw JSON (nil when absent).
+	Config []byte `json:"-"`
+}

@@ -1,0 +1,219 @@
+package sdk
+
+import (
+	"context"
+	"sync"
+
+	"github.com/zentinelproxy/sidecar/protocol"
+)
+
+// Sender is how a Dispatcher answers: one per connection, owned by the
+// transport. Both methods must encode before returning and never block on
+// the network.
+type Sender interface {
+	// Send queues a Decision or BodyMutation (msg is a pointer to it).
+	Send(t protocol.MsgType, msg any) error
+	// SendError answers requestID with an agent error: a decision the proxy
+	// cannot accept, so that its failure policy decides.
+	SendError(requestID uint64, reason string) error
+}
+
+// Event is one decoded proxy → agent event. Transports acquire one from
+// the Dispatcher, decode into the field matching Type, and Dispatch it.
+type Event struct {
+	Type            protocol.MsgType
+	RequestHeaders  protocol.RequestHeaders
+	Chunk           protocol.BodyChunk
+	ResponseHeaders protocol.ResponseHeaders
+
+	decision protocol.Decision
+	body     BodyReply
+	next     *Event
+}
+
+// RequestID of the event.
+func (e *Event) RequestID() uint64 {
+	switch e.Type {
+	case protocol.TypeRequestHeaders:
+		return e.RequestHeaders.RequestID
+	case protocol.TypeResponseHeaders:
+		return e.ResponseHeaders.RequestID
+	}
+	return e.Chunk.RequestID
+}
+
+// Decode fills the event from a frame payload of type t.
+func (e *Event) Decode(t protocol.MsgType, payload []byte) error {
+	e.Type = t
+	switch t {
+	case protocol.TypeRequestHeaders:
+		return e.RequestHeaders.Decode(payload)
+	case protocol.TypeResponseHeaders:
+		return e.ResponseHeaders.Decode(payload)
+	default:
+		return e.Chunk.Decode(payload)
+	}
+}
+
+var eventPool = sync.Pool{New: func() any { return new(Event) }}
+
+// AcquireEvent returns an empty Event from a pool.
+func AcquireEvent() *Event { return eventPool.Get().(*Event) }
+
+// ReleaseEvent returns ev to the pool.
+func ReleaseEvent(ev *Event) { ev.next = nil; eventPool.Put(ev) }
+
+// reqState serializes the events of one request and holds the cancel
+// function of the one being handled.
+type reqState struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+	head   *Event // queued behind the running one (only with pipelining proxies)
+	tail   *Event
+}
+
+// Dispatcher runs a Handler for one connection: a goroutine per request
+// with events in flight (not per connection), cancellation by request id.
+type Dispatcher struct {
+	h    Handler
+	out  Sender
+	base context.Context
+	stop context.CancelFunc
+
+	mu   sync.Mutex
+	reqs map[uint64]*reqState
+	wg   sync.WaitGroup
+}
+
+// NewDispatcher serves h on one connection whose replies go to out.
+func NewDispatcher(parent context.Context, h Handler, out Sender) *Dispatcher {
+	ctx, cancel := context.WithCancel(parent)
+	return &Dispatcher{h: h, out: out, base: ctx, stop: cancel, reqs: make(map[uint64]*reqState)}
+}
+
+// Dispatch hands ev to the handler. The dispatcher owns ev afterwards.
+func (d *Dispatcher) Dispatch(ev *Event) {
+	id := ev.RequestID()
+	d.mu.Lock()
+	if st := d.reqs[id]; st != nil {
+		// An event of this request is being handled: queue behind it.
+		if st.tail == nil {
+			st.head = ev
+		} else {
+			st.tail.next = ev
+		}
+		st.tail = ev
+		d.mu.Unlock()
+		return
+	}
+	ctx, cancel := context.WithCancel(d.base)
+	st := &reqState{ctx: ctx, cancel: cancel}
+	d.reqs[id] = st
+	d.mu.Unlock()
+	d.wg.Add(1)
+	go d.run(id, st, ev)
+}
+
+func (d *Dispatcher) run(id uint64, st *reqState, ev *Event) {
+	defer d.wg.Done()
+	for ev != nil {
+		d.handle(st.ctx, ev)
+		ReleaseEvent(ev)
+		d.mu.Lock()
+		ev = st.head
+		if ev != nil {
+			st.head = ev.next
+			if st.head == nil {
+				st.tail = nil
+			}
+			ev.next = nil
+		} else {
+			delete(d.reqs, id)
+		}
+		d.mu.Unlock()
+	}
+	st.cancel()
+}
+
+func (d *Dispatcher) handle(ctx context.Context, ev *Event) {
+	id := ev.RequestID()
+	var err error
+	switch ev.Type {
+	case protocol.TypeRequestHeaders, protocol.TypeResponseHeaders:
+		ev.decision.Reset()
+		ev.decision.RequestID = id
+		if ev.Type == protocol.TypeRequestHeaders {
+			err = d.h.OnRequestHeaders(ctx, &ev.RequestHeaders, &ev.decision)
+		} else {
+			err = d.h.OnResponseHeaders(ctx, &ev.ResponseHeaders, &ev.decision)
+		}
+		if err == nil && ctx.Err() == nil {
+			ev.decision.RequestID = id
+			err = d.out.Send(protocol.TypeDecision, &ev.decision)
+		}
+	case protocol.TypeRequestBodyChunk, protocol.TypeResponseBodyChunk:
+		r := &ev.body
+		r.Decision.Reset()
+		r.Mutation.Reset()
+		r.UseMutation = false
+		if ev.Type == protocol.TypeRequestBodyChunk {
+			err = d.h.OnRequestBody(ctx, &ev.Chunk, r)
+		} else {
+			err = d.h.OnResponseBody(ctx, &ev.Chunk, r)
+		}
+		if err == nil && ctx.Err() == nil {
+			if r.UseMutation {
+				r.Mutation.RequestID = id
+				r.Mutation.ChunkIndex = ev.Chunk.ChunkIndex
+				r.Mutation.Phase = protocol.PhaseRequest
+				if ev.Type == protocol.TypeResponseBodyChunk {
+					r.Mutation.Phase = protocol.PhaseResponse
+				}
+				err = d.out.Send(protocol.TypeBodyMutation, &r.Mutation)
+			} else {
+				r.Decision.RequestID = id
+				err = d.out.Send(protocol.TypeDecision, &r.Decision)
+			}
+		}
+	}
+	if err != nil && ctx.Err() == nil {
+		// The proxy's failure policy decides what an agent error means.
+		_ = d.out.SendError(id, "handler error")
+	}
+}
+
+// Cancel cancels the context of request id's running handler, if any.
+func (d *Dispatcher) Cancel(id uint64) {
+	d.mu.Lock()
+	st := d.reqs[id]
+	if st != nil {
+		st.cancel()
+		// Events queued behind a canceled one are dropped with it.
+		for ev := st.head; ev != nil; {
+			n := ev.next
+			ReleaseEvent(ev)
+			ev = n
+		}
+		st.head, st.tail = nil, nil
+	}
+	d.mu.Unlock()
+}
+
+// CancelAll cancels every running handler.
+func (d *Dispatcher) CancelAll() {
+	d.mu.Lock()
+	ids := make([]uint64, 0, len(d.reqs))
+	for id := range d.reqs {
+		ids = append(ids, id)
+	}
+	d.mu.Unlock()
+	for _, id := range ids {
+		d.Cancel(id)
+	}
+}
+
+// Close cancels everything and waits for running handlers to return.
+func (d *Dispatcher) Close() {
+	d.stop()
+	d.wg.Wait()
+}

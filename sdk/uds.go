@@ -1,0 +1,247 @@
+package sdk
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/zentinelproxy/sidecar/handshake"
+	"github.com/zentinelproxy/sidecar/protocol"
+	"github.com/zentinelproxy/sidecar/uds"
+)
+
+// Errors of the agent side.
+var (
+	// ErrSDKSocketInUse: another process is listening on the socket path.
+	ErrSDKSocketInUse = errors.New("sdk: socket path in use by a live listener")
+	// ErrSDKNotSocket: the path exists and is not a socket; it is never removed.
+	ErrSDKNotSocket = errors.New("sdk: path exists and is not a socket")
+	// ErrSDKHandshake: the proxy's first frame was not an acceptable handshake.
+	ErrSDKHandshake = errors.New("sdk: handshake failed")
+)
+
+// Options tune how an agent serves. The zero value is usable.
+type Options struct {
+	// Name is sent as agent_name in the handshake ("agent" if empty).
+	Name string
+	// HandshakeTimeout bounds the wait for the proxy's first frame (default 5s).
+	HandshakeTimeout time.Duration
+	// WriteTimeout bounds each batched write (default 5s).
+	WriteTimeout time.Duration
+	// SocketMode is the socket file's permission (default 0660: the proxy's
+	// user or group only).
+	SocketMode os.FileMode
+	// Logger receives connection events (default: none).
+	Logger *zerolog.Logger
+}
+
+func (o *Options) defaults() Options {
+	r := Options{}
+	if o != nil {
+		r = *o
+	}
+	if r.Name == "" {
+		r.Name = "agent"
+	}
+	if r.HandshakeTimeout <= 0 {
+		r.HandshakeTimeout = 5 * time.Second
+	}
+	if r.WriteTimeout <= 0 {
+		r.WriteTimeout = 5 * time.Second
+	}
+	if r.SocketMode == 0 {
+		r.SocketMode = 0o660
+	}
+	if r.Logger == nil {
+		nop := zerolog.Nop()
+		r.Logger = &nop
+	}
+	return r
+}
+
+// ListenUDS listens on a Unix socket at path with mode 0660. A stale socket
+// file left by a dead agent is replaced; a live one (something accepts on
+// it) or a non-socket file is an error, never deleted.
+func ListenUDS(path string, opts *Options) (net.Listener, error) {
+	o := opts.defaults()
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode()&os.ModeSocket == 0 {
+			return nil, fmt.Errorf("%w: %s", ErrSDKNotSocket, path)
+		}
+		c, err := net.DialTimeout("unix", path, 200*time.Millisecond)
+		if err == nil {
+			_ = c.Close()
+			return nil, fmt.Errorf("%w: %s", ErrSDKSocketInUse, path)
+		}
+		if !errors.Is(err, syscall.ECONNREFUSED) && !errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("sdk: probing existing socket %s: %w", path, err)
+		}
+		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("sdk: removing stale socket %s: %w", path, err)
+		}
+	}
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(path, o.SocketMode); err != nil {
+		_ = ln.Close()
+		return nil, fmt.Errorf("sdk: chmod %s: %w", path, err)
+	}
+	return ln, nil
+}
+
+// ServeUDS listens on path and serves h until ctx ends, then removes the
+// socket file.
+func ServeUDS(ctx context.Context, path string, h Handler, opts *Options) error {
+	ln, err := ListenUDS(path, opts)
+	if err != nil {
+		return err
+	}
+	if ul, ok := ln.(*net.UnixListener); ok {
+		ul.SetUnlinkOnClose(true)
+	}
+	return Serve(ctx, ln, h, opts)
+}
+
+// Serve accepts proxy connections on ln and serves each until ctx ends.
+// It closes ln and waits for the connections' handlers before returning.
+func Serve(ctx context.Context, ln net.Listener, h Handler, opts *Options) error {
+	o := opts.defaults()
+	var wg sync.WaitGroup
+	stop := context.AfterFunc(ctx, func() { _ = ln.Close() })
+	defer stop()
+	var err error
+	for {
+		var nc net.Conn
+		nc, err = ln.Accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				err = nil
+			}
+			break
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := ServeConn(ctx, nc, h, &o); err != nil && !errors.Is(err, io.EOF) && ctx.Err() == nil {
+				o.Logger.Warn().Err(err).Msg("proxy connection ended")
+			}
+		}()
+	}
+	_ = ln.Close()
+	wg.Wait()
+	return err
+}
+
+// ServeConn answers the proxy's handshake on nc and then serves h on it
+// until the connection or ctx ends.
+func ServeConn(ctx context.Context, nc net.Conn, h Handler, opts *Options) error {
+	o := opts.defaults()
+	_ = nc.SetReadDeadline(time.Now().Add(o.HandshakeTimeout))
+	fr := uds.NewFrameReader(nc)
+	t, payload, err := fr.Next()
+	if err != nil {
+		_ = nc.Close()
+		return fmt.Errorf("%w: %v", ErrSDKHandshake, err)
+	}
+	if t != protocol.TypeHandshakeRequest {
+		_ = nc.Close()
+		return fmt.Errorf("%w: first frame has type 0x%02x", ErrSDKHandshake, uint8(t))
+	}
+	var req protocol.HandshakeRequest
+	if err := protocol.DecodeHandshakeRequest(payload, &req); err != nil {
+		_ = nc.Close()
+		return fmt.Errorf("%w: %v", ErrSDKHandshake, err)
+	}
+	resp, herr := handshake.Answer(&req, o.Name, h.Capabilities())
+	_ = nc.SetWriteDeadline(time.Now().Add(o.WriteTimeout))
+	werr := uds.WriteFrame(nc, protocol.TypeHandshakeResponse, &resp)
+	_ = nc.SetDeadline(time.Time{})
+	if herr != nil || werr != nil {
+		_ = nc.Close()
+		return fmt.Errorf("%w: %v", ErrSDKHandshake, errors.Join(herr, werr))
+	}
+	return serveFrames(ctx, nc, fr, h, &o)
+}
+
+// udsSender answers over a uds.Writer.
+type udsSender struct{ w *uds.Writer }
+
+func (s udsSender) Send(t protocol.MsgType, msg any) error { return s.w.Send(t, msg) }
+
+func (s udsSender) SendError(id uint64, reason string) error {
+	// "error" is not a decision kind the proxy accepts, so its failure
+	// policy decides; the reason reaches the proxy's log only.
+	b := make([]byte, 0, 96)
+	b = append(b, `{"request_id":`...)
+	b = strconv.AppendUint(b, id, 10)
+	b = append(b, `,"decision":{"error":{"reason":`...)
+	b = strconv.AppendQuote(b, reason)
+	b = append(b, `}}}`...)
+	return s.w.SendRaw(protocol.TypeDecision, b)
+}
+
+// serveFrames is the agent's read loop after the handshake or registration.
+func serveFrames(ctx context.Context, nc net.Conn, fr *uds.FrameReader, h Handler, o *Options) error {
+	var once sync.Once
+	closeConn := func() { once.Do(func() { _ = nc.Close() }) }
+	w := uds.NewWriter(nc, o.WriteTimeout, func(error) { closeConn() })
+	out := udsSender{w: w}
+	d := NewDispatcher(ctx, h, out)
+	stop := context.AfterFunc(ctx, closeConn)
+	defer func() {
+		stop()
+		d.Close()
+		w.Close()
+		closeConn()
+	}()
+	for {
+		t, payload, err := fr.Next()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		switch t {
+		case protocol.TypeRequestHeaders, protocol.TypeRequestBodyChunk,
+			protocol.TypeResponseHeaders, protocol.TypeResponseBodyChunk:
+			ev := AcquireEvent()
+			if err := ev.Decode(t, payload); err != nil {
+				ReleaseEvent(ev)
+				if id, ok := protocol.PeekRequestID(payload); ok {
+					o.Logger.Warn().Err(err).Uint64("request_id", id).Msg("undecodable event from proxy")
+					_ = out.SendError(id, "undecodable event")
+					continue
+				}
+				return fmt.Errorf("sdk: undecodable %s without request_id: %w", t, err)
+			}
+			d.Dispatch(ev)
+		case protocol.TypeCancelRequest:
+			var m protocol.CancelRequest
+			if m.Decode(payload) == nil {
+				d.Cancel(m.RequestID)
+			}
+		case protocol.TypeCancelAll:
+			d.CancelAll()
+		case protocol.TypePing:
+			var p protocol.Ping
+			if p.Decode(payload) == nil {
+				_ = w.Send(protocol.TypePong, &p)
+			}
+		case protocol.TypePong:
+		default:
+			o.Logger.Debug().Uint8("type", uint8(t)).Msg("skipping frame of unknown type")
+		}
+	}
+}

@@ -1,0 +1,195 @@
+// Package uds is the binary transport of agent protocol v2 over Unix
+// sockets (and, reused by package reverse, over any stream connection):
+//
+//	| length: u32 big-endian | type: u8 | payload: UTF-8 JSON object |
+//
+// length counts the type byte plus the payload, is never 0 and never more
+// than 16 MiB; it is checked before anything is allocated. See
+// docs/protocol.md for the rules this package follows where the contract is
+// silent.
+//
+// The proxy side is a Link (one batching writer goroutine and one read
+// loop per connection) under an agentmux.Session; Client dials, handshakes
+// and reconnects a small pool of them.
+package uds
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/zentinelproxy/sidecar/protocol"
+)
+
+// HeaderSize is the length prefix plus the type byte.
+const HeaderSize = 5
+
+// Framing errors. Wrapped with details; test with errors.Is.
+var (
+	// ErrUDSFrameEmpty: a frame announced length 0.
+	ErrUDSFrameEmpty = errors.New("uds: zero-length frame")
+	// ErrUDSFrameTooLarge: a frame announced more than the 16 MiB limit.
+	ErrUDSFrameTooLarge = errors.New("uds: frame exceeds 16 MiB")
+	// ErrUDSUnknownMessage: AppendFrame was given a message it cannot encode.
+	ErrUDSUnknownMessage = errors.New("uds: cannot encode message")
+	// ErrUDSClosed: the connection is closed.
+	ErrUDSClosed = errors.New("uds: connection closed")
+	// ErrUDSPingTimeout: the peer sent nothing within the ping timeout.
+	ErrUDSPingTimeout = errors.New("uds: peer silent past ping timeout")
+	// ErrUDSHandshake: the first frames were not a valid handshake.
+	ErrUDSHandshake = errors.New("uds: handshake failed")
+)
+
+// AppendFrame appends one whole frame (header and JSON payload) carrying
+// msg, a pointer to the protocol message of type t. It does not allocate
+// when dst has room.
+func AppendFrame(dst []byte, t protocol.MsgType, msg any) ([]byte, error) {
+	start := len(dst)
+	dst = append(dst, 0, 0, 0, 0, byte(t))
+	switch m := msg.(type) {
+	case *protocol.RequestHeaders:
+		dst = protocol.AppendRequestHeaders(dst, m)
+	case *protocol.BodyChunk:
+		dst = protocol.AppendBodyChunk(dst, m, t)
+	case *protocol.ResponseHeaders:
+		dst = protocol.AppendResponseHeaders(dst, m)
+	case *protocol.Decision:
+		dst = protocol.AppendDecision(dst, m)
+	case *protocol.BodyMutation:
+		dst = protocol.AppendBodyMutation(dst, m)
+	case *protocol.CancelRequest:
+		dst = protocol.AppendCancelRequest(dst, m)
+	case *protocol.CancelAll:
+		dst = protocol.AppendCancelAll(dst, m)
+	case *protocol.Ping:
+		dst = protocol.AppendPing(dst, m)
+	case *protocol.HandshakeRequest:
+		dst = protocol.AppendHandshakeRequest(dst, m)
+	case *protocol.HandshakeResponse:
+		dst = protocol.AppendHandshakeResponse(dst, m)
+	case *protocol.RegistrationRequest:
+		dst = protocol.AppendRegistrationRequest(dst, m)
+	case *protocol.RegistrationResponse:
+		dst = protocol.AppendRegistrationResponse(dst, m)
+	default:
+		return dst[:start], fmt.Errorf("%w: %T as %s", ErrUDSUnknownMessage, msg, t)
+	}
+	return finishFrame(dst, start)
+}
+
+// AppendRawFrame appends a frame whose JSON payload is already encoded.
+func AppendRawFrame(dst []byte, t protocol.MsgType, payload []byte) ([]byte, error) {
+	start := len(dst)
+	dst = append(dst, 0, 0, 0, 0, byte(t))
+	dst = append(dst, payload...)
+	return finishFrame(dst, start)
+}
+
+func finishFrame(dst []byte, start int) ([]byte, error) {
+	n := len(dst) - start - 4
+	if n > protocol.MaxFrameSize {
+		return dst[:start], fmt.Errorf("%w: encoded %d bytes", ErrUDSFrameTooLarge, n)
+	}
+	binary.BigEndian.PutUint32(dst[start:], uint32(n))
+	return dst, nil
+}
+
+// WriteFrame encodes msg and writes it with one Write call. It allocates
+// and is meant for cold paths (handshake, registration).
+func WriteFrame(w io.Writer, t protocol.MsgType, msg any) error {
+	b, err := AppendFrame(make([]byte, 0, 256), t, msg)
+	if err != nil {
+		return err
+	}
+	_, err = w.Write(b)
+	return err
+}
+
+// DefaultReadBufferSize holds most frames whole, so they are decoded
+// straight from the read buffer.
+const DefaultReadBufferSize = 64 << 10
+
+// FrameReader reads frames. A frame that fits the read buffer is returned
+// as a slice of it (no copy); a larger one is assembled in a scratch buffer
+// grown to the announced size, which is checked against the limit first.
+type FrameReader struct {
+	br  *bufio.Reader
+	big []byte
+	max int
+}
+
+// NewFrameReader reads frames from r with a DefaultReadBufferSize buffer.
+func NewFrameReader(r io.Reader) *FrameReader {
+	return NewFrameReaderSize(r, DefaultReadBufferSize)
+}
+
+// NewFrameReaderSize reads frames from r with a read buffer of size bytes.
+func NewFrameReaderSize(r io.Reader, size int) *FrameReader {
+	if size < 4096 {
+		size = 4096
+	}
+	return &FrameReader{br: bufio.NewReaderSize(r, size), max: protocol.MaxFrameSize}
+}
+
+// SetMaxFrameSize sets the accepted frame length (never above 16 MiB), e.g.
+// low for a first frame and back to the limit afterwards.
+func (fr *FrameReader) SetMaxFrameSize(n int) {
+	if n > 0 && n <= protocol.MaxFrameSize {
+		fr.max = n
+	}
+}
+
+// Next returns the next frame's type and payload. The payload is valid
+// until the following call. io.EOF means the peer closed between frames;
+// io.ErrUnexpectedEOF means it closed inside one.
+func (fr *FrameReader) Next() (protocol.MsgType, []byte, error) {
+	hdr, err := fr.br.Peek(HeaderSize)
+	if err != nil {
+		if err == io.EOF && len(hdr) > 0 {
+			err = io.ErrUnexpectedEOF
+		}
+		return 0, nil, err
+	}
+	n := int(binary.BigEndian.Uint32(hdr))
+	t := protocol.MsgType(hdr[4])
+	switch {
+	case n == 0:
+		return 0, nil, ErrUDSFrameEmpty
+	case n > fr.max:
+		return 0, nil, fmt.Errorf("%w: announced %d bytes (limit %d)", ErrUDSFrameTooLarge, n, fr.max)
+	}
+	plen := n - 1
+	if HeaderSize+plen <= fr.br.Size() {
+		b, err := fr.br.Peek(HeaderSize + plen)
+		if err != nil {
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			return 0, nil, err
+		}
+		_, _ = fr.br.Discard(HeaderSize + plen)
+		return t, b[HeaderSize:], nil
+	}
+	_, _ = fr.br.Discard(HeaderSize)
+	if cap(fr.big) < plen {
+		fr.big = make([]byte, plen)
+	}
+	fr.big = fr.big[:plen]
+	if _, err := io.ReadFull(fr.br, fr.big); err != nil {
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return 0, nil, err
+	}
+	p := fr.big
+	if cap(fr.big) > 4<<20 {
+		// Do not pin a huge buffer for the connection's life after one big frame.
+		fr.big = nil
+	}
+	return t, p, nil
+}
+
+// Buffered reports how many bytes are read but not yet returned.
+func (fr *FrameReader) Buffered() int { return fr.br.Buffered() }

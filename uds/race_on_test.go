@@ -1,0 +1,5 @@
+//go:build race
+
+package uds
+
+const raceEnabled = true
