@@ -28,17 +28,17 @@ type Agent interface {
 
 // AgentStatus is a point-in-time view of an agent.
 type AgentStatus struct {
-	Name        string               `json:"name"`
-	Transport   string               `json:"transport"`
-	Connections int                  `json:"connections"`
-	Ready       bool                 `json:"ready"`
-	InFlight    int64                `json:"in_flight"`
-	Late        uint64               `json:"late_replies"`
-	Timeouts    uint64               `json:"timeouts"`
-	Protocol    uint64               `json:"protocol_errors"`
-	Completed   uint64               `json:"completed"`
+	Name        string                `json:"name"`
+	Transport   string                `json:"transport"`
+	Connections int                   `json:"connections"`
+	Ready       bool                  `json:"ready"`
+	InFlight    int64                 `json:"in_flight"`
+	Late        uint64                `json:"late_replies"`
+	Timeouts    uint64                `json:"timeouts"`
+	Protocol    uint64                `json:"protocol_errors"`
+	Completed   uint64                `json:"completed"`
 	Caps        protocol.Capabilities `json:"capabilities"`
-	LastError   string               `json:"last_error,omitempty"`
+	LastError   string                `json:"last_error,omitempty"`
 }
 
 // Pool is a set of live sessions to one agent; new exchanges go to the

@@ -365,7 +365,9 @@ func (e *Exchange) call(ctx context.Context, t protocol.MsgType, msg any, chunk 
 	e.state = stateWaiting
 	s.mu.Unlock()
 	if err := s.link.Send(t, msg); err != nil {
-		e.abandon()
+		if !e.abandon() {
+			<-e.ch // Fail already woke us: consume the token
+		}
 		e.err = fmt.Errorf("%w: %s: send %s: %v", ErrAgentConnLost, s.cfg.Name, t, err)
 		return nil, e.err
 	}

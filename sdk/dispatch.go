@@ -3,6 +3,7 @@ package sdk
 import (
 	"context"
 	"sync"
+	"time"
 
 	"github.com/zentinelproxy/sidecar/protocol"
 )
@@ -63,14 +64,55 @@ func AcquireEvent() *Event { return eventPool.Get().(*Event) }
 // ReleaseEvent returns ev to the pool.
 func ReleaseEvent(ev *Event) { ev.next = nil; eventPool.Put(ev) }
 
-// reqState serializes the events of one request and holds the cancel
-// function of the one being handled.
+// reqState serializes the events of one request and is the context its
+// handler sees. It is a hand-rolled context so that a request costs no
+// allocation in steady state: context.WithCancel would allocate and
+// register with the connection's context on every request; here the
+// Dispatcher cancels its requests itself when the connection ends.
 type reqState struct {
-	ctx    context.Context
-	cancel context.CancelFunc
+	parent context.Context
+	mu     sync.Mutex
+	done   chan struct{} // made on first Done() or cancel
+	err    error
 	head   *Event // queued behind the running one (only with pipelining proxies)
 	tail   *Event
 }
+
+var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+
+func (r *reqState) Deadline() (time.Time, bool) { return r.parent.Deadline() }
+func (r *reqState) Value(key any) any           { return r.parent.Value(key) }
+
+func (r *reqState) Done() <-chan struct{} {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.done == nil {
+		if r.err != nil {
+			return closedChan
+		}
+		r.done = make(chan struct{})
+	}
+	return r.done
+}
+
+func (r *reqState) Err() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.err
+}
+
+func (r *reqState) cancel() {
+	r.mu.Lock()
+	if r.err == nil {
+		r.err = context.Canceled
+		if r.done != nil {
+			close(r.done)
+		}
+	}
+	r.mu.Unlock()
+}
+
+var reqPool = sync.Pool{New: func() any { return new(reqState) }}
 
 // Dispatcher runs a Handler for one connection: a goroutine per request
 // with events in flight (not per connection), cancellation by request id.
@@ -80,15 +122,16 @@ type Dispatcher struct {
 	base context.Context
 	stop context.CancelFunc
 
-	mu   sync.Mutex
-	reqs map[uint64]*reqState
-	wg   sync.WaitGroup
+	mu      sync.Mutex
+	reqs    map[uint64]*reqState
+	wg      sync.WaitGroup
+	workers *workerPool
 }
 
 // NewDispatcher serves h on one connection whose replies go to out.
 func NewDispatcher(parent context.Context, h Handler, out Sender) *Dispatcher {
 	ctx, cancel := context.WithCancel(parent)
-	return &Dispatcher{h: h, out: out, base: ctx, stop: cancel, reqs: make(map[uint64]*reqState)}
+	return &Dispatcher{h: h, out: out, base: ctx, stop: cancel, reqs: make(map[uint64]*reqState), workers: sharedWorkers}
 }
 
 // Dispatch hands ev to the handler. The dispatcher owns ev afterwards.
@@ -106,18 +149,23 @@ func (d *Dispatcher) Dispatch(ev *Event) {
 		d.mu.Unlock()
 		return
 	}
-	ctx, cancel := context.WithCancel(d.base)
-	st := &reqState{ctx: ctx, cancel: cancel}
+	if d.base.Err() != nil {
+		d.mu.Unlock()
+		ReleaseEvent(ev)
+		return
+	}
+	st := reqPool.Get().(*reqState)
+	st.parent, st.done, st.err = d.base, nil, nil
 	d.reqs[id] = st
-	d.mu.Unlock()
 	d.wg.Add(1)
-	go d.run(id, st, ev)
+	d.mu.Unlock()
+	d.workers.run(task{d: d, id: id, st: st, ev: ev})
 }
 
 func (d *Dispatcher) run(id uint64, st *reqState, ev *Event) {
 	defer d.wg.Done()
 	for ev != nil {
-		d.handle(st.ctx, ev)
+		d.handle(st, ev)
 		ReleaseEvent(ev)
 		d.mu.Lock()
 		ev = st.head
@@ -133,6 +181,8 @@ func (d *Dispatcher) run(id uint64, st *reqState, ev *Event) {
 		d.mu.Unlock()
 	}
 	st.cancel()
+	st.parent = nil
+	reqPool.Put(st)
 }
 
 func (d *Dispatcher) handle(ctx context.Context, ev *Event) {
@@ -214,6 +264,9 @@ func (d *Dispatcher) CancelAll() {
 
 // Close cancels everything and waits for running handlers to return.
 func (d *Dispatcher) Close() {
+	d.mu.Lock()
 	d.stop()
+	d.mu.Unlock()
+	d.CancelAll()
 	d.wg.Wait()
 }

@@ -20,11 +20,13 @@ type Writer struct {
 	timeout time.Duration
 	onErr   func(error)
 
-	mu   sync.Mutex
-	buf  []byte
-	err  error
-	wake chan struct{}
-	done chan struct{}
+	mu      sync.Mutex
+	buf     []byte // pending frames
+	spare   []byte // the other buffer, swapped in while buf is written
+	writing bool   // a goroutine is writing a batch
+	err     error
+	wake    chan struct{}
+	done    chan struct{}
 }
 
 // NewWriter starts the writer goroutine for nc. onErr is called once when a
@@ -35,6 +37,7 @@ func NewWriter(nc net.Conn, writeTimeout time.Duration, onErr func(error)) *Writ
 		timeout: writeTimeout,
 		onErr:   onErr,
 		buf:     make([]byte, 0, 16<<10),
+		spare:   make([]byte, 0, 16<<10),
 		wake:    make(chan struct{}, 1),
 		done:    make(chan struct{}),
 	}
@@ -43,7 +46,9 @@ func NewWriter(nc net.Conn, writeTimeout time.Duration, onErr func(error)) *Writ
 }
 
 // Send encodes msg (a pointer to a protocol message of type t) into the
-// pending batch. It never blocks on the network.
+// pending batch. When no write is in progress the caller writes the batch
+// itself, saving the hand-off to the writer goroutine at low load; under
+// load frames accumulate behind the write in progress and leave together.
 func (w *Writer) Send(t protocol.MsgType, msg any) error {
 	w.mu.Lock()
 	if w.err != nil {
@@ -53,12 +58,11 @@ func (w *Writer) Send(t protocol.MsgType, msg any) error {
 	}
 	b, err := AppendFrame(w.buf, t, msg)
 	w.buf = b
-	w.mu.Unlock()
 	if err != nil {
+		w.mu.Unlock()
 		return err
 	}
-	w.signal()
-	return nil
+	return w.kick()
 }
 
 // SendRaw queues a frame whose payload is already encoded JSON.
@@ -71,11 +75,37 @@ func (w *Writer) SendRaw(t protocol.MsgType, payload []byte) error {
 	}
 	b, err := AppendRawFrame(w.buf, t, payload)
 	w.buf = b
-	w.mu.Unlock()
 	if err != nil {
+		w.mu.Unlock()
 		return err
 	}
-	w.signal()
+	return w.kick()
+}
+
+// kick is called with w.mu held and releases it. If nobody is writing,
+// the caller becomes the writer for the pending batch.
+func (w *Writer) kick() error {
+	if w.writing {
+		w.mu.Unlock()
+		return nil // the current writer picks the frame up when it is done
+	}
+	w.writing = true
+	b := w.buf
+	w.buf = w.spare[:0]
+	w.mu.Unlock()
+	b, err := w.write(b)
+	w.mu.Lock()
+	w.spare = b
+	w.writing = false
+	more := len(w.buf) > 0
+	w.mu.Unlock()
+	if err != nil {
+		w.fail(err)
+		return nil // the frame was queued; its request fails with the connection
+	}
+	if more {
+		w.signal()
+	}
 	return nil
 }
 
@@ -86,8 +116,8 @@ func (w *Writer) signal() {
 	}
 }
 
-// Close stops the writer after flushing what is pending (bounded by the
-// write timeout). Later sends fail with ErrUDSClosed.
+// Close stops the writer; frames not yet written are dropped (their
+// requests fail with the connection). Later sends fail with ErrUDSClosed.
 func (w *Writer) Close() {
 	w.mu.Lock()
 	if w.err == nil {
@@ -98,39 +128,50 @@ func (w *Writer) Close() {
 }
 
 func (w *Writer) loop() {
-	spare := make([]byte, 0, 16<<10)
 	for {
 		select {
 		case <-w.wake:
 		case <-w.done:
-			w.flush(spare)
 			return
 		}
-		var err error
-		if spare, err = w.flush(spare); err != nil {
+		for {
 			w.mu.Lock()
-			if w.err == nil {
-				w.err = fmt.Errorf("%w: write: %v", ErrUDSClosed, err)
-				close(w.done)
+			if w.writing || len(w.buf) == 0 || w.err != nil {
+				w.mu.Unlock()
+				break
 			}
+			w.writing = true
+			b := w.buf
+			w.buf = w.spare[:0]
 			w.mu.Unlock()
-			if w.onErr != nil {
-				w.onErr(err)
+			b, err := w.write(b)
+			w.mu.Lock()
+			w.spare = b
+			w.writing = false
+			w.mu.Unlock()
+			if err != nil {
+				w.fail(err)
+				return
 			}
-			return
 		}
 	}
 }
 
-// flush writes the pending batch and returns an empty buffer for the next swap.
-func (w *Writer) flush(spare []byte) ([]byte, error) {
+func (w *Writer) fail(err error) {
 	w.mu.Lock()
-	b := w.buf
-	w.buf = spare[:0]
-	w.mu.Unlock()
-	if len(b) == 0 {
-		return b, nil
+	first := w.err == nil
+	if first {
+		w.err = fmt.Errorf("%w: write: %v", ErrUDSClosed, err)
+		close(w.done)
 	}
+	w.mu.Unlock()
+	if first && w.onErr != nil {
+		w.onErr(err)
+	}
+}
+
+// write writes one batch and returns its buffer, emptied, for reuse.
+func (w *Writer) write(b []byte) ([]byte, error) {
 	if w.timeout > 0 {
 		_ = w.nc.SetWriteDeadline(time.Now().Add(w.timeout))
 	}
