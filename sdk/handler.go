@@ -43,10 +43,18 @@ type BodyReply struct {
 }
 
 // Pass forwards the chunk unchanged (BodyMutation with no data).
-func (r *BodyReply) Pass() { r.UseMutation = true; r.Mutation.Action = protocol.MutationPass; r.Mutation.Data = nil }
+func (r *BodyReply) Pass() {
+	r.UseMutation = true
+	r.Mutation.Action = protocol.MutationPass
+	r.Mutation.Data = nil
+}
 
 // Drop removes the chunk from the stream.
-func (r *BodyReply) Drop() { r.UseMutation = true; r.Mutation.Action = protocol.MutationDrop; r.Mutation.Data = nil }
+func (r *BodyReply) Drop() {
+	r.UseMutation = true
+	r.Mutation.Action = protocol.MutationDrop
+	r.Mutation.Data = nil
+}
 
 // Replace forwards data instead of the chunk. data must stay valid until the
 // handler returns (it is encoded before the next event).

@@ -70,11 +70,16 @@ func NewLink(nc net.Conn, cfg LinkConfig) *Link {
 // Send implements agentmux.Link.
 func (l *Link) Send(t protocol.MsgType, msg any) error { return l.w.Send(t, msg) }
 
-// Close implements agentmux.Link.
+// Close implements agentmux.Link. Frames already queued (a CancelAll
+// before a shutdown) get a short, bounded chance to leave first.
 func (l *Link) Close() error {
+	l.w.Drain(drainTimeout)
 	l.closeWith(ErrUDSClosed)
 	return nil
 }
+
+// drainTimeout bounds how long a deliberate close waits for queued frames.
+const drainTimeout = 200 * time.Millisecond
 
 func (l *Link) closeWith(err error) {
 	l.closeOnce.Do(func() {

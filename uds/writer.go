@@ -116,6 +116,30 @@ func (w *Writer) signal() {
 	}
 }
 
+// Drain writes what is pending, waiting up to timeout for a write in
+// progress; used before a deliberate close so that a CancelAll queued
+// behind other frames still leaves.
+func (w *Writer) Drain(timeout time.Duration) {
+	deadline := time.Now().Add(timeout)
+	for {
+		w.mu.Lock()
+		if w.err != nil || (!w.writing && len(w.buf) == 0) {
+			w.mu.Unlock()
+			return
+		}
+		if !w.writing {
+			_ = w.nc.SetWriteDeadline(deadline)
+			_ = w.kick() // releases w.mu
+			continue
+		}
+		w.mu.Unlock()
+		if time.Now().After(deadline) {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 // Close stops the writer; frames not yet written are dropped (their
 // requests fail with the connection). Later sends fail with ErrUDSClosed.
 func (w *Writer) Close() {

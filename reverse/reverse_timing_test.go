@@ -1,0 +1,114 @@
+package reverse
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/zentinelproxy/sidecar/agentmux"
+	"github.com/zentinelproxy/sidecar/protocol"
+	"github.com/zentinelproxy/sidecar/sdk"
+	"github.com/zentinelproxy/sidecar/uds"
+)
+
+// benchReverse is an allow-all agent registered over a reverse Unix socket.
+func benchReverse(b *testing.B, h sdk.Handler) agentmux.Agent {
+	cfg := testConfig(b)
+	l := startListener(b, cfg)
+	runAgent(b, cfg.UnixPath, "waf-1", testToken, h, nil)
+	a := l.Agent("waf")
+	waitFor(b, "registration", func() bool { return a.Snapshot().Connections == 1 })
+	return a
+}
+
+// benchUDS is the same agent served with sdk.ServeUDS and dialed by uds.Client.
+func benchUDS(b *testing.B, h sdk.Handler) agentmux.Agent {
+	path := filepath.Join(shortDir(b), "a.sock")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- sdk.ServeUDS(ctx, path, h, nil) }()
+	cfg := uds.DefaultConfig("waf", path)
+	cfg.MessageTimeout = 5 * time.Second
+	c, err := uds.NewClient(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		_ = c.Close()
+		cancel()
+		<-done
+	})
+	wctx, wcancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer wcancel()
+	if err := c.WaitReady(wctx); err != nil {
+		b.Fatal(err)
+	}
+	return c
+}
+
+// BenchmarkRoundTrip measures one RequestHeaders → Decision exchange with
+// 1 and 64 requests in flight, over a reverse connection and over plain
+// UDS in the same run.
+func BenchmarkRoundTrip(b *testing.B) {
+	h := sdk.Base{Caps: protocol.Capabilities{HandlesRequestHeaders: true, SupportsCancellation: true}}
+	for _, inflight := range []int{1, 64} {
+		for _, tr := range []struct {
+			name string
+			dial func(*testing.B, sdk.Handler) agentmux.Agent
+		}{{"uds", benchUDS}, {"reverse", benchReverse}} {
+			b.Run(fmt.Sprintf("%s/inflight=%d", tr.name, inflight), func(b *testing.B) {
+				a := tr.dial(b, h)
+				roundTrips(b, a, inflight)
+			})
+		}
+	}
+}
+
+func roundTrips(b *testing.B, a agentmux.Agent, inflight int) {
+	ctx := context.Background()
+	var left atomic.Int64
+	left.Store(int64(b.N))
+	var failed atomic.Pointer[error]
+	var wg sync.WaitGroup
+	b.ReportAllocs()
+	b.ResetTimer()
+	for w := 0; w < inflight; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			m := protocol.RequestHeaders{
+				Method: []byte("GET"),
+				URI:    []byte("/api/users?id=7"),
+				Headers: protocol.Headers{
+					{Name: []byte("host"), Value: []byte("example.com")},
+					{Name: []byte("accept"), Value: []byte("*/*")},
+					{Name: []byte("user-agent"), Value: []byte("bench/1.0")},
+					{Name: []byte("x-request-id"), Value: []byte("b9e2c4d1")},
+				},
+				Metadata: protocol.Metadata{ClientIP: []byte("10.0.0.9"), ClientPort: 51234, Protocol: []byte("HTTP/1.1")},
+			}
+			for left.Add(-1) >= 0 {
+				ex, err := a.Begin(ctx)
+				if err != nil {
+					failed.Store(&err)
+					return
+				}
+				_, err = ex.RequestHeaders(ctx, &m)
+				ex.Finish()
+				if err != nil {
+					failed.Store(&err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	b.StopTimer()
+	if p := failed.Load(); p != nil {
+		b.Fatal(*p)
+	}
+}

@@ -1,0 +1,363 @@
+package sdk
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/zentinelproxy/sidecar/handshake"
+	"github.com/zentinelproxy/sidecar/protocol"
+	"github.com/zentinelproxy/sidecar/uds"
+)
+
+// Errors of reverse connections.
+var (
+	// ErrSDKReverseConfig: the ReverseConfig is invalid.
+	ErrSDKReverseConfig = errors.New("sdk: invalid reverse config")
+	// ErrSDKRegistration: the proxy refused the registration or answered
+	// with something else than a RegistrationResponse.
+	ErrSDKRegistration = errors.New("sdk: registration failed")
+)
+
+// ReverseConfig configures DialAndServe: the agent dials the proxy,
+// registers, and then serves the proxy's requests on that connection.
+type ReverseConfig struct {
+	// Network is "unix" or "tcp". Empty: "unix" when Address contains a
+	// '/', "tcp" otherwise.
+	Network string
+	// Address is the proxy's reverse listener (socket path or host:port).
+	Address string
+	// AgentID identifies this instance ("waf-1"); the proxy maps it to an
+	// agent pool by its configured id patterns.
+	AgentID string
+	// Token is sent as auth_token. TokenFile, when set, is read instead at
+	// every connection attempt, so a rotated token is picked up.
+	Token     string
+	TokenFile string
+	// TLS, when set, wraps the connection; set Certificates for mTLS and
+	// RootCAs/ServerName to verify the proxy (see LoadClientTLS).
+	TLS *tls.Config
+	// Metadata is a JSON object sent as the registration's metadata (nil:
+	// none).
+	Metadata []byte
+	// Conns is how many connections this instance keeps (default 1).
+	Conns int
+	// DialTimeout bounds connecting, TLS included (default 5s);
+	// RegistrationTimeout bounds the wait for the proxy's answer (default
+	// 10s: a proxy holds back its answer to a peer with recent
+	// authentication failures).
+	DialTimeout         time.Duration
+	RegistrationTimeout time.Duration
+	// BackoffMin and BackoffMax bound the reconnect delay, which doubles
+	// with each failed attempt and carries ±25% jitter (defaults 100ms and
+	// 30s). A refusal that retrying cannot fix (authentication failed,
+	// unknown agent, version, invalid registration) waits BackoffMax.
+	BackoffMin time.Duration
+	BackoffMax time.Duration
+	// IdleTimeout closes a connection on which the proxy sent nothing for
+	// this long (0: off). The proxy pings idle connections (every 5s by
+	// default), so three times its ping interval finds a dead proxy behind
+	// a NAT that dropped the flow silently.
+	IdleTimeout time.Duration
+	// WriteTimeout bounds each batched write (default 5s).
+	WriteTimeout time.Duration
+	// OnRegistered, when set, is called with the proxy-assigned connection
+	// id after each accepted registration.
+	OnRegistered func(assignedID string)
+	// Logger receives connection events (default: none). The token is
+	// never logged.
+	Logger *zerolog.Logger
+}
+
+func (c *ReverseConfig) validate() error {
+	if c.Network == "" {
+		c.Network = "tcp"
+		if strings.Contains(c.Address, "/") {
+			c.Network = "unix"
+		}
+	}
+	if c.Conns <= 0 {
+		c.Conns = 1
+	}
+	if c.DialTimeout <= 0 {
+		c.DialTimeout = 5 * time.Second
+	}
+	if c.RegistrationTimeout <= 0 {
+		c.RegistrationTimeout = 10 * time.Second
+	}
+	if c.BackoffMin <= 0 {
+		c.BackoffMin = 100 * time.Millisecond
+	}
+	if c.BackoffMax <= 0 {
+		c.BackoffMax = 30 * time.Second
+	}
+	if c.WriteTimeout <= 0 {
+		c.WriteTimeout = 5 * time.Second
+	}
+	if c.Logger == nil {
+		nop := zerolog.Nop()
+		c.Logger = &nop
+	}
+	switch {
+	case c.Network != "unix" && c.Network != "tcp":
+		return fmt.Errorf("%w: network %q is neither unix nor tcp", ErrSDKReverseConfig, c.Network)
+	case c.Address == "":
+		return fmt.Errorf("%w: address is empty", ErrSDKReverseConfig)
+	case c.AgentID == "":
+		return fmt.Errorf("%w: agent id is empty", ErrSDKReverseConfig)
+	case c.Conns > 64:
+		return fmt.Errorf("%w: conns %d above 64", ErrSDKReverseConfig, c.Conns)
+	case c.BackoffMax < c.BackoffMin:
+		return fmt.Errorf("%w: backoff max below min", ErrSDKReverseConfig)
+	case c.Token != "" && c.TokenFile != "":
+		return fmt.Errorf("%w: both token and token file set", ErrSDKReverseConfig)
+	}
+	if c.Metadata != nil && (!json.Valid(c.Metadata) || !bytes.HasPrefix(bytes.TrimSpace(c.Metadata), []byte("{"))) {
+		return fmt.Errorf("%w: metadata is not a JSON object", ErrSDKReverseConfig)
+	}
+	if c.TokenFile != "" {
+		if _, err := readToken(c.TokenFile); err != nil {
+			return fmt.Errorf("%w: %v", ErrSDKReverseConfig, err)
+		}
+	}
+	return nil
+}
+
+func readToken(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("token file: %v", err)
+	}
+	t := strings.TrimSpace(string(b))
+	if t == "" {
+		return "", fmt.Errorf("token file %s is empty", path)
+	}
+	return t, nil
+}
+
+// LoadClientTLS builds a client TLS config: caFile verifies the proxy
+// (empty: the system roots), certFile/keyFile are the agent's certificate
+// for mTLS (empty: none), serverName overrides the name checked in the
+// proxy's certificate.
+func LoadClientTLS(caFile, certFile, keyFile, serverName string) (*tls.Config, error) {
+	tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: serverName}
+	if caFile != "" {
+		pem, err := os.ReadFile(caFile)
+		if err != nil {
+			return nil, fmt.Errorf("%w: ca: %v", ErrSDKReverseConfig, err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("%w: ca %s: no PEM certificate", ErrSDKReverseConfig, caFile)
+		}
+		tc.RootCAs = pool
+	}
+	if certFile != "" || keyFile != "" {
+		cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+		if err != nil {
+			return nil, fmt.Errorf("%w: client certificate: %v", ErrSDKReverseConfig, err)
+		}
+		tc.Certificates = []tls.Certificate{cert}
+	}
+	return tc, nil
+}
+
+// DialAndServe connects to the proxy's reverse listener, registers as
+// cfg.AgentID and serves h on the connection, reconnecting with backoff
+// and jitter whenever it ends, until ctx is done. It returns nil then, and
+// an error at once only for an invalid cfg.
+func DialAndServe(ctx context.Context, cfg ReverseConfig, h Handler) error {
+	if err := cfg.validate(); err != nil {
+		return err
+	}
+	var wg sync.WaitGroup
+	for i := 0; i < cfg.Conns; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			reverseLoop(ctx, &cfg, h, i)
+		}()
+	}
+	wg.Wait()
+	return nil
+}
+
+func reverseLoop(ctx context.Context, cfg *ReverseConfig, h Handler, slot int) {
+	log := cfg.Logger.With().Str("proxy", cfg.Address).Str("agent_id", cfg.AgentID).Int("conn", slot).Logger()
+	o := Options{Name: cfg.AgentID, WriteTimeout: cfg.WriteTimeout, Logger: &log}
+	backoff := cfg.BackoffMin
+	failures := 0
+	for ctx.Err() == nil {
+		nc, fr, assigned, err := dialRegister(ctx, cfg, h)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			failures++
+			wait := backoff
+			if permanentRefusal(err) {
+				// Retrying soon cannot help, but the proxy's config may
+				// change: keep trying at the slowest pace, loudly.
+				wait = cfg.BackoffMax
+				log.Error().Err(err).Dur("retry_in", wait).Msg("registration refused; check agent id and token")
+			} else if failures == 1 || failures%20 == 0 {
+				log.Warn().Err(err).Int("attempt", failures).Dur("retry_in", wait).Msg("reverse connection failed")
+			}
+			if !reverseSleep(ctx, reverseJitter(wait)) {
+				return
+			}
+			backoff = min(backoff*2, cfg.BackoffMax)
+			continue
+		}
+		log.Info().Str("conn_id", assigned).Int("after_attempts", failures).Msg("registered with proxy")
+		failures = 0
+		nc.idle = cfg.IdleTimeout
+		start := time.Now()
+		err = serveFrames(ctx, nc, fr, h, &o)
+		if ctx.Err() != nil {
+			return
+		}
+		// A connection that served a while earns a fresh start; one the
+		// proxy drops at once keeps backing off, so the two cannot flap.
+		wait := cfg.BackoffMin
+		if time.Since(start) < stableConn {
+			wait = backoff
+			backoff = min(backoff*2, cfg.BackoffMax)
+		} else {
+			backoff = cfg.BackoffMin
+		}
+		log.Warn().Err(err).Str("conn_id", assigned).Dur("retry_in", wait).Msg("proxy connection lost; reconnecting")
+		if !reverseSleep(ctx, reverseJitter(wait)) {
+			return
+		}
+	}
+}
+
+// stableConn is how long a connection must serve before a loss resets the
+// reconnect backoff.
+const stableConn = time.Second
+
+// dialRegister connects and registers; the returned reader continues the
+// connection after the RegistrationResponse.
+func dialRegister(ctx context.Context, cfg *ReverseConfig, h Handler) (*idleConn, *uds.FrameReader, string, error) {
+	token := cfg.Token
+	if cfg.TokenFile != "" {
+		t, err := readToken(cfg.TokenFile)
+		if err != nil {
+			return nil, nil, "", err
+		}
+		token = t
+	}
+	dctx, cancel := context.WithTimeout(ctx, cfg.DialTimeout)
+	defer cancel()
+	var raw net.Conn
+	var err error
+	if cfg.TLS != nil {
+		d := tls.Dialer{NetDialer: &net.Dialer{}, Config: cfg.TLS}
+		raw, err = d.DialContext(dctx, cfg.Network, cfg.Address)
+	} else {
+		var d net.Dialer
+		raw, err = d.DialContext(dctx, cfg.Network, cfg.Address)
+	}
+	if err != nil {
+		return nil, nil, "", err
+	}
+	// The frame reader must read through the wrapper, so that the idle
+	// timeout (set once registered) covers the serving reads.
+	nc := &idleConn{Conn: raw}
+	stop := context.AfterFunc(ctx, func() { _ = nc.Close() })
+	defer stop()
+	_ = nc.SetDeadline(time.Now().Add(cfg.RegistrationTimeout))
+	req := protocol.RegistrationRequest{
+		ProtocolVersion: protocol.Version,
+		AgentID:         cfg.AgentID,
+		Capabilities:    h.Capabilities(),
+		AuthToken:       token,
+		Metadata:        cfg.Metadata,
+	}
+	if err := uds.WriteFrame(nc, protocol.TypeRegistrationRequest, &req); err != nil {
+		_ = nc.Close()
+		return nil, nil, "", fmt.Errorf("%w: send: %v", ErrSDKRegistration, err)
+	}
+	fr := uds.NewFrameReader(nc)
+	t, payload, err := fr.Next()
+	if err != nil {
+		_ = nc.Close()
+		return nil, nil, "", fmt.Errorf("%w: read answer: %v", ErrSDKRegistration, err)
+	}
+	if t != protocol.TypeRegistrationResponse && t != protocol.TypeHandshakeResponse {
+		_ = nc.Close()
+		return nil, nil, "", fmt.Errorf("%w: expected RegistrationResponse, got type 0x%02x", ErrSDKRegistration, uint8(t))
+	}
+	var resp protocol.RegistrationResponse
+	if err := protocol.DecodeRegistrationResponse(payload, &resp); err != nil {
+		_ = nc.Close()
+		return nil, nil, "", fmt.Errorf("%w: %v", ErrSDKRegistration, err)
+	}
+	if err := handshake.CheckRegistrationResponse(&resp); err != nil {
+		_ = nc.Close()
+		return nil, nil, "", fmt.Errorf("%w: %w", ErrSDKRegistration, err)
+	}
+	_ = nc.SetDeadline(time.Time{})
+	if cfg.OnRegistered != nil {
+		cfg.OnRegistered(resp.AssignedID)
+	}
+	return nc, fr, resp.AssignedID, nil
+}
+
+// permanentRefusal reports a refusal that only a configuration change on
+// either side can fix.
+func permanentRefusal(err error) bool {
+	if !errors.Is(err, handshake.ErrHandshakeRefused) {
+		return false
+	}
+	s := err.Error()
+	for _, r := range []string{"authentication failed", "unknown agent", "unsupported protocol version", "invalid registration"} {
+		if strings.Contains(s, r) {
+			return true
+		}
+	}
+	return false
+}
+
+// idleConn fails a read when the proxy sent nothing for idle (0: off).
+// Only the one reading goroutine touches idle.
+type idleConn struct {
+	net.Conn
+	idle time.Duration
+}
+
+func (c *idleConn) Read(p []byte) (int, error) {
+	if c.idle > 0 {
+		_ = c.Conn.SetReadDeadline(time.Now().Add(c.idle))
+	}
+	return c.Conn.Read(p)
+}
+
+func reverseJitter(d time.Duration) time.Duration {
+	// ±25% so that a fleet of agents does not reconnect in lockstep.
+	return d*3/4 + time.Duration(rand.Int64N(int64(d)/2+1))
+}
+
+func reverseSleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
