@@ -1,0 +1,5 @@
+package grpcagent_test
+
+import "google.golang.org/grpc"
+
+type grpcServerOption = grpc.ServerOption

@@ -1,0 +1,5 @@
+//go:build !race
+
+package grpcagent
+
+const raceEnabled = false
