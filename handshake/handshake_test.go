@@ -1,0 +1,82 @@
+package handshake
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/zentinelproxy/sidecar/protocol"
+)
+
+func TestCheckResponse(t *testing.T) {
+	req := NewRequest("sidecar/test")
+	caps := protocol.Capabilities{HandlesRequestHeaders: true, SupportsCancellation: true, SupportsStreaming: true, MaxConcurrentRequests: 7}
+	tests := []struct {
+		name string
+		req  protocol.HandshakeRequest
+		resp protocol.HandshakeResponse
+		want error
+		caps protocol.Capabilities
+	}{
+		{"accepted", req, protocol.HandshakeResponse{ProtocolVersion: 2, Accepted: true, Capabilities: caps}, nil, caps},
+		{"refused", req, protocol.HandshakeResponse{ProtocolVersion: 2, Accepted: false}, ErrHandshakeRefused, protocol.Capabilities{}},
+		{"error text", req, protocol.HandshakeResponse{ProtocolVersion: 2, Accepted: true, Error: "no"}, ErrHandshakeRefused, protocol.Capabilities{}},
+		{"version 1", req, protocol.HandshakeResponse{ProtocolVersion: 1, Accepted: true}, ErrHandshakeVersion, protocol.Capabilities{}},
+		{"version 3", req, protocol.HandshakeResponse{ProtocolVersion: 3, Accepted: true}, ErrHandshakeVersion, protocol.Capabilities{}},
+		{"features not offered are masked",
+			protocol.HandshakeRequest{ProtocolVersion: 2, SupportedFeatures: []string{protocol.FeatureBodyMutation}},
+			protocol.HandshakeResponse{ProtocolVersion: 2, Accepted: true, Capabilities: caps}, nil,
+			protocol.Capabilities{HandlesRequestHeaders: true, MaxConcurrentRequests: 7}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := CheckResponse(&tc.req, &tc.resp)
+			if !errors.Is(err, tc.want) {
+				t.Fatalf("err = %v, want %v", err, tc.want)
+			}
+			if got != tc.caps {
+				t.Fatalf("caps = %+v, want %+v", got, tc.caps)
+			}
+		})
+	}
+}
+
+func TestRefusalReasonClipped(t *testing.T) {
+	resp := protocol.HandshakeResponse{ProtocolVersion: 2, Error: strings.Repeat("x", 5000)}
+	req := NewRequest("s")
+	_, err := CheckResponse(&req, &resp)
+	if err == nil || len(err.Error()) > 400 {
+		t.Fatalf("reason not clipped: %d bytes", len(err.Error()))
+	}
+}
+
+func TestAnswerAndRegistration(t *testing.T) {
+	ok := protocol.HandshakeRequest{ProtocolVersion: 2}
+	if r, err := Answer(&ok, "a", protocol.Capabilities{HandlesRequestHeaders: true}); err != nil || !r.Accepted || !r.Capabilities.HandlesRequestHeaders {
+		t.Fatalf("answer = %+v, %v", r, err)
+	}
+	bad := protocol.HandshakeRequest{ProtocolVersion: 9}
+	if r, err := Answer(&bad, "a", protocol.Capabilities{}); !errors.Is(err, ErrHandshakeVersion) || r.Accepted || r.Error == "" {
+		t.Fatalf("answer to v9 = %+v, %v", r, err)
+	}
+	regs := []struct {
+		req  protocol.RegistrationRequest
+		want error
+	}{
+		{protocol.RegistrationRequest{ProtocolVersion: 2, AgentID: "waf-1"}, nil},
+		{protocol.RegistrationRequest{ProtocolVersion: 1, AgentID: "waf-1"}, ErrHandshakeVersion},
+		{protocol.RegistrationRequest{ProtocolVersion: 2}, ErrHandshakeInvalid},
+		{protocol.RegistrationRequest{ProtocolVersion: 2, AgentID: strings.Repeat("a", 300)}, ErrHandshakeInvalid},
+	}
+	for _, r := range regs {
+		if err := CheckRegistration(&r.req); !errors.Is(err, r.want) {
+			t.Errorf("CheckRegistration(%q v%d) = %v, want %v", r.req.AgentID, r.req.ProtocolVersion, err, r.want)
+		}
+	}
+	if err := CheckRegistrationResponse(&protocol.RegistrationResponse{Accepted: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := CheckRegistrationResponse(&protocol.RegistrationResponse{Accepted: false, Error: "unknown agent"}); !errors.Is(err, ErrHandshakeRefused) {
+		t.Fatal(err)
+	}
+}
