@@ -400,7 +400,13 @@ func (e *Exchange) call(ctx context.Context, t protocol.MsgType, msg any, chunk 
 			s.timeouts.Add(1)
 		}
 		e.err = why
-		e.sendCancel("timeout")
+		reason := "timeout"
+		if errors.Is(why, ErrAgentCanceled) {
+			// The caller's context ended without a deadline: the client
+			// went away.
+			reason = "client_disconnect"
+		}
+		e.sendCancel(reason)
 		return nil, why
 	}
 	s.mu.Lock()

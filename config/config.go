@@ -1,0 +1,479 @@
+// Package config is the sidecar's YAML configuration: listeners, upstreams,
+// agents and the routes that tie them together, with defaults and a
+// validation that names the offending key and its line.
+//
+//	listeners:
+//	  - name: public
+//	    address: 127.0.0.1:8080
+//	upstreams:
+//	  - name: app
+//	    address: 127.0.0.1:9000
+//	agents:
+//	  - name: waf
+//	    transport: uds
+//	    address: /run/waf.sock
+//	    failure_mode: closed
+//	routes:
+//	  - name: default
+//	    upstream: app
+//	    agents: [waf]
+//
+// Durations are Go durations ("250ms", "5s"); sizes are bytes or a number
+// with KiB, MiB, GiB (1024-based) or KB, MB, GB (1000-based).
+//
+// Parse and Load decode, apply defaults and validate; a Config built in
+// code goes through SetDefaults and Validate the same way.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/rs/zerolog"
+	"gopkg.in/yaml.v3"
+)
+
+// Errors. Every error this package returns wraps one of them.
+var (
+	// ErrConfigSyntax: the file is not valid YAML or has the wrong shape.
+	ErrConfigSyntax = errors.New("config: syntax error")
+	// ErrConfigInvalid: a value is missing, out of range or inconsistent.
+	ErrConfigInvalid = errors.New("config: invalid configuration")
+)
+
+// Transports the configuration accepts. The dataplane builds an agent of
+// each kind through a factory registered for the name.
+const (
+	TransportUDS     = "uds"
+	TransportGRPC    = "grpc"
+	TransportReverse = "reverse"
+)
+
+// Failure modes of an agent.
+const (
+	// FailClosed answers 503/504 when the agent cannot decide.
+	FailClosed = "closed"
+	// FailOpen passes the request, marked, when the agent cannot decide.
+	FailOpen = "open"
+)
+
+// Body modes of an agent on a route.
+const (
+	// BodyAuto streams when the agent declares supports_streaming and
+	// buffers otherwise.
+	BodyAuto = "auto"
+	// BodyNone never sends bodies to the agent.
+	BodyNone = "none"
+	// BodyBuffered reads the body up to Limit before the next hop is
+	// contacted, so the agent decides on the whole body.
+	BodyBuffered = "buffered"
+	// BodyStreaming sends each chunk as it arrives and forwards it as soon
+	// as the agent answered for it.
+	BodyStreaming = "streaming"
+)
+
+// Over-limit actions of a buffered body.
+const (
+	// OverLimitReject refuses the message: 413 for a request body, 502 for
+	// a response body.
+	OverLimitReject = "reject"
+	// OverLimitSkip passes the body uninspected and says so in the
+	// X-Sidecar-Inspection: skipped header and a counter.
+	OverLimitSkip = "skip"
+)
+
+// Host header handling of a route.
+const (
+	// HostPreserve forwards the client's Host header (default).
+	HostPreserve = "preserve"
+	// HostUpstream sends the upstream's address as Host.
+	HostUpstream = "upstream"
+)
+
+// Limits on sizes. The chunk limit keeps a base64-encoded chunk far below
+// the 16 MiB frame and 10 MiB gRPC message limits.
+const (
+	MaxChunkSize  = 4 << 20
+	MinChunkSize  = 1 << 10
+	MaxBodyLimit  = 256 << 20
+	MaxBufferSize = 1 << 20
+)
+
+// Config is the whole configuration.
+type Config struct {
+	Listeners []Listener `yaml:"listeners"`
+	Upstreams []Upstream `yaml:"upstreams"`
+	Agents    []Agent    `yaml:"agents"`
+	Routes    []Route    `yaml:"routes"`
+	Logging   Logging    `yaml:"logging"`
+
+	// lines maps a key path ("routes[0].agents[1]") to its line in the
+	// file, so that validation errors point at it.
+	lines map[string]int
+}
+
+// Listener is an address the sidecar accepts HTTP/1.1 on.
+type Listener struct {
+	// Name labels the listener in logs.
+	Name string `yaml:"name"`
+	// Address is host:port, or unix:/path for a Unix socket.
+	Address string `yaml:"address"`
+	// ReadTimeout bounds reading a request's headers (default 10s).
+	ReadTimeout time.Duration `yaml:"read_timeout"`
+	// IdleTimeout bounds the wait for the next request on a keep-alive
+	// connection (default 60s).
+	IdleTimeout time.Duration `yaml:"idle_timeout"`
+	// BodyTimeout bounds each read or write of a streamed body on the
+	// client side: a client that stalls longer is dropped (default 60s).
+	BodyTimeout time.Duration `yaml:"body_timeout"`
+	// ReadBufferSize is the per-connection read buffer; it also caps the
+	// request header size (default 16KiB).
+	ReadBufferSize Size `yaml:"read_buffer_size"`
+	// WriteBufferSize is the per-connection write buffer (default 16KiB).
+	WriteBufferSize Size `yaml:"write_buffer_size"`
+	// MaxConnections caps concurrent client connections (default 65536).
+	MaxConnections int `yaml:"max_connections"`
+	// MaxRequestBody rejects larger request bodies with 413 (0: no limit).
+	MaxRequestBody Size `yaml:"max_request_body"`
+	// TrustForwarded keeps the client's X-Forwarded-Proto/-Host and appends
+	// to its X-Forwarded-For. Off (default), the sidecar is the edge and
+	// replaces all three.
+	TrustForwarded bool `yaml:"trust_forwarded"`
+	// DisconnectCheck is how often requests that wait on an agent or the
+	// upstream are checked for a client that went away (default 100ms).
+	DisconnectCheck time.Duration `yaml:"disconnect_check"`
+}
+
+// Upstream is the service the sidecar proxies to.
+type Upstream struct {
+	Name string `yaml:"name"`
+	// Address is host:port, or unix:/path.
+	Address string `yaml:"address"`
+	// ConnectTimeout bounds connection setup (default 5s).
+	ConnectTimeout time.Duration `yaml:"connect_timeout"`
+	// ResponseTimeout bounds the wait for the response headers once the
+	// request is sent (default 30s); past it the client gets 504.
+	ResponseTimeout time.Duration `yaml:"response_timeout"`
+	// IdleTimeout bounds each read or write of a streamed body (default 60s).
+	IdleTimeout time.Duration `yaml:"idle_timeout"`
+	// MaxConns caps connections to the upstream (default 1024).
+	MaxConns int `yaml:"max_conns"`
+	// MaxConnWait is how long a request waits for a free connection when
+	// MaxConns are busy before it gets 503 (default 1s).
+	MaxConnWait time.Duration `yaml:"max_conn_wait"`
+	// KeepAlive closes pooled connections idle longer than this
+	// (default 15s; keep it below the upstream's own keep-alive timeout).
+	KeepAlive time.Duration `yaml:"keepalive"`
+	// ReadBufferSize caps the response header size (default 16KiB).
+	ReadBufferSize Size `yaml:"read_buffer_size"`
+	// WriteBufferSize is the per-connection write buffer (default 16KiB).
+	WriteBufferSize Size `yaml:"write_buffer_size"`
+}
+
+// Agent is one policy agent and its defaults for every route using it.
+type Agent struct {
+	// Name identifies the agent; it may appear in the
+	// X-Sidecar-Fail-Open header, so it is limited to [A-Za-z0-9._-].
+	Name string `yaml:"name"`
+	// Transport is uds, grpc or reverse.
+	Transport string `yaml:"transport"`
+	// Address is the socket path (uds), host:port (grpc) or the listen
+	// address for registrations (reverse).
+	Address string `yaml:"address"`
+	// Conns is how many connections to keep to the agent (default 1).
+	Conns int `yaml:"conns"`
+	// MaxInFlight caps requests in flight per connection (default 1024).
+	MaxInFlight int `yaml:"max_in_flight"`
+	// MaxQueue caps requests waiting for a slot (default 1024).
+	MaxQueue int `yaml:"max_queue"`
+	// Timeouts of the conversation.
+	Timeouts AgentTimeouts `yaml:"timeouts"`
+	// FailureMode is closed (default) or open.
+	FailureMode string `yaml:"failure_mode"`
+	// RequestBody and ResponseBody say how bodies reach the agent.
+	RequestBody  BodyPolicy `yaml:"request_body"`
+	ResponseBody BodyPolicy `yaml:"response_body"`
+	// Options are transport-specific settings (TLS files, tokens, …),
+	// validated by the transport.
+	Options map[string]string `yaml:"options"`
+}
+
+// AgentTimeouts bound the conversation with an agent.
+type AgentTimeouts struct {
+	// Connect bounds dialing (default 1s).
+	Connect time.Duration `yaml:"connect"`
+	// Handshake bounds the handshake (default 2s).
+	Handshake time.Duration `yaml:"handshake"`
+	// Message bounds the wait for each reply (default 1s).
+	Message time.Duration `yaml:"message"`
+	// Request bounds the total time one request may wait on the agent over
+	// its header events and buffered bodies (default 5s). Streamed chunks
+	// are bounded by Message only, so long uploads are not cut off.
+	Request time.Duration `yaml:"request"`
+}
+
+// BodyPolicy says how one body phase reaches an agent.
+type BodyPolicy struct {
+	// Mode is auto (default), none, buffered or streaming.
+	Mode string `yaml:"mode"`
+	// Limit is the most a buffered body may hold (default 1MiB).
+	Limit Size `yaml:"limit"`
+	// OverLimit is reject or skip; the default is reject for request
+	// bodies and skip for response bodies.
+	OverLimit string `yaml:"over_limit"`
+	// ChunkSize is the largest chunk sent in one event (default 64KiB).
+	ChunkSize Size `yaml:"chunk_size"`
+}
+
+// RouteAgent puts an agent on a route, optionally overriding its policy.
+// In YAML it is either the agent's name or a mapping with name and overrides.
+type RouteAgent struct {
+	Name string `yaml:"name"`
+	// FailureMode overrides the agent's failure mode on this route.
+	FailureMode string `yaml:"failure_mode"`
+	// Timeout overrides the agent's request timeout on this route.
+	Timeout time.Duration `yaml:"timeout"`
+	// RequestBody and ResponseBody override the fields they set.
+	RequestBody  *BodyPolicy `yaml:"request_body"`
+	ResponseBody *BodyPolicy `yaml:"response_body"`
+}
+
+// Route matches requests by host and path prefix and sends them through
+// its agents, in order, to its upstream.
+type Route struct {
+	Name string `yaml:"name"`
+	// Hosts are exact names ("api.example.com") or wildcards
+	// ("*.example.com", any depth of subdomain); empty or "*" matches any
+	// host. An exact host beats a wildcard, a longer wildcard beats a
+	// shorter one, any wildcard beats a catch-all.
+	Hosts []string `yaml:"hosts"`
+	// PathPrefix is matched byte-wise against the normalized path
+	// (default "/"); among the routes of the best host match, the longest
+	// matching prefix wins.
+	PathPrefix string `yaml:"path_prefix"`
+	// Upstream names the upstream.
+	Upstream string `yaml:"upstream"`
+	// HostHeader is preserve (default), upstream, or a literal host name
+	// to send instead.
+	HostHeader string `yaml:"host_header"`
+	// Agents run in order; the first non-allow decision wins.
+	Agents []RouteAgent `yaml:"agents"`
+}
+
+// Logging configures the zerolog logger.
+type Logging struct {
+	// Level is trace, debug, info (default), warn or error.
+	Level string `yaml:"level"`
+	// Format is json (default) or console.
+	Format string `yaml:"format"`
+}
+
+// Logger returns a zerolog logger writing to w at the configured level
+// and format, with timestamps.
+func (l Logging) Logger(w io.Writer) zerolog.Logger {
+	level, err := zerolog.ParseLevel(l.Level)
+	if err != nil || l.Level == "" {
+		level = zerolog.InfoLevel
+	}
+	if l.Format == "console" {
+		w = zerolog.ConsoleWriter{Out: w, TimeFormat: time.RFC3339}
+	}
+	return zerolog.New(w).Level(level).With().Timestamp().Logger()
+}
+
+// Policy is an agent's effective behaviour on one route: the agent's
+// settings with the route's overrides applied.
+type Policy struct {
+	Agent        *Agent
+	FailOpen     bool
+	Timeout      time.Duration
+	RequestBody  BodyPolicy
+	ResponseBody BodyPolicy
+}
+
+// Load reads, parses and validates the file at path.
+func Load(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrConfigSyntax, err)
+	}
+	return Parse(data)
+}
+
+// Parse decodes YAML, rejects unknown keys, applies defaults and validates.
+func Parse(data []byte) (*Config, error) {
+	var doc yaml.Node
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrConfigSyntax, err)
+	}
+	if doc.Kind != yaml.DocumentNode || len(doc.Content) == 0 {
+		return nil, fmt.Errorf("%w: empty document", ErrConfigSyntax)
+	}
+	c := &Config{lines: make(map[string]int)}
+	d := decoder{lines: c.lines}
+	if err := d.decode(doc.Content[0], c, ""); err != nil {
+		return nil, err
+	}
+	c.SetDefaults()
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// Line returns the line of the key at path ("routes[0].agents[1]"), or 0
+// when unknown (a Config built in code).
+func (c *Config) Line(path string) int { return c.lines[path] }
+
+// Agent returns the agent called name, or nil.
+func (c *Config) Agent(name string) *Agent {
+	for i := range c.Agents {
+		if c.Agents[i].Name == name {
+			return &c.Agents[i]
+		}
+	}
+	return nil
+}
+
+// Upstream returns the upstream called name, or nil.
+func (c *Config) Upstream(name string) *Upstream {
+	for i := range c.Upstreams {
+		if c.Upstreams[i].Name == name {
+			return &c.Upstreams[i]
+		}
+	}
+	return nil
+}
+
+// Policy returns the effective policy of the route's agent reference ra.
+// The agent must exist (Validate checks it).
+func (c *Config) Policy(ra *RouteAgent) Policy {
+	a := c.Agent(ra.Name)
+	p := Policy{
+		Agent:        a,
+		FailOpen:     a.FailureMode == FailOpen,
+		Timeout:      a.Timeouts.Request,
+		RequestBody:  a.RequestBody,
+		ResponseBody: a.ResponseBody,
+	}
+	if ra.FailureMode != "" {
+		p.FailOpen = ra.FailureMode == FailOpen
+	}
+	if ra.Timeout > 0 {
+		p.Timeout = ra.Timeout
+	}
+	p.RequestBody.override(ra.RequestBody)
+	p.ResponseBody.override(ra.ResponseBody)
+	return p
+}
+
+func (b *BodyPolicy) override(o *BodyPolicy) {
+	if o == nil {
+		return
+	}
+	if o.Mode != "" {
+		b.Mode = o.Mode
+	}
+	if o.Limit != 0 {
+		b.Limit = o.Limit
+	}
+	if o.OverLimit != "" {
+		b.OverLimit = o.OverLimit
+	}
+	if o.ChunkSize != 0 {
+		b.ChunkSize = o.ChunkSize
+	}
+}
+
+// SetDefaults fills every unset field with its default.
+func (c *Config) SetDefaults() {
+	for i := range c.Listeners {
+		l := &c.Listeners[i]
+		if l.Name == "" {
+			l.Name = fmt.Sprintf("listener%d", i)
+		}
+		setDur(&l.ReadTimeout, 10*time.Second)
+		setDur(&l.IdleTimeout, 60*time.Second)
+		setDur(&l.BodyTimeout, 60*time.Second)
+		setSize(&l.ReadBufferSize, 16<<10)
+		setSize(&l.WriteBufferSize, 16<<10)
+		setInt(&l.MaxConnections, 65536)
+		setDur(&l.DisconnectCheck, 100*time.Millisecond)
+	}
+	for i := range c.Upstreams {
+		u := &c.Upstreams[i]
+		setDur(&u.ConnectTimeout, 5*time.Second)
+		setDur(&u.ResponseTimeout, 30*time.Second)
+		setDur(&u.IdleTimeout, 60*time.Second)
+		setInt(&u.MaxConns, 1024)
+		setDur(&u.MaxConnWait, time.Second)
+		setDur(&u.KeepAlive, 15*time.Second)
+		setSize(&u.ReadBufferSize, 16<<10)
+		setSize(&u.WriteBufferSize, 16<<10)
+	}
+	for i := range c.Agents {
+		a := &c.Agents[i]
+		setInt(&a.Conns, 1)
+		setInt(&a.MaxInFlight, 1024)
+		setInt(&a.MaxQueue, 1024)
+		setDur(&a.Timeouts.Connect, time.Second)
+		setDur(&a.Timeouts.Handshake, 2*time.Second)
+		setDur(&a.Timeouts.Message, time.Second)
+		setDur(&a.Timeouts.Request, 5*time.Second)
+		if a.FailureMode == "" {
+			a.FailureMode = FailClosed
+		}
+		a.RequestBody.setDefaults(OverLimitReject)
+		a.ResponseBody.setDefaults(OverLimitSkip)
+	}
+	for i := range c.Routes {
+		r := &c.Routes[i]
+		if r.Name == "" {
+			r.Name = fmt.Sprintf("route%d", i)
+		}
+		if r.PathPrefix == "" {
+			r.PathPrefix = "/"
+		}
+		if r.HostHeader == "" {
+			r.HostHeader = HostPreserve
+		}
+	}
+	if c.Logging.Level == "" {
+		c.Logging.Level = "info"
+	}
+	if c.Logging.Format == "" {
+		c.Logging.Format = "json"
+	}
+}
+
+func (b *BodyPolicy) setDefaults(overLimit string) {
+	if b.Mode == "" {
+		b.Mode = BodyAuto
+	}
+	setSize(&b.Limit, 1<<20)
+	if b.OverLimit == "" {
+		b.OverLimit = overLimit
+	}
+	setSize(&b.ChunkSize, 64<<10)
+}
+
+func setDur(d *time.Duration, v time.Duration) {
+	if *d == 0 {
+		*d = v
+	}
+}
+
+func setSize(s *Size, v Size) {
+	if *s == 0 {
+		*s = v
+	}
+}
+
+func setInt(n *int, v int) {
+	if *n == 0 {
+		*n = v
+	}
+}

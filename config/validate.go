@@ -1,0 +1,377 @@
+package config
+
+import (
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Validate checks the whole configuration and returns the first problem
+// as an *Error naming the key (and its line when the config came from a
+// file). Call SetDefaults first.
+func (c *Config) Validate() error {
+	v := validator{c: c}
+	v.listeners()
+	v.upstreams()
+	v.agents()
+	v.routes()
+	v.logging()
+	return v.err
+}
+
+type validator struct {
+	c   *Config
+	err error
+}
+
+func (v *validator) failf(path, format string, args ...any) {
+	if v.err != nil {
+		return
+	}
+	v.err = &Error{Line: v.c.lineOf(path), Path: path, Msg: fmt.Sprintf(format, args...), kind: ErrConfigInvalid}
+}
+
+// lineOf is the line of path, or of its nearest parent present in the
+// file (a defaulted key has no line of its own).
+func (c *Config) lineOf(path string) int {
+	for path != "" {
+		if l, ok := c.lines[path]; ok {
+			return l
+		}
+		i := strings.LastIndexAny(path, ".[")
+		if i < 0 {
+			break
+		}
+		path = path[:i]
+	}
+	return 0
+}
+
+func (v *validator) listeners() {
+	if len(v.c.Listeners) == 0 {
+		v.failf("listeners", "at least one listener is required")
+		return
+	}
+	names := map[string]string{}
+	addrs := map[string]string{}
+	for i := range v.c.Listeners {
+		l := &v.c.Listeners[i]
+		p := fmt.Sprintf("listeners[%d]", i)
+		v.name(p+".name", l.Name, names, "listener")
+		v.address(p+".address", l.Address, true)
+		if prev, ok := addrs[l.Address]; ok && l.Address != "" {
+			v.failf(p+".address", "address %q is also used by %s", l.Address, prev)
+		}
+		addrs[l.Address] = p
+		v.positive(p+".read_timeout", l.ReadTimeout)
+		v.positive(p+".idle_timeout", l.IdleTimeout)
+		v.positive(p+".body_timeout", l.BodyTimeout)
+		v.positive(p+".disconnect_check", l.DisconnectCheck)
+		v.bufSize(p+".read_buffer_size", l.ReadBufferSize)
+		v.bufSize(p+".write_buffer_size", l.WriteBufferSize)
+		if l.MaxConnections < 1 {
+			v.failf(p+".max_connections", "must be at least 1")
+		}
+		if l.MaxRequestBody < 0 {
+			v.failf(p+".max_request_body", "must not be negative")
+		}
+	}
+}
+
+func (v *validator) upstreams() {
+	names := map[string]string{}
+	for i := range v.c.Upstreams {
+		u := &v.c.Upstreams[i]
+		p := fmt.Sprintf("upstreams[%d]", i)
+		v.name(p+".name", u.Name, names, "upstream")
+		v.address(p+".address", u.Address, false)
+		v.positive(p+".connect_timeout", u.ConnectTimeout)
+		v.positive(p+".response_timeout", u.ResponseTimeout)
+		v.positive(p+".idle_timeout", u.IdleTimeout)
+		v.positive(p+".max_conn_wait", u.MaxConnWait)
+		v.positive(p+".keepalive", u.KeepAlive)
+		v.bufSize(p+".read_buffer_size", u.ReadBufferSize)
+		v.bufSize(p+".write_buffer_size", u.WriteBufferSize)
+		if u.MaxConns < 1 {
+			v.failf(p+".max_conns", "must be at least 1")
+		}
+	}
+}
+
+func (v *validator) agents() {
+	names := map[string]string{}
+	for i := range v.c.Agents {
+		a := &v.c.Agents[i]
+		p := fmt.Sprintf("agents[%d]", i)
+		v.name(p+".name", a.Name, names, "agent")
+		switch a.Transport {
+		case TransportUDS, TransportGRPC, TransportReverse:
+		case "":
+			v.failf(p+".transport", "transport is required (uds, grpc or reverse)")
+		default:
+			v.failf(p+".transport", "unknown transport %q (want uds, grpc or reverse)", a.Transport)
+		}
+		switch {
+		case a.Address == "":
+			v.failf(p+".address", "address is required")
+		case a.Transport == TransportUDS && len(a.Address) > 107:
+			v.failf(p+".address", "socket path longer than 107 bytes")
+		case a.Transport == TransportGRPC || a.Transport == TransportReverse:
+			v.address(p+".address", a.Address, a.Transport == TransportReverse)
+		}
+		if a.Conns < 1 || a.Conns > 64 {
+			v.failf(p+".conns", "%d is not in 1..64", a.Conns)
+		}
+		if a.MaxInFlight < 1 {
+			v.failf(p+".max_in_flight", "must be at least 1")
+		}
+		if a.MaxQueue < 0 {
+			v.failf(p+".max_queue", "must not be negative")
+		}
+		v.positive(p+".timeouts.connect", a.Timeouts.Connect)
+		v.positive(p+".timeouts.handshake", a.Timeouts.Handshake)
+		v.positive(p+".timeouts.message", a.Timeouts.Message)
+		v.positive(p+".timeouts.request", a.Timeouts.Request)
+		v.failureMode(p+".failure_mode", a.FailureMode, false)
+		v.body(p+".request_body", &a.RequestBody, false)
+		v.body(p+".response_body", &a.ResponseBody, false)
+	}
+}
+
+func (v *validator) routes() {
+	if len(v.c.Routes) == 0 {
+		v.failf("routes", "at least one route is required")
+		return
+	}
+	names := map[string]string{}
+	type key struct{ host, prefix string }
+	claimed := map[key]string{}
+	for i := range v.c.Routes {
+		r := &v.c.Routes[i]
+		p := fmt.Sprintf("routes[%d]", i)
+		v.name(p+".name", r.Name, names, "route")
+		switch {
+		case r.Upstream == "":
+			v.failf(p+".upstream", "upstream is required")
+		case v.c.Upstream(r.Upstream) == nil:
+			v.failf(p+".upstream", "unknown upstream %q", r.Upstream)
+		}
+		if !strings.HasPrefix(r.PathPrefix, "/") {
+			v.failf(p+".path_prefix", "%q must start with /", r.PathPrefix)
+		}
+		switch r.HostHeader {
+		case HostPreserve, HostUpstream:
+		default:
+			if !validHostPort(r.HostHeader) {
+				v.failf(p+".host_header", "%q is not preserve, upstream or a host name", r.HostHeader)
+			}
+		}
+		hosts := r.Hosts
+		if len(hosts) == 0 {
+			hosts = []string{"*"}
+		}
+		for j, h := range hosts {
+			hp := fmt.Sprintf("%s.hosts[%d]", p, j)
+			if !validHostPattern(h) {
+				v.failf(hp, "%q is not a host name, *.domain or *", h)
+				continue
+			}
+			k := key{strings.ToLower(h), r.PathPrefix}
+			if prev, ok := claimed[k]; ok {
+				v.failf(hp, "host %q with path_prefix %q is already routed by %s", h, r.PathPrefix, prev)
+			}
+			claimed[k] = p
+		}
+		seen := map[string]int{}
+		for j := range r.Agents {
+			ra := &r.Agents[j]
+			ap := fmt.Sprintf("%s.agents[%d]", p, j)
+			switch {
+			case ra.Name == "":
+				v.failf(ap, "agent name is required")
+			case v.c.Agent(ra.Name) == nil:
+				v.failf(ap, "unknown agent %q", ra.Name)
+			}
+			if prev, ok := seen[ra.Name]; ok && ra.Name != "" {
+				v.failf(ap, "agent %q is already on this route at agents[%d]", ra.Name, prev)
+			}
+			seen[ra.Name] = j
+			v.failureMode(ap+".failure_mode", ra.FailureMode, true)
+			if ra.Timeout < 0 {
+				v.failf(ap+".timeout", "must not be negative")
+			}
+			if ra.RequestBody != nil {
+				v.body(ap+".request_body", ra.RequestBody, true)
+			}
+			if ra.ResponseBody != nil {
+				v.body(ap+".response_body", ra.ResponseBody, true)
+			}
+		}
+	}
+}
+
+func (v *validator) logging() {
+	switch v.c.Logging.Level {
+	case "trace", "debug", "info", "warn", "error", "disabled":
+	default:
+		v.failf("logging.level", "unknown level %q (want trace, debug, info, warn, error or disabled)", v.c.Logging.Level)
+	}
+	switch v.c.Logging.Format {
+	case "json", "console":
+	default:
+		v.failf("logging.format", "unknown format %q (want json or console)", v.c.Logging.Format)
+	}
+}
+
+func (v *validator) name(path, name string, seen map[string]string, what string) {
+	switch {
+	case name == "":
+		v.failf(path, "%s name is required", what)
+	case !validName(name):
+		v.failf(path, "%s name %q may only contain letters, digits, '.', '_' and '-' (at most 64)", what, name)
+	default:
+		if prev, ok := seen[name]; ok {
+			v.failf(path, "duplicate %s name %q (also %s)", what, name, prev)
+		}
+		seen[name] = strings.TrimSuffix(path, ".name")
+	}
+}
+
+func (v *validator) address(path, addr string, listen bool) {
+	if addr == "" {
+		v.failf(path, "address is required")
+		return
+	}
+	if p, ok := strings.CutPrefix(addr, "unix:"); ok {
+		if p == "" || len(p) > 107 {
+			v.failf(path, "unix socket path must be 1..107 bytes")
+		}
+		return
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		v.failf(path, "%q is not host:port or unix:/path", addr)
+		return
+	}
+	n, err := strconv.Atoi(port)
+	if err != nil || n < 0 || n > 65535 || (n == 0 && !listen) {
+		v.failf(path, "invalid port %q", port)
+		return
+	}
+	if host == "" && !listen {
+		v.failf(path, "host is required")
+	}
+}
+
+func (v *validator) positive(path string, d time.Duration) {
+	if d <= 0 {
+		v.failf(path, "must be positive")
+	}
+}
+
+func (v *validator) bufSize(path string, s Size) {
+	if s < 4<<10 || s > MaxBufferSize {
+		v.failf(path, "%s is not in 4KiB..1MiB", s)
+	}
+}
+
+func (v *validator) failureMode(path, m string, optional bool) {
+	switch m {
+	case FailOpen, FailClosed:
+	case "":
+		if !optional {
+			v.failf(path, "failure_mode is required (open or closed)")
+		}
+	default:
+		v.failf(path, "unknown failure mode %q (want open or closed)", m)
+	}
+}
+
+func (v *validator) body(path string, b *BodyPolicy, partial bool) {
+	switch b.Mode {
+	case BodyAuto, BodyNone, BodyBuffered, BodyStreaming:
+	case "":
+		if !partial {
+			v.failf(path+".mode", "mode is required")
+		}
+	default:
+		v.failf(path+".mode", "unknown body mode %q (want auto, none, buffered or streaming)", b.Mode)
+	}
+	if !(partial && b.Limit == 0) && (b.Limit < 1 || b.Limit > MaxBodyLimit) {
+		v.failf(path+".limit", "%s is not in 1..%s", b.Limit, Size(MaxBodyLimit))
+	}
+	switch b.OverLimit {
+	case OverLimitReject, OverLimitSkip:
+	case "":
+		if !partial {
+			v.failf(path+".over_limit", "over_limit is required")
+		}
+	default:
+		v.failf(path+".over_limit", "unknown action %q (want reject or skip)", b.OverLimit)
+	}
+	if !(partial && b.ChunkSize == 0) && (b.ChunkSize < MinChunkSize || b.ChunkSize > MaxChunkSize) {
+		v.failf(path+".chunk_size", "%s is not in %s..%s", b.ChunkSize, Size(MinChunkSize), Size(MaxChunkSize))
+	}
+}
+
+func validName(s string) bool {
+	if len(s) == 0 || len(s) > 64 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+// validHostPattern accepts "*", "*.example.com" and "example.com".
+func validHostPattern(h string) bool {
+	if h == "*" {
+		return true
+	}
+	if rest, ok := strings.CutPrefix(h, "*."); ok {
+		return validHostname(rest)
+	}
+	return validHostname(h)
+}
+
+func validHostname(h string) bool {
+	if len(h) == 0 || len(h) > 253 {
+		return false
+	}
+	for _, label := range strings.Split(h, ".") {
+		if len(label) == 0 || len(label) > 63 {
+			return false
+		}
+		for i := 0; i < len(label); i++ {
+			c := label[i]
+			if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// validHostPort accepts a host name or IP with an optional port.
+func validHostPort(s string) bool {
+	if s == "" {
+		return false
+	}
+	host := s
+	if h, port, err := net.SplitHostPort(s); err == nil {
+		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+			return false
+		}
+		host = h
+	}
+	if net.ParseIP(host) != nil {
+		return true
+	}
+	return validHostname(host)
+}

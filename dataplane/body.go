@@ -1,0 +1,635 @@
+package dataplane
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"slices"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/zentinelproxy/sidecar/protocol"
+)
+
+// passChunk is the read size for bodies no agent inspects.
+const passChunk = 32 << 10
+
+var (
+	// errStopped: an agent ended the message mid-body (block, redirect or
+	// a fail-closed failure); the staged response or abort says what next.
+	errStopped = errors.New("dataplane: body stopped by an agent")
+	// errNoProgress: a body reader returned nothing, repeatedly.
+	errNoProgress = errors.New("dataplane: body reader makes no progress")
+	// errTooLarge: a chunked request body grew past max_request_body.
+	errTooLarge = errors.New("dataplane: request body over max_request_body")
+)
+
+// clientError is a failure reading the client's request body.
+type clientError struct{ err error }
+
+func (e *clientError) Error() string { return "reading request body: " + e.err.Error() }
+func (e *clientError) Unwrap() error { return e.err }
+
+// bodySource reads a body (the client's request body or the upstream's
+// response body), first any bytes already read ahead, and keeps pushing
+// the connection's read deadline so only a stalled peer times out.
+type bodySource struct {
+	prefix   []byte
+	r        io.Reader
+	conn     net.Conn
+	idle     time.Duration
+	extended time.Time
+	eof      bool
+	n        int64 // bytes delivered
+	// want is the framed length (-1: chunked or until close); ec, when
+	// set, tells a truncated body from a complete one; untilClose marks a
+	// body that legitimately ends with the connection.
+	want       int64
+	ec         *eofConn
+	untilClose bool
+	max        int64 // 0: no limit
+}
+
+// read reads into p: until p is full or the body ends when fill is set,
+// else whatever one read returns. last reports the end of the body.
+func (s *bodySource) read(p []byte, fill bool) (n int, last bool, err error) {
+	if len(s.prefix) > 0 {
+		n = copy(p, s.prefix)
+		s.prefix = s.prefix[n:]
+	}
+	if s.r == nil {
+		s.eof = true
+	}
+	zero := 0
+	for n < len(p) && !s.eof && (fill || n == 0) {
+		s.touch()
+		m, rerr := s.r.Read(p[n:])
+		n += m
+		switch {
+		case rerr == io.EOF:
+			s.eof = true
+			if (s.want >= 0 && s.n+int64(n) < s.want) || (!s.untilClose && s.ec != nil && s.ec.eof) {
+				s.n += int64(n)
+				return n, false, io.ErrUnexpectedEOF
+			}
+		case rerr != nil:
+			s.n += int64(n)
+			return n, false, rerr
+		case m == 0:
+			if zero++; zero > 100 {
+				s.n += int64(n)
+				return n, false, errNoProgress
+			}
+		}
+	}
+	s.n += int64(n)
+	if s.max > 0 && s.n > s.max {
+		return n, false, errTooLarge
+	}
+	return n, s.eof && len(s.prefix) == 0, nil
+}
+
+func (s *bodySource) touch() {
+	if s.conn == nil || s.idle <= 0 {
+		return
+	}
+	now := time.Now()
+	if now.Sub(s.extended) > s.idle/4 {
+		s.extended = now
+		_ = s.conn.SetReadDeadline(now.Add(s.idle))
+	}
+}
+
+// chunkSize is the chunk size of phase p: the smallest of its active
+// agents', or passChunk when no agent inspects the body.
+func (rs *reqState) chunkSize(p protocol.Phase) int {
+	size := 0
+	for _, i := range rs.active[p] {
+		if c := rs.slots[i].ra.body[p].chunk; size == 0 || c < size {
+			size = c
+		}
+	}
+	if size == 0 {
+		size = passChunk
+	}
+	return size
+}
+
+// fill says whether reads of phase p's body wait for a whole chunk: only
+// when agents inspect it and its length is known. A body of unknown length
+// is passed on as the sender flushes it, so a stream of events is not held
+// back waiting for a chunk to fill.
+func (rs *reqState) fill(p protocol.Phase) bool {
+	src := &rs.reqSrc
+	if p == protocol.PhaseResponse {
+		src = &rs.respSrc
+	}
+	return len(rs.active[p]) > 0 && src.want >= 0
+}
+
+// chunkBuf returns the read buffer sized for phase p.
+func (rs *reqState) chunkBuf(p protocol.Phase) []byte {
+	n := rs.chunkSize(p)
+	if cap(rs.buf) < n {
+		rs.buf = make([]byte, n)
+	}
+	return rs.buf[:n]
+}
+
+// collectBodyAgents fills rs.active[p] with the agents that inspect the
+// body of phase p, opening their exchanges; it returns the largest
+// buffered limit among them (0: none buffers) and false when a failure
+// ended the request.
+func (rs *reqState) collectBodyAgents(p protocol.Phase) (int, bool) {
+	rs.phaseNow = PhaseIndex(p, true)
+	act := rs.active[p][:0]
+	limit := 0
+	for i := 0; i < rs.nslots; i++ {
+		sl := &rs.slots[i]
+		if sl.flags&flagFailed != 0 || sl.ra.body[p].mode == bodyNone {
+			continue
+		}
+		if caps, known := rs.knownCaps(sl); known && !caps.Handles(p, true) {
+			continue
+		}
+		if err := rs.begin(i); err != nil {
+			rs.srv.obs.AgentEvent(rs.rt.idx, sl.ra.a.idx, p, true, outcomeOf(err), 0)
+			rs.active[p] = act
+			if !rs.failure(i, p, true, err) {
+				return 0, false
+			}
+			continue
+		}
+		if !sl.caps.Handles(p, true) || sl.mode[p] == bodyNone {
+			continue
+		}
+		act = append(act, uint8(i))
+		if sl.mode[p] == bodyBuffered && sl.ra.body[p].limit > limit {
+			limit = sl.ra.body[p].limit
+		}
+	}
+	rs.active[p] = act
+	return limit, true
+}
+
+// requestBody plans the request body: pass it through, buffer it for
+// inspection before the upstream is contacted, or stream it through the
+// agents. It reports whether the request goes on.
+func (rs *reqState) requestBody() bool {
+	if !rs.hasReqBody {
+		return true
+	}
+	req := &rs.ctx.Request
+	src := &rs.reqSrc
+	src.r = req.BodyStream()
+	src.conn = rs.conn
+	src.ec, _ = rs.conn.(*eofConn)
+	src.idle = rs.lst.cfg.BodyTimeout
+	cl := req.Header.ContentLength()
+	rs.total[0] = int64(cl)
+	if cl < 0 {
+		rs.total[0] = -1
+	}
+	src.want = rs.total[0]
+	src.max = int64(rs.lst.cfg.MaxRequestBody)
+	limit, ok := rs.collectBodyAgents(protocol.PhaseRequest)
+	if !ok {
+		return false
+	}
+	rs.reqMode = reqBodyPass
+	if len(rs.active[0]) == 0 {
+		return true
+	}
+	if limit > 0 {
+		in, complete, ok := rs.bufferBody(protocol.PhaseRequest, limit, int64(cl))
+		if !ok {
+			return false
+		}
+		if complete {
+			out, ok := rs.inspectBuffered(protocol.PhaseRequest, in, rs.reqOut[:0])
+			rs.reqOut = out
+			if !ok {
+				return false
+			}
+			rs.reqBodyEOF = true
+			rs.reqMode = reqBodyRaw
+			return true
+		}
+		src.prefix = in
+	}
+	if len(rs.active[0]) > 0 {
+		rs.reqMode = reqBodyPipe
+	}
+	return true
+}
+
+// bufferBody reads up to limit+1 bytes of phase p's body ahead. complete
+// reports that the whole body fits in limit; otherwise the buffered agents
+// over their limit are rejected (413/502) or dropped with the skip mark,
+// and in holds the bytes read so far, to be sent first.
+func (rs *reqState) bufferBody(p protocol.Phase, limit int, known int64) (in []byte, complete, ok bool) {
+	src := &rs.reqSrc
+	if p == protocol.PhaseResponse {
+		src = &rs.respSrc
+	}
+	size := known
+	if known < 0 || known <= int64(limit) {
+		in = rs.bufIn(p)
+		for !src.eof && len(in) <= limit {
+			want := min(limit+1-len(in), 64<<10)
+			in = slices.Grow(in, want)
+			n, _, err := src.read(in[len(in):len(in)+want], true)
+			in = in[:len(in)+n]
+			if err != nil {
+				rs.setBufIn(p, in)
+				rs.bodyReadFailed(p, err)
+				return nil, false, false
+			}
+		}
+		rs.setBufIn(p, in)
+		size = int64(len(in))
+		if src.eof && len(in) <= limit {
+			size = int64(len(in))
+			complete = true
+		} else {
+			size = int64(limit) + 1
+		}
+	}
+	// Agents whose own limit the body exceeds are rejected or skipped;
+	// with a complete body, those with a larger limit still inspect it.
+	act := rs.active[p]
+	for k := 0; k < len(act); {
+		sl := &rs.slots[act[k]]
+		pol := &sl.ra.body[p]
+		if sl.mode[p] != bodyBuffered || int64(pol.limit) >= size {
+			k++
+			continue
+		}
+		if pol.reject {
+			rs.outcome = "body over " + sl.ra.a.name + "'s limit"
+			if p == protocol.PhaseRequest {
+				rs.local(fasthttp.StatusRequestEntityTooLarge, "request entity too large", rs.outcome)
+			} else {
+				rs.local(fasthttp.StatusBadGateway, "bad gateway", rs.outcome)
+			}
+			return nil, false, false
+		}
+		if p == protocol.PhaseRequest {
+			sl.flags |= flagReqSkip
+		} else {
+			sl.flags |= flagRespSkip
+		}
+		rs.skipped[p] = true
+		rs.srv.stats.skipped.Add(1)
+		rs.srv.obs.InspectionSkipped(rs.rt.idx, sl.ra.a.idx, p)
+		act = append(act[:k], act[k+1:]...)
+	}
+	rs.active[p] = act
+	if rs.skipped[0] && p == protocol.PhaseRequest {
+		rs.setHdr(hdrInspection, valueSkipped)
+		rs.viewDirty = true
+	}
+	return in, complete, true
+}
+
+func (rs *reqState) bufIn(p protocol.Phase) []byte {
+	if p == protocol.PhaseRequest {
+		return rs.inReq[:0]
+	}
+	return rs.inResp[:0]
+}
+
+func (rs *reqState) setBufIn(p protocol.Phase, b []byte) {
+	if p == protocol.PhaseRequest {
+		rs.inReq = b
+	} else {
+		rs.inResp = b
+	}
+}
+
+// inspectBuffered runs a whole buffered body through the active agents
+// chunk by chunk, appending what they let through to out.
+func (rs *reqState) inspectBuffered(p protocol.Phase, in, out []byte) ([]byte, bool) {
+	size := rs.chunkSize(p)
+	for first := true; first || len(in) > 0; first = false {
+		n := min(size, len(in))
+		last := n == len(in)
+		data, ok := rs.runChunk(p, in[:n], last, false)
+		if !ok {
+			return out, false
+		}
+		out = append(out, data...)
+		in = in[n:]
+	}
+	return out, true
+}
+
+// runChunk passes one chunk through phase p's active agents, in order,
+// each seeing what the previous one let through. It returns the bytes to
+// forward; ok is false when the message must stop (a response is staged,
+// the response is to be cut off, or the client is gone).
+func (rs *reqState) runChunk(p protocol.Phase, data []byte, last, stream bool) ([]byte, bool) {
+	var ctx context.Context = &rs.hctx
+	if stream {
+		ctx = &rs.sctx
+	}
+	src := &rs.reqSrc
+	if p == protocol.PhaseResponse {
+		src = &rs.respSrc
+	}
+	for k := 0; k < len(rs.active[p]); {
+		if len(data) == 0 && !last {
+			break // dropped: the agents after see nothing of it
+		}
+		i := int(rs.active[p][k])
+		sl := &rs.slots[i]
+		m := &rs.chunk
+		m.Reset()
+		m.ChunkIndex = sl.chunk[p]
+		sl.chunk[p]++
+		m.Data = data
+		m.IsLast = last
+		m.TotalSize = rs.total[p]
+		m.Progress = src.n
+		if !stream && !rs.arm(sl) {
+			if !rs.failure(i, p, true, errBudget(sl)) {
+				return nil, false
+			}
+			continue
+		}
+		t0 := time.Now()
+		reply, err := sl.ex.BodyChunk(ctx, p, m)
+		d := time.Since(t0)
+		if !stream {
+			sl.spent += d
+		}
+		rs.agentTime[PhaseIndex(p, true)] += d
+		if k == 0 {
+			rs.inspected[p] += int64(len(data))
+		}
+		if err != nil {
+			rs.srv.obs.AgentEvent(rs.rt.idx, sl.ra.a.idx, p, true, outcomeOf(err), d)
+			if !rs.failure(i, p, true, err) {
+				return nil, false
+			}
+			continue // failure dropped agent i from the pipeline
+		}
+		final := false
+		var mut *protocol.BodyMutation
+		if reply.Type == protocol.TypeBodyMutation {
+			mut = &reply.Mutation
+			rs.srv.obs.AgentEvent(rs.rt.idx, sl.ra.a.idx, p, true, OutcomeContinue, d)
+		} else {
+			dec := &reply.Decision
+			if p == protocol.PhaseRequest && dec.HasRequestBodyMutation {
+				mut = &dec.RequestBodyMutation
+			} else if p == protocol.PhaseResponse && dec.HasResponseBodyMutation {
+				mut = &dec.ResponseBodyMutation
+			}
+			if !rs.decide(i, p, true, dec, d) {
+				return nil, false
+			}
+			if sl.flags&flagFailed != 0 {
+				continue // an invalid reply failed open
+			}
+			final = dec.Final()
+		}
+		if mut != nil && mut.Action != protocol.MutationPass {
+			rs.mutated[p] += int64(len(data))
+			data = rs.mutate(data, mut)
+		}
+		if final || last {
+			if p == protocol.PhaseRequest {
+				sl.flags |= flagReqBodyDone
+			} else {
+				sl.flags |= flagRespBodyDone
+			}
+			a := rs.active[p]
+			rs.active[p] = append(a[:k], a[k+1:]...)
+			continue
+		}
+		k++
+	}
+	return data, true
+}
+
+// mutate applies a BodyMutation to the chunk data.
+func (rs *reqState) mutate(data []byte, m *protocol.BodyMutation) []byte {
+	switch m.Action {
+	case protocol.MutationDrop:
+		return data[:0]
+	case protocol.MutationReplace:
+		// The reply's buffer is reused by the exchange's next event.
+		rs.mut = append(rs.mut[:0], m.Data...)
+		return rs.mut
+	}
+	return data
+}
+
+// bodyReadFailed handles a failed body read before anything was sent on.
+func (rs *reqState) bodyReadFailed(p protocol.Phase, err error) {
+	if rs.canceled() {
+		rs.outcome = "client gone"
+		return
+	}
+	if p == protocol.PhaseRequest {
+		rs.logFields(rs.srv.log.Debug()).Err(err).Msg("reading request body failed")
+		rs.ctx.SetConnectionClose()
+		if staleConn(err) {
+			// The client closed or reset its connection mid-body.
+			rs.outcome = "client gone"
+			rs.cancel()
+			return
+		}
+		rs.outcome = "request body read failed"
+		switch {
+		case errors.Is(err, errTooLarge):
+			rs.local(fasthttp.StatusRequestEntityTooLarge, "request entity too large", "body over max_request_body")
+		case isTimeout(err):
+			rs.local(fasthttp.StatusRequestTimeout, "request timeout", rs.outcome)
+		default:
+			rs.local(fasthttp.StatusBadRequest, "bad request", rs.outcome)
+		}
+		return
+	}
+	rs.upstreamFailed(err)
+}
+
+// responseBody relays the upstream's response body: nothing, a buffered
+// and inspected body, or a stream pulled by the listener as it writes.
+// It reports whether the body is streaming (rs lives on until it closes).
+func (rs *reqState) responseBody() bool {
+	ctx := rs.ctx
+	up := &rs.upResp
+	stream := up.BodyStream()
+	cl := up.Header.ContentLength()
+	if !rs.respHasBody {
+		rs.upBodyDone = stream == nil || cl == 0
+		rs.finishResponseHeaders()
+		return false
+	}
+	src := &rs.respSrc
+	src.r = stream
+	src.conn = rs.upNetConn()
+	src.ec = &rs.upWrap
+	src.untilClose = cl == -2
+	src.idle = rs.rt.up.cfg.IdleTimeout
+	rs.total[1] = int64(cl)
+	if cl < 0 {
+		rs.total[1] = -1
+	}
+	src.want = rs.total[1]
+	limit, ok := rs.collectBodyAgents(protocol.PhaseResponse)
+	if !ok {
+		return false
+	}
+	if limit > 0 {
+		in, complete, ok := rs.bufferBody(protocol.PhaseResponse, limit, int64(cl))
+		if !ok {
+			return false
+		}
+		if complete {
+			rs.upBodyDone = true
+			out, ok := rs.inspectBuffered(protocol.PhaseResponse, in, rs.respOut[:0])
+			rs.respOut = out
+			if !ok {
+				return false
+			}
+			rs.finishResponseHeaders()
+			ctx.Response.SetBody(out)
+			return false
+		}
+		src.prefix = in
+	}
+	size := cl
+	if len(rs.active[1]) > 0 || cl < 0 {
+		size = -1
+	}
+	rs.finishResponseHeaders()
+	rs.finishIdle(protocol.PhaseResponse)
+	rs.respBody.reset()
+	rs.respStarted = true
+	rs.streaming = true
+	ctx.Response.SetBodyStream(&rs.respBody, size)
+	return true
+}
+
+// respStream is the client response body: the listener pulls it as it
+// writes, which is when the upstream body is read and shown to the
+// agents, so memory stays at one chunk however large the body.
+type respStream struct {
+	rs      *reqState
+	pending []byte
+	eof     bool
+	extend  time.Time
+	written int64
+}
+
+func (b *respStream) reset() {
+	b.pending = nil
+	b.eof = false
+	b.extend = time.Time{}
+	b.written = 0
+}
+
+// next produces the next piece of the response body.
+func (b *respStream) next() ([]byte, bool, error) {
+	rs := b.rs
+	buf := rs.chunkBuf(protocol.PhaseResponse)
+	n, last, err := rs.respSrc.read(buf, rs.fill(protocol.PhaseResponse))
+	if err != nil {
+		if !rs.canceled() {
+			rs.logFields(rs.srv.log.Error()).Str("upstream", rs.rt.up.name).Err(err).Msg("upstream response body failed")
+			rs.outcome = "upstream body failed"
+			rs.upFailed = true
+			rs.abortResponse()
+		}
+		return nil, false, errStopped
+	}
+	data := buf[:n]
+	if len(rs.active[1]) > 0 {
+		var ok bool
+		if data, ok = rs.runChunk(protocol.PhaseResponse, data, last, true); !ok {
+			if !rs.respAbort {
+				rs.abortResponse()
+			}
+			return nil, false, errStopped
+		}
+	}
+	if last {
+		rs.upBodyDone = true
+	}
+	return data, last, nil
+}
+
+// SupportsBodyWriteTo tells fasthttp to call WriteTo.
+func (b *respStream) SupportsBodyWriteTo() bool { return true }
+
+// WriteTo writes the whole body to w (fasthttp's connection writer or its
+// chunked framer, which flushes every chunk).
+func (b *respStream) WriteTo(w io.Writer) (int64, error) {
+	var total int64
+	for !b.eof {
+		data, last, err := b.next()
+		if err != nil {
+			return total, err
+		}
+		if len(data) > 0 {
+			b.touch()
+			n, err := w.Write(data)
+			total += int64(n)
+			b.written += int64(n)
+			if err != nil {
+				return total, err
+			}
+		}
+		b.eof = last
+	}
+	return total, nil
+}
+
+// Read implements io.Reader for callers that do not use WriteTo.
+func (b *respStream) Read(p []byte) (int, error) {
+	for len(b.pending) == 0 {
+		if b.eof {
+			return 0, io.EOF
+		}
+		data, last, err := b.next()
+		if err != nil {
+			return 0, err
+		}
+		b.pending, b.eof = data, last
+	}
+	n := copy(p, b.pending)
+	b.pending = b.pending[n:]
+	b.written += int64(n)
+	return n, nil
+}
+
+// CloseWithError is called by fasthttp once the body is written or the
+// write failed; err is the write error. It ends the request.
+func (b *respStream) CloseWithError(err error) error {
+	rs := b.rs
+	if err != nil && !rs.respAbort {
+		// The client stopped reading: its connection failed.
+		rs.outcome = "client gone"
+		rs.cancel()
+	}
+	if !b.extend.IsZero() {
+		_ = rs.conn.SetWriteDeadline(time.Time{})
+	}
+	rs.finish()
+	return nil
+}
+
+func (b *respStream) touch() {
+	rs := b.rs
+	idle := rs.lst.cfg.BodyTimeout
+	now := time.Now()
+	if now.Sub(b.extend) > idle/4 {
+		b.extend = now
+		_ = rs.conn.SetWriteDeadline(now.Add(idle))
+	}
+}

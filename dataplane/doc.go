@@ -1,0 +1,63 @@
+// Package dataplane is the sidecar's HTTP reverse proxy: a fasthttp
+// listener in front of one service that shows every request and response
+// to the agents configured for its route, in order, and does what they
+// decide (agent protocol v2, PROTOCOL.md sections 4 and 5).
+//
+// # Per request
+//
+// Each agent of the route that handles request headers gets
+// RequestHeaders (lower-case names; metadata: correlation id, client
+// address, protocol, server name, route, upstream, traceparent,
+// timestamp) and answers with a Decision. The first non-allow decision
+// wins and stops the chain: a block or redirect is answered without
+// contacting the upstream, the agents before it that still expected
+// events get CancelRequest ("decided"), the agents after it hear nothing.
+// Header operations of the allowing agents accumulate in chain order, and
+// each agent sees the request as the agents before it left it. The
+// response goes through the same chain (ResponseHeaders; a block there
+// replaces the upstream's response).
+//
+// Every header operation passes the security rules or is refused, logged
+// and counted, never applied: the name must be an HTTP token, the value
+// free of CR, LF and NUL, and hop-by-hop headers, Host, Content-Length,
+// Transfer-Encoding and the sidecar's own X-Sidecar-* markers are off
+// limits. Block headers go through the same rules. A block status must be
+// 200–599 (a 1xx cannot end an exchange) and a redirect 301, 302, 303, 307
+// or 308 to an absolute http(s) URL or a /path; anything else is an agent
+// error for the failure policy.
+//
+// # Bodies
+//
+// Per route and agent, a body phase is off, buffered or streamed (auto:
+// streamed when the agent declares supports_streaming). Buffered bodies
+// are read up to the agent's limit before the upstream is contacted; past
+// the limit the message is refused (413 for a request, 502 for a
+// response) or passes uninspected with X-Sidecar-Inspection: skipped and a
+// counter. Streamed bodies go chunk by chunk through the agents, each chunk
+// forwarded (unchanged, replaced or dropped) as soon as the agents
+// answered for it, so memory stays at one chunk per request however large
+// the body; a final allow ends an agent's say over the rest of the body.
+// A body an agent may rewrite is sent chunked (or, buffered, with its new
+// Content-Length). A header decision does not end an agent's say over the
+// body: an agent that handles a body phase gets its chunks.
+//
+// # Failures
+//
+// An agent that times out (per message, or its per-request budget), is
+// down, overloaded or breaks the protocol is handled by its failure mode:
+// closed answers 504 for a timeout and 503 otherwise; open lets the
+// request pass with X-Sidecar-Fail-Open: <agent> on the upstream request
+// and the response, and a counter. Error bodies are generic; details go to
+// the log with the request and correlation ids. The upstream's failures
+// answer 502, its timeouts 504. A client that goes away mid-request is
+// noticed (a peek at idle sockets, or the failed read or write) and its
+// agents get CancelRequest ("client_disconnect") while its upstream
+// connection is closed.
+//
+// # Cost
+//
+// The hot path allocates nothing in the common case: per-request state is
+// pooled (its context, deadline timer and buffers included), header bytes
+// go from fasthttp to the agent encoder without string conversion, and no
+// goroutine is started per request.
+package dataplane

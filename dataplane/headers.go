@@ -1,0 +1,226 @@
+package dataplane
+
+import (
+	"github.com/valyala/fasthttp"
+
+	"github.com/zentinelproxy/sidecar/protocol"
+)
+
+// Headers the dataplane sets or reads. Names are in fasthttp's canonical
+// form so lookups need no normalization.
+var (
+	hdrXForwardedFor   = []byte("X-Forwarded-For")
+	hdrXForwardedProto = []byte("X-Forwarded-Proto")
+	hdrXForwardedHost  = []byte("X-Forwarded-Host")
+	hdrXRequestID      = []byte("X-Request-Id")
+	hdrXCorrelationID  = []byte("X-Correlation-Id")
+	hdrLocation        = []byte("Location")
+	hdrContentLength   = []byte("Content-Length")
+	nameHost           = []byte("host")
+	nameContentLength  = []byte("content-length")
+
+	hdrFailOpen   = []byte(HeaderFailOpen)
+	hdrInspection = []byte(HeaderInspection)
+
+	valueSkipped   = []byte("skipped")
+	valueHTTP      = []byte("http")
+	valueTextPlain = []byte("text/plain; charset=utf-8")
+	commaSpace     = []byte(", ")
+)
+
+// Marker headers the dataplane adds.
+const (
+	// HeaderFailOpen is set on the upstream request and the response when
+	// an agent failed open; one value per agent.
+	HeaderFailOpen = "X-Sidecar-Fail-Open"
+	// HeaderInspection is "skipped" when a body went uninspected because it
+	// exceeded a buffered agent's limit.
+	HeaderInspection = "X-Sidecar-Inspection"
+)
+
+// hopByHop are the connection-level headers a proxy never forwards, in
+// lower case, plus the Proxy-* family checked by prefix.
+var hopByHop = []string{
+	"connection", "keep-alive", "proxy-connection", "proxy-authenticate",
+	"proxy-authorization", "te", "trailer", "transfer-encoding", "upgrade",
+}
+
+// tchar is the token alphabet of RFC 9110 section 5.6.2.
+var tchar = func() (t [256]bool) {
+	for c := 'a'; c <= 'z'; c++ {
+		t[c] = true
+	}
+	for c := 'A'; c <= 'Z'; c++ {
+		t[c] = true
+	}
+	for c := '0'; c <= '9'; c++ {
+		t[c] = true
+	}
+	for _, c := range "!#$%&'*+-.^_`|~" {
+		t[c] = true
+	}
+	return t
+}()
+
+// validToken reports whether b is a non-empty HTTP token.
+func validToken(b []byte) bool {
+	if len(b) == 0 || len(b) > 256 {
+		return false
+	}
+	for _, c := range b {
+		if !tchar[c] {
+			return false
+		}
+	}
+	return true
+}
+
+// validValue reports whether a header value is free of CR, LF and NUL.
+func validValue(b []byte) bool {
+	for _, c := range b {
+		if c == '\r' || c == '\n' || c == 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// lower appends the ASCII lower-case form of b to dst.
+func lower(dst, b []byte) []byte {
+	for _, c := range b {
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		dst = append(dst, c)
+	}
+	return dst
+}
+
+// refusal says why a header operation is refused ("" when it is allowed).
+// name must already be lower case.
+func refusal(name []byte) string {
+	switch {
+	case hopName(name):
+		return "hop-by-hop header"
+	case string(name) == "host":
+		return "host header"
+	case string(name) == "content-length":
+		return "content-length header"
+	case len(name) >= 10 && string(name[:10]) == "x-sidecar-":
+		return "sidecar marker header"
+	}
+	return ""
+}
+
+// checkOp validates one header operation; scratch receives the lower-case
+// name. It returns the reason for a refusal or "".
+func checkOp(scratch []byte, op *protocol.HeaderOp) ([]byte, string) {
+	if !validToken(op.Name) {
+		return scratch, "invalid header name"
+	}
+	scratch = lower(scratch[:0], op.Name)
+	if r := refusal(scratch); r != "" {
+		return scratch, r
+	}
+	if op.Op != protocol.HeaderRemove && !validValue(op.Value) {
+		return scratch, "CR, LF or NUL in header value"
+	}
+	return scratch, ""
+}
+
+// hopName reports whether a header name (any case) is hop-by-hop.
+func hopName(k []byte) bool {
+	if len(k) > 6 && foldEq(k[:6], "proxy-") {
+		return true
+	}
+	for _, h := range hopByHop {
+		if foldEq(k, h) {
+			return true
+		}
+	}
+	return false
+}
+
+// foldEq compares b to the lower-case ASCII string s, ignoring b's case.
+func foldEq(b []byte, s string) bool {
+	if len(b) != len(s) {
+		return false
+	}
+	for i := 0; i < len(b); i++ {
+		c := b[i]
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		if c != s[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// hopNames appends, NUL-terminated, the names of the hop-by-hop headers
+// present (and those the Connection header lists) to dst. Names are
+// collected first because deleting while iterating is undefined.
+func hopNames(dst []byte, all func(func(k, v []byte) bool)) []byte {
+	all(func(k, v []byte) bool {
+		if !hopName(k) {
+			return true
+		}
+		dst = append(dst, k...)
+		dst = append(dst, 0)
+		if foldEq(k, "connection") {
+			dst = appendTokens(dst, v)
+		}
+		return true
+	})
+	return dst
+}
+
+// appendTokens appends the comma-separated tokens of a Connection value,
+// NUL-terminated, skipping "close" and "keep-alive" (handled as flags).
+func appendTokens(dst, v []byte) []byte {
+	for len(v) > 0 {
+		i := 0
+		for i < len(v) && v[i] != ',' {
+			i++
+		}
+		tok := v[:i]
+		if i < len(v) {
+			v = v[i+1:]
+		} else {
+			v = nil
+		}
+		for len(tok) > 0 && (tok[0] == ' ' || tok[0] == '\t') {
+			tok = tok[1:]
+		}
+		for len(tok) > 0 && (tok[len(tok)-1] == ' ' || tok[len(tok)-1] == '\t') {
+			tok = tok[:len(tok)-1]
+		}
+		if len(tok) == 0 || foldEq(tok, "close") || foldEq(tok, "keep-alive") || !validToken(tok) {
+			continue
+		}
+		dst = append(dst, tok...)
+		dst = append(dst, 0)
+	}
+	return dst
+}
+
+// eachName calls f with each NUL-terminated name in names.
+func eachName(names []byte, f func([]byte)) {
+	for len(names) > 0 {
+		i := 0
+		for names[i] != 0 {
+			i++
+		}
+		f(names[:i])
+		names = names[i+1:]
+	}
+}
+
+// stripResponse removes the hop-by-hop headers of a response.
+func stripResponse(h *fasthttp.ResponseHeader, scratch []byte) []byte {
+	scratch = hopNames(scratch[:0], h.All())
+	eachName(scratch, h.DelBytes)
+	h.ResetConnectionClose()
+	return scratch[:0]
+}

@@ -1,0 +1,156 @@
+package dataplane
+
+import (
+	"sync/atomic"
+	"time"
+
+	"github.com/zentinelproxy/sidecar/protocol"
+)
+
+// Outcome is how one event sent to an agent ended.
+type Outcome uint8
+
+// Outcomes of an agent event.
+const (
+	// OutcomeAllow: a final allow.
+	OutcomeAllow Outcome = iota
+	// OutcomeBlock: a block decision.
+	OutcomeBlock
+	// OutcomeRedirect: a redirect decision.
+	OutcomeRedirect
+	// OutcomeContinue: needs_more, or a BodyMutation for a chunk.
+	OutcomeContinue
+	// OutcomeTimeout: no reply within the message or request timeout.
+	OutcomeTimeout
+	// OutcomeUnavailable: no live connection to the agent.
+	OutcomeUnavailable
+	// OutcomeOverloaded: the agent's in-flight limit and queue were full.
+	OutcomeOverloaded
+	// OutcomeConnLost: the connection died during the event.
+	OutcomeConnLost
+	// OutcomeInvalid: a reply that breaks the protocol or the security
+	// rules (bad status, bad redirect URL, unknown decision).
+	OutcomeInvalid
+	// OutcomeCanceled: the client went away.
+	OutcomeCanceled
+)
+
+// String names the outcome for logs and metric labels.
+func (o Outcome) String() string {
+	switch o {
+	case OutcomeAllow:
+		return "allow"
+	case OutcomeBlock:
+		return "block"
+	case OutcomeRedirect:
+		return "redirect"
+	case OutcomeContinue:
+		return "continue"
+	case OutcomeTimeout:
+		return "timeout"
+	case OutcomeUnavailable:
+		return "unavailable"
+	case OutcomeOverloaded:
+		return "overloaded"
+	case OutcomeConnLost:
+		return "conn_lost"
+	case OutcomeInvalid:
+		return "invalid"
+	case OutcomeCanceled:
+		return "canceled"
+	}
+	return "unknown"
+}
+
+// Failed reports whether the outcome is an agent failure that the
+// failure policy decides on.
+func (o Outcome) Failed() bool { return o >= OutcomeTimeout && o != OutcomeCanceled }
+
+// Observer receives the dataplane's events, for metrics. Route and agent
+// are indices into the names given to Reset, so an implementation can
+// keep pre-resolved counters in slices and count without allocating or
+// hashing. Methods are called on the request's goroutine and must not
+// block. Route is -1 for a request that matched no route.
+type Observer interface {
+	// Reset is called before a routing table takes effect (at New and at
+	// every Swap) with the names its indices refer to.
+	Reset(routes, agents []string)
+	// Request is called once per request with the final status sent
+	// (0 when the client went away first) and the time from the request's
+	// arrival to the end of its response (including a streamed body).
+	Request(route, status int, d time.Duration)
+	// AgentEvent is called for every event sent to an agent (or that
+	// could not be sent) with its outcome and wait time.
+	AgentEvent(route, agent int, phase protocol.Phase, body bool, o Outcome, d time.Duration)
+	// FailOpen is called when an agent's failure let a request pass.
+	FailOpen(route, agent int)
+	// MutationRefused is called for each header operation or block header
+	// refused by the security rules.
+	MutationRefused(route, agent int)
+	// InspectionSkipped is called when a body exceeded an agent's buffer
+	// limit and passed uninspected.
+	InspectionSkipped(route, agent int, phase protocol.Phase)
+	// Upstream is called for each upstream failure; timeout says 504.
+	Upstream(route int, timeout bool)
+}
+
+// NopObserver ignores everything.
+type NopObserver struct{}
+
+// Reset implements Observer.
+func (NopObserver) Reset([]string, []string) {}
+
+// Request implements Observer.
+func (NopObserver) Request(int, int, time.Duration) {}
+
+// AgentEvent implements Observer.
+func (NopObserver) AgentEvent(int, int, protocol.Phase, bool, Outcome, time.Duration) {}
+
+// FailOpen implements Observer.
+func (NopObserver) FailOpen(int, int) {}
+
+// MutationRefused implements Observer.
+func (NopObserver) MutationRefused(int, int) {}
+
+// InspectionSkipped implements Observer.
+func (NopObserver) InspectionSkipped(int, int, protocol.Phase) {}
+
+// Upstream implements Observer.
+func (NopObserver) Upstream(int, bool) {}
+
+// Stats are the dataplane's own counters since New.
+type Stats struct {
+	Requests          uint64 // requests handled
+	Blocked           uint64 // answered by an agent's block or redirect
+	FailOpen          uint64 // agent failures that let a request pass
+	FailClosed        uint64 // agent failures answered with 503/504
+	MutationsRefused  uint64 // header operations refused by the security rules
+	InspectionSkipped uint64 // bodies passed uninspected past a buffer limit
+	UpstreamErrors    uint64 // 502 answers
+	UpstreamTimeouts  uint64 // 504 answers for the upstream
+	ClientGone        uint64 // requests whose client went away mid-request
+	ResponseAborted   uint64 // responses cut off after their headers were sent
+	InFlight          int64  // requests being handled or streamed now
+}
+
+type counters struct {
+	requests, blocked, failOpen, failClosed, refused, skipped atomic.Uint64
+	upErrors, upTimeouts, clientGone, aborted                 atomic.Uint64
+	inflight                                                  atomic.Int64
+}
+
+func (c *counters) snapshot() Stats {
+	return Stats{
+		Requests:          c.requests.Load(),
+		Blocked:           c.blocked.Load(),
+		FailOpen:          c.failOpen.Load(),
+		FailClosed:        c.failClosed.Load(),
+		MutationsRefused:  c.refused.Load(),
+		InspectionSkipped: c.skipped.Load(),
+		UpstreamErrors:    c.upErrors.Load(),
+		UpstreamTimeouts:  c.upTimeouts.Load(),
+		ClientGone:        c.clientGone.Load(),
+		ResponseAborted:   c.aborted.Load(),
+		InFlight:          c.inflight.Load(),
+	}
+}

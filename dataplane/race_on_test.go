@@ -1,0 +1,5 @@
+//go:build race
+
+package dataplane_test
+
+const raceEnabled = true

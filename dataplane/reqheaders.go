@@ -1,0 +1,219 @@
+package dataplane
+
+import (
+	"bufio"
+	"net"
+	"strconv"
+
+	"github.com/zentinelproxy/sidecar/protocol"
+)
+
+// The upstream request's headers are kept in a list of their own, built
+// from the client's raw header block in its order and wire form, and the
+// request head is written by hand. fasthttp's own request header would
+// re-serialize what it understands (it parses Cookie headers and writes
+// them back without their quotes, for one), and a proxy must forward what
+// it does not change byte for byte.
+
+// hkv is one upstream request header. Name and value point into the
+// client's raw header block, static names, or reqState.hdrArena.
+type hkv struct {
+	name, value []byte
+}
+
+// keep copies b into the header arena. Slices handed out earlier stay
+// valid when the arena grows: they keep the old array, which is never
+// written again.
+func (rs *reqState) keep(b []byte) []byte {
+	start := len(rs.hdrArena)
+	rs.hdrArena = append(rs.hdrArena, b...)
+	return rs.hdrArena[start:len(rs.hdrArena):len(rs.hdrArena)]
+}
+
+// eqFold compares two header names ASCII case-insensitively.
+func eqFold(a, b []byte) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		x, y := a[i], b[i]
+		if x != y {
+			if 'A' <= x && x <= 'Z' {
+				x += 'a' - 'A'
+			}
+			if 'A' <= y && y <= 'Z' {
+				y += 'a' - 'A'
+			}
+			if x != y {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// delHdr removes every header called name.
+func (rs *reqState) delHdr(name []byte) {
+	out := rs.hdr[:0]
+	for _, kv := range rs.hdr {
+		if !eqFold(kv.name, name) {
+			out = append(out, kv)
+		}
+	}
+	rs.hdr = out
+}
+
+// setHdr replaces the headers called name with one (at the first one's
+// place, or at the end). value must outlive the request.
+func (rs *reqState) setHdr(name, value []byte) {
+	out := rs.hdr[:0]
+	found := false
+	for _, kv := range rs.hdr {
+		if eqFold(kv.name, name) {
+			if found {
+				continue
+			}
+			found = true
+			kv.value = value
+		}
+		out = append(out, kv)
+	}
+	if !found {
+		out = append(out, hkv{name: name, value: value})
+	}
+	rs.hdr = out
+}
+
+// reqOp applies an agent's (already validated) request header operation.
+func (rs *reqState) reqOp(op protocol.HeaderOpKind, name, value []byte) {
+	switch op {
+	case protocol.HeaderSet:
+		rs.setHdr(rs.keep(name), rs.keep(value))
+	case protocol.HeaderAdd:
+		rs.hdr = append(rs.hdr, hkv{name: rs.keep(name), value: rs.keep(value)})
+	case protocol.HeaderRemove:
+		rs.delHdr(name)
+	}
+	rs.viewDirty = true
+}
+
+// prepareRequest builds the upstream request's header list: the client's
+// headers minus hop-by-hop ones (and those its Connection header names),
+// minus the framing headers the body writer sets, plus the forwarding
+// headers.
+func (rs *reqState) prepareRequest() {
+	h := &rs.ctx.Request.Header
+	trust := rs.lst.cfg.TrustForwarded
+	hdr := rs.hdr[:0]
+	conn := rs.scratch[:0] // NUL-terminated names the Connection header lists
+	xff := rs.xffBuf[:0]
+	hasProto, hasHost := false, false
+	for k, v := range h.AllInOrder() {
+		switch {
+		case hopName(k):
+			if foldEq(k, "connection") {
+				conn = appendTokens(conn, v)
+			}
+			continue
+		case foldEq(k, "host"), foldEq(k, "content-length"), foldEq(k, "expect"):
+			// Host is written first from the route's host mode; the body
+			// writer frames the body; the listener answered 100-continue.
+			continue
+		case foldEq(k, "x-forwarded-for"):
+			if trust {
+				if len(xff) > 0 {
+					xff = append(xff, commaSpace...)
+				}
+				xff = append(xff, v...)
+			}
+			continue
+		case foldEq(k, "x-forwarded-proto"):
+			if !trust {
+				continue
+			}
+			hasProto = true
+		case foldEq(k, "x-forwarded-host"):
+			if !trust {
+				continue
+			}
+			hasHost = true
+		}
+		hdr = append(hdr, hkv{name: k, value: v})
+	}
+	rs.hdr = hdr
+	eachName(conn, rs.delHdr)
+	rs.scratch = conn[:0]
+	var ip []byte
+	if a, ok := rs.ctx.RemoteAddr().(*net.TCPAddr); ok {
+		ap := a.AddrPort()
+		ip = ap.Addr().Unmap().AppendTo(rs.ipBuf[:0])
+		rs.clientPort = int(ap.Port())
+	}
+	rs.clientIP = ip
+	if len(ip) > 0 {
+		if len(xff) > 0 {
+			xff = append(xff, commaSpace...)
+		}
+		xff = append(xff, ip...)
+	}
+	rs.xffBuf = xff
+	if len(xff) > 0 {
+		rs.hdr = append(rs.hdr, hkv{name: hdrXForwardedFor, value: xff})
+	}
+	if !hasProto {
+		rs.hdr = append(rs.hdr, hkv{name: hdrXForwardedProto, value: valueHTTP})
+	}
+	if host := h.Host(); len(host) > 0 && !hasHost {
+		rs.hdr = append(rs.hdr, hkv{name: hdrXForwardedHost, value: host})
+	}
+	if rs.corrGen {
+		rs.setHdr(hdrXRequestID, rs.corr)
+	}
+	rs.viewDirty = true
+}
+
+// writeHead writes the upstream request line and headers, with the
+// framing header of the planned body.
+func (rs *reqState) writeHead(bw *bufio.Writer) error {
+	h := &rs.ctx.Request.Header
+	bw.Write(h.Method())
+	bw.WriteByte(' ')
+	bw.Write(h.RequestURI())
+	bw.WriteString(" HTTP/1.1\r\nHost: ")
+	bw.Write(rs.upHost)
+	bw.Write(crlf)
+	for _, kv := range rs.hdr {
+		bw.Write(kv.name)
+		bw.WriteString(": ")
+		bw.Write(kv.value)
+		bw.Write(crlf)
+	}
+	rs.upChunked = false
+	switch rs.reqMode {
+	case reqBodyNone:
+		if cl := h.PeekBytes(hdrContentLength); len(cl) > 0 {
+			bw.WriteString("Content-Length: ")
+			bw.Write(cl)
+			bw.Write(crlf)
+		}
+	case reqBodyRaw:
+		bw.WriteString("Content-Length: ")
+		bw.Write(strconv.AppendInt(bw.AvailableBuffer(), int64(len(rs.reqOut)), 10))
+		bw.Write(crlf)
+	case reqBodyPass:
+		if cl := h.ContentLength(); cl >= 0 {
+			bw.WriteString("Content-Length: ")
+			bw.Write(strconv.AppendInt(bw.AvailableBuffer(), int64(cl), 10))
+			bw.Write(crlf)
+		} else {
+			rs.upChunked = true
+		}
+	case reqBodyPipe:
+		rs.upChunked = true
+	}
+	if rs.upChunked {
+		bw.WriteString("Transfer-Encoding: chunked\r\n")
+	}
+	_, err := bw.Write(crlf)
+	return err
+}

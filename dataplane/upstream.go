@@ -1,0 +1,338 @@
+package dataplane
+
+import (
+	"bufio"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/zentinelproxy/sidecar/protocol"
+)
+
+// The upstream exchange uses fasthttp.HostClient for its connection pool
+// (keep-alive, idle cleanup, MaxConns with a bounded wait, dialing) but
+// drives the connection itself: the request's connection must be known
+// to abort it when the client goes away, the request body is framed as
+// it streams through the agents, and the response body is streamed out
+// of the request handler without a goroutine or a closure per request.
+
+var (
+	crlf      = []byte("\r\n")
+	lastChunk = []byte("0\r\n\r\n")
+)
+
+// upstreamError is a failure on the upstream connection; write says it
+// happened while sending the request.
+type upstreamError struct {
+	err   error
+	write bool
+}
+
+func (e *upstreamError) Error() string {
+	if e.write {
+		return "sending request to upstream: " + e.err.Error()
+	}
+	return "reading upstream response: " + e.err.Error()
+}
+
+func (e *upstreamError) Unwrap() error { return e.err }
+
+// putConn hands a pooled connection back to its HostClient, or closes it.
+// The connection's type is unexported, so it travels as any and is
+// recovered from the type of HostClient.ReleaseConn.
+func putConn[C any](v any, release, closeConn func(C), discard bool) {
+	c, ok := v.(C)
+	if !ok {
+		return
+	}
+	if discard {
+		closeConn(c)
+	} else {
+		release(c)
+	}
+}
+
+// forward sends the request upstream and reads the response head. It
+// reports whether the request goes on; false means a response is staged
+// or the client is gone.
+func (rs *reqState) forward() bool {
+	rt := rs.rt
+	up := rt.up
+	switch {
+	case rt.hostMode == hostLiteral:
+		rs.upHost = rt.hostLit
+	case rt.hostMode == hostUpstream:
+		rs.upHost = up.hostHdr
+	default:
+		if rs.upHost = rs.ctx.Request.Header.Host(); len(rs.upHost) == 0 {
+			rs.upHost = up.hostHdr
+		}
+	}
+	rs.finishIdle(protocol.PhaseRequest)
+	for attempt := 0; ; attempt++ {
+		cc, err := up.hc.AcquireConn(0, false)
+		if err != nil {
+			return rs.upstreamFailed(err)
+		}
+		conn := cc.Conn()
+		rs.mu.Lock()
+		gone := rs.cancelErr != nil
+		if !gone {
+			rs.upNet = conn
+		}
+		rs.mu.Unlock()
+		if gone {
+			up.hc.CloseConn(cc)
+			rs.outcome = "client gone"
+			return false
+		}
+		reused := !cc.LastUseTime().IsZero()
+		err = rs.sendRequest(conn)
+		if err != nil {
+			var ue *upstreamError
+			if errors.As(err, &ue) && !isTimeout(err) && rs.readHead(conn) == nil {
+				// The upstream answered before taking the whole body
+				// (an early 413, a redirect): relay its answer.
+				rs.upCC = cc
+				rs.upClose = true
+				return true
+			}
+		} else {
+			err = rs.readHead(conn)
+		}
+		if err == nil {
+			rs.upCC = cc
+			return true
+		}
+		rs.mu.Lock()
+		rs.upNet = nil
+		rs.mu.Unlock()
+		up.hc.CloseConn(cc)
+		rs.upResp.Reset()
+		var ce *clientError
+		switch {
+		case rs.answered || rs.respAbort:
+			return false // an agent stopped the body
+		case rs.canceled():
+			rs.outcome = "client gone"
+			return false
+		case errors.As(err, &ce):
+			rs.bodyReadFailed(protocol.PhaseRequest, ce.err)
+			return false
+		}
+		if reused && attempt < 2 && rs.replayable(err) {
+			continue
+		}
+		return rs.upstreamFailed(err)
+	}
+}
+
+// replayable reports whether a failed attempt on a reused keep-alive
+// connection may be retried on another: nothing of the body was consumed
+// and either the method is idempotent or the upstream never took the
+// request.
+func (rs *reqState) replayable(err error) bool {
+	switch rs.reqMode {
+	case reqBodyPass, reqBodyPipe:
+		if rs.reqSrc.n > 0 {
+			return false
+		}
+	}
+	if !staleConn(err) {
+		return false
+	}
+	var ue *upstreamError
+	if errors.As(err, &ue) && ue.write {
+		return true
+	}
+	h := &rs.ctx.Request.Header
+	return h.IsGet() || h.IsHead() || h.IsOptions() || h.IsPut() || h.IsDelete() || h.IsTrace()
+}
+
+// staleConn reports the errors of a keep-alive connection the upstream
+// closed while it sat in the pool.
+func staleConn(err error) bool {
+	var nr fasthttp.ErrNothingRead
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) ||
+		errors.As(err, &nr)
+}
+
+// sendRequest writes the request head and body.
+func (rs *reqState) sendRequest(conn net.Conn) error {
+	up := rs.rt.up
+	_ = conn.SetWriteDeadline(time.Now().Add(up.cfg.IdleTimeout))
+	rs.reqSent = true
+	bw := up.hc.AcquireWriter(conn)
+	err := rs.writeHead(bw)
+	if err != nil {
+		err = &upstreamError{err: err, write: true}
+	} else {
+		err = rs.writeBody(bw, conn)
+	}
+	if err == nil {
+		if ferr := bw.Flush(); ferr != nil {
+			err = &upstreamError{err: ferr, write: true}
+		}
+	}
+	up.hc.ReleaseWriter(bw)
+	return err
+}
+
+// writeBody writes the request body in the planned mode, framing it as
+// chunked when its size may change on the way.
+func (rs *reqState) writeBody(bw *bufio.Writer, conn net.Conn) error {
+	switch rs.reqMode {
+	case reqBodyNone:
+		return nil
+	case reqBodyRaw:
+		if _, err := bw.Write(rs.reqOut); err != nil {
+			return &upstreamError{err: err, write: true}
+		}
+		return nil
+	}
+	chunked := rs.upChunked
+	pipe := rs.reqMode == reqBodyPipe
+	idle := rs.rt.up.cfg.IdleTimeout
+	var extended time.Time
+	for {
+		buf := rs.chunkBuf(protocol.PhaseRequest)
+		n, last, err := rs.reqSrc.read(buf, rs.fill(protocol.PhaseRequest))
+		if err != nil {
+			return &clientError{err: err}
+		}
+		data := buf[:n]
+		if pipe && len(rs.active[0]) > 0 {
+			var ok bool
+			if data, ok = rs.runChunk(protocol.PhaseRequest, data, last, true); !ok {
+				return errStopped
+			}
+		}
+		if last {
+			rs.reqBodyEOF = true
+		}
+		if now := time.Now(); now.Sub(extended) > idle/4 {
+			extended = now
+			_ = conn.SetWriteDeadline(now.Add(idle))
+		}
+		if len(data) > 0 {
+			var werr error
+			if chunked {
+				_, werr = bw.Write(strconv.AppendInt(bw.AvailableBuffer(), int64(len(data)), 16))
+				if werr == nil {
+					_, werr = bw.Write(crlf)
+				}
+			}
+			if werr == nil {
+				_, werr = bw.Write(data)
+			}
+			if werr == nil && chunked {
+				_, werr = bw.Write(crlf)
+			}
+			if werr == nil && !last {
+				// Forward what we have: the next read may wait on the client.
+				werr = bw.Flush()
+			}
+			if werr != nil {
+				return &upstreamError{err: werr, write: true}
+			}
+		}
+		if last {
+			break
+		}
+	}
+	if chunked {
+		if _, err := bw.Write(lastChunk); err != nil {
+			return &upstreamError{err: err, write: true}
+		}
+	}
+	return nil
+}
+
+// readHead reads the upstream response's status line and headers; the
+// body is left on the connection as a stream.
+func (rs *reqState) readHead(conn net.Conn) error {
+	up := rs.rt.up
+	_ = conn.SetReadDeadline(time.Now().Add(up.cfg.ResponseTimeout))
+	rs.upWrap = eofConn{Conn: conn}
+	br := up.hc.AcquireReader(&rs.upWrap)
+	resp := &rs.upResp
+	resp.Reset()
+	resp.StreamBody = true
+	resp.SkipBody = rs.ctx.Request.Header.IsHead()
+	resp.Header.SetNoDefaultContentType(true)
+	if err := resp.ReadLimitBody(br, 0); err != nil {
+		up.hc.ReleaseReader(br)
+		return &upstreamError{err: err}
+	}
+	rs.upBR = br
+	return nil
+}
+
+// releaseUpstream returns the upstream connection to the pool when its
+// response was read to the end, and closes it otherwise.
+func (rs *reqState) releaseUpstream() {
+	if rs.upCC == nil {
+		return
+	}
+	rs.mu.Lock()
+	aborted := rs.upAborted
+	rs.upNet = nil
+	rs.mu.Unlock()
+	hc := rs.rt.up.hc
+	discard := aborted || rs.upClose || !rs.upBodyDone
+	_ = rs.upResp.CloseBodyStream()
+	if rs.upBR != nil {
+		hc.ReleaseReader(rs.upBR)
+		rs.upBR = nil
+	}
+	putConn(rs.upCC, hc.ReleaseConn, hc.CloseConn, discard)
+	rs.upCC = nil
+}
+
+// upNetConn is the upstream connection of the request.
+func (rs *reqState) upNetConn() net.Conn {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	return rs.upNet
+}
+
+// upstreamFailed answers 502, 503 or 504 for an upstream failure.
+func (rs *reqState) upstreamFailed(err error) bool {
+	s := rs.srv
+	if rs.canceled() {
+		rs.outcome = "client gone"
+		return false
+	}
+	rs.logFields(s.log.Error()).Str("upstream", rs.rt.up.name).Err(err).Msg("upstream failed")
+	rs.upFailed = true
+	switch {
+	case errors.Is(err, fasthttp.ErrNoFreeConns):
+		s.stats.upErrors.Add(1)
+		s.obs.Upstream(rs.rt.idx, false)
+		rs.local(fasthttp.StatusServiceUnavailable, "service unavailable", "upstream busy")
+	case isTimeout(err):
+		s.stats.upTimeouts.Add(1)
+		s.obs.Upstream(rs.rt.idx, true)
+		rs.local(fasthttp.StatusGatewayTimeout, "gateway timeout", "upstream timeout")
+	default:
+		s.stats.upErrors.Add(1)
+		s.obs.Upstream(rs.rt.idx, false)
+		rs.local(fasthttp.StatusBadGateway, "bad gateway", "upstream error")
+	}
+	return false
+}
+
+func isTimeout(err error) bool {
+	if errors.Is(err, fasthttp.ErrTimeout) || errors.Is(err, fasthttp.ErrDialTimeout) || errors.Is(err, os.ErrDeadlineExceeded) {
+		return true
+	}
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
