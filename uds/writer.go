@@ -83,31 +83,45 @@ func (w *Writer) SendRaw(t protocol.MsgType, payload []byte) error {
 }
 
 // kick is called with w.mu held and releases it. If nobody is writing,
-// the caller becomes the writer for the pending batch.
+// the caller becomes the writer: it writes the pending batch and then, a
+// bounded number of times, whatever queued up meanwhile, before handing
+// the rest to the writer goroutine. Under load this combines many frames
+// per write without a goroutine hand-off per batch.
 func (w *Writer) kick() error {
 	if w.writing {
 		w.mu.Unlock()
 		return nil // the current writer picks the frame up when it is done
 	}
 	w.writing = true
-	b := w.buf
-	w.buf = w.spare[:0]
-	w.mu.Unlock()
-	b, err := w.write(b)
-	w.mu.Lock()
-	w.spare = b
-	w.writing = false
-	more := len(w.buf) > 0
-	w.mu.Unlock()
-	if err != nil {
-		w.fail(err)
-		return nil // the frame was queued; its request fails with the connection
+	for round := 0; ; round++ {
+		b := w.buf
+		w.buf = w.spare[:0]
+		w.mu.Unlock()
+		b, err := w.write(b)
+		w.mu.Lock()
+		w.spare = b
+		if err != nil {
+			w.writing = false
+			w.mu.Unlock()
+			w.fail(err)
+			return nil // the frame was queued; its request fails with the connection
+		}
+		if len(w.buf) == 0 || w.err != nil {
+			w.writing = false
+			w.mu.Unlock()
+			return nil
+		}
+		if round == maxCombineRounds {
+			w.writing = false
+			w.mu.Unlock()
+			w.signal()
+			return nil
+		}
 	}
-	if more {
-		w.signal()
-	}
-	return nil
 }
+
+// maxCombineRounds bounds how long one sender keeps writing for others.
+const maxCombineRounds = 3
 
 func (w *Writer) signal() {
 	select {
