@@ -1,0 +1,161 @@
+// Command sidecar is an HTTP reverse proxy that sits in front of one
+// service and shows every request and response to policy agents — over a
+// Unix socket, gRPC or connections the agents open themselves — and does
+// what they decide: allow, block, redirect, change headers, rewrite bodies.
+//
+// Usage:
+//
+//	sidecar demo [-listen 127.0.0.1:8080] [-agent-transport uds|grpc|reverse] [-log-level info]
+//	sidecar run -config FILE [-log-level LEVEL] [-log-format json|console] [-drain 10s]
+//	sidecar -config FILE ...             (the same as run)
+//	sidecar check-config FILE
+//	sidecar version
+//
+// demo starts everything needed to try the sidecar on one machine, without
+// network access or root: a built-in upstream service, the example agent of
+// examples/demoagent, and the sidecar on an embedded configuration (print
+// it with `sidecar demo -print-config`). It prints curl commands to try and
+// runs until interrupted:
+//
+//	go run ./cmd/sidecar demo
+//
+// run serves the configuration FILE until SIGINT or SIGTERM, then stops
+// accepting, lets in-flight requests finish within -drain and closes the
+// agents. The configuration format is described in package config.
+//
+// check-config validates FILE, including the transport options of its
+// agents, without opening anything. It prints OK and a summary, or the
+// error with the key and line it concerns, and exits 1 on error.
+//
+// Flags of run:
+//
+//	-config FILE       configuration file (required)
+//	-log-level LEVEL   trace, debug, info, warn or error (default: the file's logging.level)
+//	-log-format FMT    json or console (default: the file's logging.format)
+//	-drain DURATION    how long in-flight requests may take to finish on shutdown (default 10s)
+//
+// Flags of demo:
+//
+//	-listen ADDR                 the sidecar's address (default 127.0.0.1:8080; port 0 picks one)
+//	-agent-transport T           how the demo agent connects: uds (default), grpc or reverse
+//	-log-level LEVEL             default info; debug logs one line per request
+//	-print-config                print the embedded configuration and exit
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"runtime/debug"
+	"strings"
+)
+
+const usageText = `sidecar: an HTTP reverse proxy that lets policy agents decide on every request.
+
+Usage:
+  sidecar demo [-listen 127.0.0.1:8080] [-agent-transport uds|grpc|reverse] [-log-level info]
+        Run a self-contained demo: built-in upstream, example agent, sidecar.
+        Prints curl commands to try; stop with Ctrl-C.
+  sidecar run -config FILE [-log-level LEVEL] [-log-format json|console] [-drain 10s]
+        Serve the configuration in FILE until SIGINT/SIGTERM.
+        "sidecar -config FILE" is the same.
+  sidecar check-config FILE
+        Validate FILE; print OK or the error with its key and line (exit 1).
+  sidecar version
+        Print the version.
+
+Run "sidecar COMMAND -h" for the flags of a command.
+`
+
+// errUsage marks a command-line error: the usage was printed, exit 2.
+var errUsage = errors.New("usage")
+
+func main() {
+	os.Exit(sidecarMain(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// sidecarMain runs the command line args and returns the exit code.
+func sidecarMain(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usageText)
+		return 2
+	}
+	cmd, rest := args[0], args[1:]
+	if strings.HasPrefix(cmd, "-") {
+		switch cmd {
+		case "-h", "-help", "--help":
+			fmt.Fprint(stdout, usageText)
+			return 0
+		case "-version", "--version":
+			cmd, rest = "version", nil
+		default:
+			cmd, rest = "run", args
+		}
+	}
+	var err error
+	switch cmd {
+	case "run":
+		err = runCmd(rest, stderr)
+	case "check-config":
+		err = checkConfigCmd(rest, stdout, stderr)
+	case "demo":
+		err = demoCmd(rest, stdout, stderr)
+	case "version":
+		fmt.Fprintln(stdout, "sidecar", version())
+		return 0
+	case "help":
+		fmt.Fprint(stdout, usageText)
+		return 0
+	default:
+		fmt.Fprintf(stderr, "sidecar: unknown command %q\n\n%s", cmd, usageText)
+		return 2
+	}
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.Is(err, errUsage):
+		return 2
+	}
+	fmt.Fprintln(stderr, "sidecar:", err)
+	return 1
+}
+
+// version is the module version the binary was built from.
+func version() string {
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
+		return bi.Main.Version
+	}
+	return "(devel)"
+}
+
+// newFlagSet returns a flag set for a command that prints its usage to
+// stderr and returns errors instead of exiting.
+func newFlagSet(name, synopsis string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: %s\n\nFlags:\n", synopsis)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// parseFlags parses args and rejects extra arguments.
+func parseFlags(fs *flag.FlagSet, args []string, maxArgs int) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return errUsage
+	}
+	if fs.NArg() > maxArgs {
+		fmt.Fprintf(fs.Output(), "unexpected argument %q\n", fs.Arg(maxArgs))
+		fs.Usage()
+		return errUsage
+	}
+	return nil
+}

@@ -1,0 +1,228 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/zentinelproxy/sidecar/config"
+	"github.com/zentinelproxy/sidecar/examples/allowagent"
+	"github.com/zentinelproxy/sidecar/sdk"
+)
+
+func runMain(args ...string) (code int, stdout, stderr string) {
+	var o, e bytes.Buffer
+	code = sidecarMain(args, &o, &e)
+	return code, o.String(), e.String()
+}
+
+func writeFile(t *testing.T, name, content string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestCheckConfig(t *testing.T) {
+	tests := []struct {
+		name    string
+		content string
+		code    int
+		want    []string // substrings of stdout (code 0) or stderr
+	}{
+		{name: "embedded demo config", content: string(demoConfig), want: []string{"OK:", "1 agent(s)"}},
+		{
+			name: "unknown key",
+			content: `listeners:
+  - name: a
+    address: 127.0.0.1:8080
+    adress: typo
+upstreams: [{name: app, address: "127.0.0.1:9000"}]
+routes: [{upstream: app}]
+`,
+			code: 1, want: []string{"line 4", "adress"},
+		},
+		{
+			name: "missing upstream",
+			content: `listeners: [{address: "127.0.0.1:8080"}]
+upstreams: [{name: app, address: "127.0.0.1:9000"}]
+routes:
+  - name: r
+    upstream: nope
+`,
+			code: 1, want: []string{"line 5", "routes[0].upstream"},
+		},
+		{name: "not yaml", content: "listeners: [\n", code: 1, want: []string{"config"}},
+		{
+			name: "unknown grpc option",
+			content: `listeners: [{address: "127.0.0.1:8080"}]
+upstreams: [{name: app, address: "127.0.0.1:9000"}]
+agents:
+  - name: g
+    transport: grpc
+    address: 127.0.0.1:9100
+    options:
+      tls_ca: /etc/ca.pem
+routes: [{upstream: app, agents: [g]}]
+`,
+			code: 1, want: []string{"line 7", "agents[0].options", "tls_ca", "unknown option"},
+		},
+		{
+			name: "uds takes no options",
+			content: `listeners: [{address: "127.0.0.1:8080"}]
+upstreams: [{name: app, address: "127.0.0.1:9000"}]
+agents:
+  - name: u
+    transport: uds
+    address: /run/u.sock
+    options: {x: "1"}
+routes: [{upstream: app, agents: [u]}]
+`,
+			code: 1, want: []string{"line 7", "agents[0].options"},
+		},
+		{
+			name: "reverse without token source",
+			content: `listeners: [{address: "127.0.0.1:8080"}]
+upstreams: [{name: app, address: "127.0.0.1:9000"}]
+agents:
+  - name: r
+    transport: reverse
+    address: 127.0.0.1:7000
+routes: [{upstream: app, agents: [r]}]
+`,
+			code: 1, want: []string{"agents[0]", "token"},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			path := writeFile(t, "sidecar.yaml", tc.content)
+			code, stdout, stderr := runMain("check-config", path)
+			if code != tc.code {
+				t.Fatalf("exit %d, want %d\nstdout: %s\nstderr: %s", code, tc.code, stdout, stderr)
+			}
+			out := stdout
+			if tc.code != 0 {
+				out = stderr
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(out, w) {
+					t.Errorf("output lacks %q:\n%s", w, out)
+				}
+			}
+		})
+	}
+	if code, _, stderr := runMain("check-config", filepath.Join(t.TempDir(), "missing.yaml")); code != 1 || !strings.Contains(stderr, "missing.yaml") {
+		t.Errorf("missing file: exit %d, %s", code, stderr)
+	}
+}
+
+func TestUsage(t *testing.T) {
+	tests := []struct {
+		args []string
+		code int
+		want string
+	}{
+		{nil, 2, "Usage:"},
+		{[]string{"-h"}, 0, "sidecar demo"},
+		{[]string{"help"}, 0, "check-config FILE"},
+		{[]string{"bogus"}, 2, `unknown command "bogus"`},
+		{[]string{"check-config"}, 2, "Usage: sidecar check-config FILE"},
+		{[]string{"run"}, 2, "-config is required"},
+		{[]string{"-config"}, 2, "flag needs an argument"},
+		{[]string{"demo", "-h"}, 0, "-agent-transport"},
+		{[]string{"demo", "-print-config"}, 0, "listeners:"},
+		{[]string{"demo", "extra"}, 2, `unexpected argument "extra"`},
+		{[]string{"version"}, 0, "sidecar "},
+	}
+	for _, tc := range tests {
+		code, stdout, stderr := runMain(tc.args...)
+		if code != tc.code || !strings.Contains(stdout+stderr, tc.want) {
+			t.Errorf("%q: exit %d (want %d), output lacks %q:\n%s%s", tc.args, code, tc.code, tc.want, stdout, stderr)
+		}
+	}
+}
+
+// TestServe runs `sidecar run`'s serve on a config file with a Unix
+// socket listener (no port to race for), an upstream and a UDS agent.
+func TestServe(t *testing.T) {
+	dir, err := os.MkdirTemp("", "sctest")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+
+	upCtx, stopUp := context.WithCancel(context.Background())
+	defer stopUp()
+	up, _, err := startUpstream(upCtx, "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	agentSock := filepath.Join(dir, "allow.sock")
+	aln, err := sdk.ListenUDS(agentSock, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	agentCtx, stopAgent := context.WithCancel(context.Background())
+	defer stopAgent()
+	go func() { _ = sdk.Serve(agentCtx, aln, allowagent.New(false), nil) }()
+
+	front := filepath.Join(dir, "front.sock")
+	path := writeFile(t, "sidecar.yaml", `
+listeners: [{address: "unix:`+front+`"}]
+upstreams: [{name: app, address: "`+up.String()+`"}]
+agents: [{name: allow, transport: uds, address: "`+agentSock+`"}]
+routes: [{upstream: app, agents: [allow]}]
+`)
+	cfg, err := config.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		done <- serve(ctx, cfg, zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel), 5*time.Second)
+	}()
+
+	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", front)
+		},
+	}}
+	var resp *http.Response
+	for i := 0; ; i++ {
+		resp, err = client.Get("http://sidecar.test/x")
+		if err == nil || i == 200 {
+			break
+		}
+		time.Sleep(25 * time.Millisecond) // the listener is still coming up
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.Contains(string(body), `"uri": "/x"`) {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("serve: %v", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("serve did not stop")
+	}
+}
