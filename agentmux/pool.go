@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/zentinelproxy/sidecar/protocol"
 )
@@ -145,6 +146,20 @@ func (p *Pool) Begin(ctx context.Context) (*Exchange, error) {
 		return nil, fmt.Errorf("%w: %s: %s", ErrAgentUnavailable, p.name, msg)
 	}
 	return best.Begin(ctx)
+}
+
+// WaitReady blocks until at least one session is live or ctx ends.
+func (p *Pool) WaitReady(ctx context.Context) error {
+	t := time.NewTicker(5 * time.Millisecond)
+	defer t.Stop()
+	for p.Len() == 0 {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w: %s: not ready: %v", ErrAgentUnavailable, p.name, p.Snapshot().LastError)
+		case <-t.C:
+		}
+	}
+	return nil
 }
 
 // Capabilities implements Agent.

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -23,6 +22,7 @@ import (
 	"github.com/zentinelproxy/sidecar/grpcagent/pb"
 	"github.com/zentinelproxy/sidecar/handshake"
 	"github.com/zentinelproxy/sidecar/protocol"
+	"github.com/zentinelproxy/sidecar/redial"
 )
 
 // More sentinel errors of the proxy side.
@@ -129,20 +129,6 @@ func dialOptions(cfg *Config) ([]grpc.DialOption, error) {
 	return opts, nil
 }
 
-// WaitReady blocks until at least one connection is live or ctx ends.
-func (c *Client) WaitReady(ctx context.Context) error {
-	t := time.NewTicker(5 * time.Millisecond)
-	defer t.Stop()
-	for c.Len() == 0 {
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("%w: %s: not ready: %v", agentmux.ErrAgentUnavailable, c.cfg.Name, c.Snapshot().LastError)
-		case <-t.C:
-		}
-	}
-	return nil
-}
-
 // Close stops reconnecting, sends CancelAll on every stream and closes the
 // connections.
 func (c *Client) Close() error {
@@ -164,47 +150,23 @@ func (c *Client) maintain(slot int) {
 	defer c.wg.Done()
 	log := c.log.With().Int("conn", slot).Logger()
 	cli := pb.NewAgentProcessorV2Client(c.conns[slot])
-	backoff := c.cfg.BackoffMin
-	failures := 0
-	for c.ctx.Err() == nil {
+	redial.Loop(c.ctx, redial.Config{
+		Min:    c.cfg.BackoffMin,
+		Max:    c.cfg.BackoffMax,
+		What:   "agent stream",
+		Logger: log,
+		OnError: func(err error) {
+			if c.ctx.Err() == nil {
+				c.SetLastError(err)
+			}
+		},
+	}, func(context.Context) (func() error, error) {
 		l, sess, err := c.open(cli)
 		if err != nil {
-			if c.ctx.Err() != nil {
-				return
-			}
-			c.SetLastError(err)
-			failures++
-			// The first failure and then every 20th: a missing agent must
-			// not flood the log.
-			if failures == 1 || failures%20 == 0 {
-				log.Warn().Err(err).Int("attempt", failures).Dur("retry_in", backoff).Msg("agent connection failed")
-			}
-			if !sleep(c.ctx, jitter(backoff)) {
-				return
-			}
-			backoff = min(backoff*2, c.cfg.BackoffMax)
-			continue
+			return nil, err
 		}
-		if failures > 0 {
-			log.Info().Int("after_attempts", failures).Msg("agent connected")
-		}
-		failures = 0
-		started := time.Now()
-		err = c.serve(cli, l, sess, log)
-		if c.ctx.Err() != nil {
-			return
-		}
-		// A stream that dies right after it opened keeps backing off
-		// instead of reconnecting in a tight loop.
-		if time.Since(started) > time.Second {
-			backoff = c.cfg.BackoffMin
-		}
-		log.Warn().Err(err).Dur("retry_in", backoff).Msg("agent stream ended; reconnecting")
-		if !sleep(c.ctx, jitter(backoff)) {
-			return
-		}
-		backoff = min(backoff*2, c.cfg.BackoffMax)
-	}
+		return func() error { return c.serve(cli, l, sess, log) }, nil
+	})
 }
 
 // open negotiates capabilities, checks health and opens the stream.
@@ -452,20 +414,4 @@ func clip(s string) string {
 		return s[:256] + "…"
 	}
 	return s
-}
-
-func jitter(d time.Duration) time.Duration {
-	// ±25% so that many sidecars do not reconnect in lockstep.
-	return d*3/4 + time.Duration(rand.Int64N(int64(d)/2+1))
-}
-
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }

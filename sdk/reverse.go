@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net"
 	"os"
 	"strings"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/zentinelproxy/sidecar/handshake"
 	"github.com/zentinelproxy/sidecar/protocol"
+	"github.com/zentinelproxy/sidecar/redial"
 	"github.com/zentinelproxy/sidecar/uds"
 )
 
@@ -197,57 +197,22 @@ func DialAndServe(ctx context.Context, cfg ReverseConfig, h Handler) error {
 func reverseLoop(ctx context.Context, cfg *ReverseConfig, h Handler, slot int) {
 	log := cfg.Logger.With().Str("proxy", cfg.Address).Str("agent_id", cfg.AgentID).Int("conn", slot).Logger()
 	o := Options{Name: cfg.AgentID, WriteTimeout: cfg.WriteTimeout, Logger: &log}
-	backoff := cfg.BackoffMin
-	failures := 0
-	for ctx.Err() == nil {
-		nc, fr, assigned, err := dialRegister(ctx, cfg, h)
-		if err != nil {
-			if ctx.Err() != nil {
-				return
+	redial.Loop(ctx, redial.Config{Min: cfg.BackoffMin, Max: cfg.BackoffMax, What: "reverse connection", Logger: log},
+		func(ctx context.Context) (func() error, error) {
+			nc, fr, assigned, err := dialRegister(ctx, cfg, h)
+			if err != nil {
+				if permanentRefusal(err) {
+					// Retrying soon cannot help, but the proxy's config may
+					// change: keep trying at the slowest pace, loudly.
+					return nil, fmt.Errorf("%w (check agent id and token): %w", redial.ErrPermanent, err)
+				}
+				return nil, err
 			}
-			failures++
-			wait := backoff
-			if permanentRefusal(err) {
-				// Retrying soon cannot help, but the proxy's config may
-				// change: keep trying at the slowest pace, loudly.
-				wait = cfg.BackoffMax
-				log.Error().Err(err).Dur("retry_in", wait).Msg("registration refused; check agent id and token")
-			} else if failures == 1 || failures%20 == 0 {
-				log.Warn().Err(err).Int("attempt", failures).Dur("retry_in", wait).Msg("reverse connection failed")
-			}
-			if !reverseSleep(ctx, reverseJitter(wait)) {
-				return
-			}
-			backoff = min(backoff*2, cfg.BackoffMax)
-			continue
-		}
-		log.Info().Str("conn_id", assigned).Int("after_attempts", failures).Msg("registered with proxy")
-		failures = 0
-		nc.idle = cfg.IdleTimeout
-		start := time.Now()
-		err = serveFrames(ctx, nc, fr, h, &o)
-		if ctx.Err() != nil {
-			return
-		}
-		// A connection that served a while earns a fresh start; one the
-		// proxy drops at once keeps backing off, so the two cannot flap.
-		wait := cfg.BackoffMin
-		if time.Since(start) < stableConn {
-			wait = backoff
-			backoff = min(backoff*2, cfg.BackoffMax)
-		} else {
-			backoff = cfg.BackoffMin
-		}
-		log.Warn().Err(err).Str("conn_id", assigned).Dur("retry_in", wait).Msg("proxy connection lost; reconnecting")
-		if !reverseSleep(ctx, reverseJitter(wait)) {
-			return
-		}
-	}
+			log.Info().Str("conn_id", assigned).Msg("registered with proxy")
+			nc.idle = cfg.IdleTimeout
+			return func() error { return serveFrames(ctx, nc, fr, h, &o) }, nil
+		})
 }
-
-// stableConn is how long a connection must serve before a loss resets the
-// reconnect backoff.
-const stableConn = time.Second
 
 // dialRegister connects and registers; the returned reader continues the
 // connection after the RegistrationResponse.
@@ -344,20 +309,4 @@ func (c *idleConn) Read(p []byte) (int, error) {
 		_ = c.Conn.SetReadDeadline(time.Now().Add(c.idle))
 	}
 	return c.Conn.Read(p)
-}
-
-func reverseJitter(d time.Duration) time.Duration {
-	// ±25% so that a fleet of agents does not reconnect in lockstep.
-	return d*3/4 + time.Duration(rand.Int64N(int64(d)/2+1))
-}
-
-func reverseSleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net"
 	"sync"
 	"time"
@@ -14,6 +13,7 @@ import (
 	"github.com/zentinelproxy/sidecar/agentmux"
 	"github.com/zentinelproxy/sidecar/handshake"
 	"github.com/zentinelproxy/sidecar/protocol"
+	"github.com/zentinelproxy/sidecar/redial"
 )
 
 // ErrUDSConfig: the client configuration is invalid.
@@ -125,20 +125,6 @@ func NewClient(cfg Config) (*Client, error) {
 	return c, nil
 }
 
-// WaitReady blocks until at least one connection is live or ctx ends.
-func (c *Client) WaitReady(ctx context.Context) error {
-	t := time.NewTicker(5 * time.Millisecond)
-	defer t.Stop()
-	for c.Len() == 0 {
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("%w: %s: not ready: %v", agentmux.ErrAgentUnavailable, c.cfg.Name, c.Snapshot().LastError)
-		case <-t.C:
-		}
-	}
-	return nil
-}
-
 // Close stops reconnecting, sends CancelAll and closes every connection.
 func (c *Client) Close() error {
 	c.cancel()
@@ -149,51 +135,33 @@ func (c *Client) Close() error {
 
 func (c *Client) maintain(slot int) {
 	defer c.wg.Done()
-	log := c.cfg.Logger.With().Str("agent", c.cfg.Name).Str("socket", c.cfg.Path).Int("conn", slot).Logger()
-	backoff := c.cfg.BackoffMin
-	failures := 0
-	for c.ctx.Err() == nil {
-		link, caps, err := Dial(c.ctx, c.cfg)
+	redial.Loop(c.ctx, redial.Config{
+		Min:     c.cfg.BackoffMin,
+		Max:     c.cfg.BackoffMax,
+		What:    "agent connection",
+		Logger:  c.cfg.Logger.With().Str("agent", c.cfg.Name).Str("socket", c.cfg.Path).Int("conn", slot).Logger(),
+		OnError: c.SetLastError, // kept after a reconnect: it explains the last outage
+	}, func(ctx context.Context) (func() error, error) {
+		link, caps, err := Dial(ctx, c.cfg)
 		if err != nil {
-			c.SetLastError(err)
-			failures++
-			// Log the first failure and then every 20th, so a missing agent
-			// does not flood the log while it is down.
-			if failures == 1 || failures%20 == 0 {
-				log.Warn().Err(err).Int("attempt", failures).Dur("retry_in", backoff).Msg("agent connection failed")
-			}
-			if !sleep(c.ctx, jitter(backoff)) {
-				return
-			}
-			backoff = min(backoff*2, c.cfg.BackoffMax)
-			continue
+			return nil, err
 		}
-		if failures > 0 {
-			log.Info().Int("after_attempts", failures).Msg("agent connected")
-		}
-		// LastError is kept after a reconnect: it explains the last outage.
-		failures, backoff = 0, c.cfg.BackoffMin
 		sess := agentmux.NewSession(link, caps, agentmux.SessionConfig{
 			Name:           c.cfg.Name,
 			MaxInFlight:    c.cfg.MaxInFlight,
 			MaxQueue:       c.cfg.MaxQueue,
 			MessageTimeout: c.cfg.MessageTimeout,
 		})
-		c.Add(sess)
-		// The session may be closed by Pool.Close while Serve runs.
-		stop := context.AfterFunc(c.ctx, func() { _ = link.Close() })
-		err = link.Serve(sess)
-		stop()
-		c.Remove(sess)
-		if c.ctx.Err() != nil {
-			return
-		}
-		c.SetLastError(err)
-		log.Warn().Err(err).Msg("agent connection lost; reconnecting")
-		if !sleep(c.ctx, jitter(c.cfg.BackoffMin)) {
-			return
-		}
-	}
+		return func() error {
+			c.Add(sess)
+			// Close may run before Add: the session must not outlive it.
+			stop := context.AfterFunc(ctx, func() { _ = link.Close() })
+			err := link.Serve(sess)
+			stop()
+			c.Remove(sess)
+			return err
+		}, nil
+	})
 }
 
 // Dial connects to the agent at cfg.Path and performs the handshake. The
@@ -246,20 +214,4 @@ func ClientHandshake(nc net.Conn, clientName string, timeout time.Duration) (*Fr
 		return nil, protocol.Capabilities{}, fmt.Errorf("%w: %v", ErrUDSHandshake, err)
 	}
 	return fr, caps, nil
-}
-
-func jitter(d time.Duration) time.Duration {
-	// ±25% so that many sidecars do not reconnect in lockstep.
-	return d*3/4 + time.Duration(rand.Int64N(int64(d)/2+1))
-}
-
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }
