@@ -25,6 +25,9 @@ type Row struct {
 	// BodySize is the request body in bytes: 0 sends GET, more sends POST
 	// with a body of that size.
 	BodySize int
+	// Versus names another row this one is compared with in a note under
+	// the table: the same setup without the feature the row prices.
+	Versus string
 	// Setup starts what the row needs (a sidecar, agents, …) with env's
 	// helpers, which also stop it all when the row ends, and returns the
 	// host:port the load generator targets.

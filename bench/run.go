@@ -51,9 +51,10 @@ type Options struct {
 	// queues in front of it (default 1s; negative: skipped). Under load
 	// the median is mostly queueing (Little's law: concurrency/throughput).
 	LatencyDuration time.Duration
-	// Rounds repeats the whole table this many times, rows interleaved,
-	// and reports for each row the round with its median throughput: on a
-	// shared machine, other load then hits every row alike (default 1).
+	// Rounds repeats the whole table this many times, rows interleaved
+	// (every other round in reverse order), and reports for each row the
+	// round with its median throughput: on a shared machine, other load
+	// then hits every row alike (default 1).
 	Rounds int
 	// Match selects rows by name (nil: all).
 	Match *regexp.Regexp
@@ -117,11 +118,12 @@ func Run(ctx context.Context, opts Options) ([]RowResult, error) {
 		}
 	}
 	rounds := make([][]RowResult, len(selected))
-	for range opts.Rounds {
-		for i, r := range selected {
+	for round := range opts.Rounds {
+		for _, i := range roundOrder(len(selected), round) {
 			if ctx.Err() != nil {
 				break
 			}
+			r := selected[i]
 			loads := []LoadConfig{{Concurrency: opts.Concurrency, Duration: opts.Duration, Warmup: opts.Warmup}}
 			if opts.LatencyDuration > 0 {
 				loads = append(loads, LoadConfig{Concurrency: 1, Duration: opts.LatencyDuration, Warmup: opts.Warmup / 3})
@@ -144,6 +146,20 @@ func Run(ctx context.Context, opts Options) ([]RowResult, error) {
 		}
 	}
 	return out, ctx.Err()
+}
+
+// roundOrder is the order rows run in round: every other round runs them
+// backwards, so that a row's position in the round (what ran just before
+// it, how warm the machine is) weighs on every row alike.
+func roundOrder(n, round int) []int {
+	order := make([]int, n)
+	for k := range order {
+		order[k] = k
+		if round%2 == 1 {
+			order[k] = n - 1 - k
+		}
+	}
+	return order
 }
 
 // median returns the round with the median throughput; a failed round
@@ -243,6 +259,7 @@ func WriteTable(w io.Writer, opts Options, results []RowResult) {
 		}
 		fmt.Fprintf(w, "  %6d\n", res.Errors+r.Latency.Errors)
 	}
+	writeVersus(w, results)
 	if base == nil {
 		fmt.Fprintln(w, "\n(no baseline row measured: ratios omitted)")
 		return
@@ -263,4 +280,26 @@ func microsFrac(d time.Duration) string {
 
 func signedMicros(d time.Duration) string {
 	return fmt.Sprintf("%+.0fµs", float64(d)/float64(time.Microsecond))
+}
+
+// writeVersus prints, for each row that names a Versus row measured in the
+// same run, its throughput and CPU per request relative to that row.
+func writeVersus(w io.Writer, results []RowResult) {
+	first := true
+	for _, r := range results {
+		if r.Row.Versus == "" || r.Err != nil {
+			continue
+		}
+		i := slices.IndexFunc(results, func(o RowResult) bool { return o.Row.Name == r.Row.Versus && o.Err == nil })
+		if i < 0 {
+			continue
+		}
+		o := results[i].Result
+		if first {
+			fmt.Fprintln(w)
+			first = false
+		}
+		fmt.Fprintf(w, "%s vs %s: %.1f%% throughput, %+.1fµs CPU/req\n", r.Row.Name, r.Row.Versus,
+			100*r.Result.RPS()/o.RPS(), float64(r.Result.CPUPerRequest()-o.CPUPerRequest())/float64(time.Microsecond))
+	}
 }

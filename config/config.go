@@ -109,6 +109,8 @@ type Config struct {
 	Agents    []Agent    `yaml:"agents"`
 	Routes    []Route    `yaml:"routes"`
 	Logging   Logging    `yaml:"logging"`
+	Admin     Admin      `yaml:"admin"`
+	AccessLog AccessLog  `yaml:"access_log"`
 
 	// lines maps a key path ("routes[0].agents[1]") to its line in the
 	// file, so that validation errors point at it.
@@ -441,6 +443,7 @@ func (c *Config) SetDefaults() {
 			r.HostHeader = HostPreserve
 		}
 	}
+	c.setOpsDefaults()
 	if c.Logging.Level == "" {
 		c.Logging.Level = "info"
 	}

@@ -18,6 +18,7 @@ func (c *Config) Validate() error {
 	v.agents()
 	v.routes()
 	v.logging()
+	v.ops()
 	return v.err
 }
 

@@ -133,6 +133,7 @@ func (rs *reqState) requestHeaders() bool {
 		}
 		// A fresh exchange's deadline was armed by begin and still holds.
 		if !fresh && !rs.arm(sl) {
+			rs.srv.obs.AgentEvent(rs.rt.idx, sl.ra.a.idx, protocol.PhaseRequest, false, OutcomeTimeout, 0)
 			if !rs.failure(i, protocol.PhaseRequest, false, errBudget(sl)) {
 				return false
 			}
@@ -241,6 +242,7 @@ func (rs *reqState) responseHeaders() bool {
 		rs.buildResponseView()
 		// A fresh exchange's deadline was armed by begin and still holds.
 		if !fresh && !rs.arm(sl) {
+			rs.srv.obs.AgentEvent(rs.rt.idx, sl.ra.a.idx, protocol.PhaseResponse, false, OutcomeTimeout, 0)
 			if !rs.failure(i, protocol.PhaseResponse, false, errBudget(sl)) {
 				return false
 			}

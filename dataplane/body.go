@@ -354,6 +354,7 @@ func (rs *reqState) runChunk(p protocol.Phase, data []byte, last, stream bool) (
 		m.TotalSize = rs.total[p]
 		m.Progress = src.n
 		if !stream && !rs.arm(sl) {
+			rs.srv.obs.AgentEvent(rs.rt.idx, sl.ra.a.idx, p, true, OutcomeTimeout, 0)
 			if !rs.failure(i, p, true, errBudget(sl)) {
 				return nil, false
 			}

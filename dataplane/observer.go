@@ -73,7 +73,10 @@ func (o Outcome) Failed() bool { return o >= OutcomeTimeout && o != OutcomeCance
 // block. Route is -1 for a request that matched no route.
 type Observer interface {
 	// Reset is called before a routing table takes effect (at New and at
-	// every Swap) with the names its indices refer to.
+	// every Swap) with the names its indices refer to. An index keeps its
+	// name across swaps (names of earlier configurations stay in the
+	// lists), so events of requests still running on a replaced table
+	// count where they belong. The slices must not be modified.
 	Reset(routes, agents []string)
 	// Request is called once per request with the final status sent
 	// (0 when the client went away first) and the time from the request's
@@ -120,17 +123,17 @@ func (NopObserver) Upstream(int, bool) {}
 
 // Stats are the dataplane's own counters since New.
 type Stats struct {
-	Requests          uint64 // requests handled
-	Blocked           uint64 // answered by an agent's block or redirect
-	FailOpen          uint64 // agent failures that let a request pass
-	FailClosed        uint64 // agent failures answered with 503/504
-	MutationsRefused  uint64 // header operations refused by the security rules
-	InspectionSkipped uint64 // bodies passed uninspected past a buffer limit
-	UpstreamErrors    uint64 // 502 answers
-	UpstreamTimeouts  uint64 // 504 answers for the upstream
-	ClientGone        uint64 // requests whose client went away mid-request
-	ResponseAborted   uint64 // responses cut off after their headers were sent
-	InFlight          int64  // requests being handled or streamed now
+	Requests          uint64 `json:"requests"`           // requests handled
+	Blocked           uint64 `json:"blocked"`            // answered by an agent's block or redirect
+	FailOpen          uint64 `json:"fail_open"`          // agent failures that let a request pass
+	FailClosed        uint64 `json:"fail_closed"`        // agent failures answered with 503/504
+	MutationsRefused  uint64 `json:"mutations_refused"`  // header operations refused by the security rules
+	InspectionSkipped uint64 `json:"inspection_skipped"` // bodies passed uninspected past a buffer limit
+	UpstreamErrors    uint64 `json:"upstream_errors"`    // 502 answers
+	UpstreamTimeouts  uint64 `json:"upstream_timeouts"`  // 504 answers for the upstream
+	ClientGone        uint64 `json:"client_gone"`        // requests whose client went away mid-request
+	ResponseAborted   uint64 `json:"response_aborted"`   // responses cut off after their headers were sent
+	InFlight          int64  `json:"in_flight"`          // requests being handled or streamed now
 }
 
 type counters struct {

@@ -53,6 +53,10 @@ type Server struct {
 	agents map[string]agentmux.Agent
 	closed bool
 	serves sync.WaitGroup
+	// addrs are the bound listener addresses; listening is set once they
+	// accept and cleared when Shutdown starts (readiness).
+	addrs     []net.Addr
+	listening atomic.Bool
 }
 
 type listener struct {
@@ -80,7 +84,7 @@ func New(cfg Config, agents map[string]agentmux.Agent, log zerolog.Logger) (*Ser
 	if err != nil {
 		return nil, err
 	}
-	s.obs.Reset(t.routeNames(), t.agentNames())
+	s.obs.Reset(t.routeIDs.names, t.agentIDs.names)
 	s.tbl.Store(t)
 	interval := time.Duration(0)
 	for _, lc := range cfg.File.Listeners {
@@ -119,7 +123,34 @@ func (s *Server) newFastServer(l *listener) *fasthttp.Server {
 // Serve serves HTTP on ln with the settings of the first configured
 // listener. It returns when ln fails or the server shuts down.
 func (s *Server) Serve(ln net.Listener) error {
+	s.markListening(ln)
 	return s.serve(s.lsts[0], ln)
+}
+
+// markListening records bound listeners: the kernel queues connections
+// from here on, so the server counts as listening.
+func (s *Server) markListening(lns ...net.Listener) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return
+	}
+	for _, ln := range lns {
+		s.addrs = append(s.addrs, ln.Addr())
+	}
+	s.listening.Store(true)
+}
+
+// Listening reports whether the listeners are bound and Shutdown has not
+// started.
+func (s *Server) Listening() bool { return s.listening.Load() }
+
+// Addrs returns the bound listener addresses (useful with port 0), in
+// configuration order for ListenAndServe.
+func (s *Server) Addrs() []net.Addr {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]net.Addr(nil), s.addrs...)
 }
 
 func (s *Server) serve(l *listener, ln net.Listener) error {
@@ -149,6 +180,7 @@ func (s *Server) ListenAndServe() error {
 		}
 		lns = append(lns, ln)
 	}
+	s.markListening(lns...)
 	errs := make(chan error, len(lns))
 	for i, l := range s.lsts {
 		go func() { errs <- s.serve(l, lns[i]) }()
@@ -190,6 +222,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		return ErrDataplaneClosed
 	}
 	s.closed = true
+	s.listening.Store(false)
 	s.mu.Unlock()
 	var first error
 	for _, l := range s.lsts {
@@ -247,7 +280,7 @@ func (s *Server) Swap(cfg *config.Config, agents map[string]agentmux.Agent) erro
 	if err != nil {
 		return err
 	}
-	s.obs.Reset(t.routeNames(), t.agentNames())
+	s.obs.Reset(t.routeIDs.names, t.agentIDs.names)
 	s.tbl.Store(t)
 	oldAgents := s.agents
 	s.agents = agents
@@ -280,12 +313,12 @@ func (s *Server) Swap(cfg *config.Config, agents map[string]agentmux.Agent) erro
 // Stats returns the server's counters.
 func (s *Server) Stats() Stats { return s.stats.snapshot() }
 
-// Routes returns the route names of the current table, in the order of
-// the indices the Observer receives.
+// Routes returns the route names of the current table, in configuration
+// order.
 func (s *Server) Routes() []string { return s.tbl.Load().routeNames() }
 
-// Agents returns the agent names of the current table, in the order of
-// the indices the Observer receives.
+// Agents returns the agent names of the current table, in configuration
+// order.
 func (s *Server) Agents() []string { return s.tbl.Load().agentNames() }
 
 // AgentStatus returns a snapshot of every current agent.

@@ -29,10 +29,43 @@ type table struct {
 	// maxWild is the most dots of a wildcard suffix, bounding lookups.
 	maxWild int
 
+	// routeIDs and agentIDs number names for the Observer. Each table
+	// inherits them from the one it replaces, so an index keeps meaning
+	// the same name across swaps, also for requests still running on the
+	// old table.
+	routeIDs, agentIDs *nameIDs
+
 	refs    atomic.Int64
 	retired atomic.Bool
 	drained sync.Once
 	onDrain func()
+}
+
+// nameIDs assigns each name an index once; names only grow.
+type nameIDs struct {
+	byName map[string]int
+	names  []string
+}
+
+// clone copies n (nil: empty) so that a failed build leaves n unchanged.
+func (n *nameIDs) clone() *nameIDs {
+	c := &nameIDs{byName: make(map[string]int)}
+	if n != nil {
+		for k, v := range n.byName {
+			c.byName[k] = v
+		}
+		c.names = append([]string(nil), n.names...)
+	}
+	return c
+}
+
+func (n *nameIDs) id(name string) int {
+	if i, ok := n.byName[name]; ok {
+		return i
+	}
+	n.byName[name] = len(n.names)
+	n.names = append(n.names, name)
+	return len(n.names) - 1
 }
 
 type agentEntry struct {
@@ -122,6 +155,11 @@ func buildTable(cfg *config.Config, agents map[string]agentmux.Agent, prev *tabl
 		exact: make(map[string][]*route),
 		wild:  make(map[string][]*route),
 	}
+	if prev != nil {
+		t.routeIDs, t.agentIDs = prev.routeIDs.clone(), prev.agentIDs.clone()
+	} else {
+		t.routeIDs, t.agentIDs = (*nameIDs)(nil).clone(), (*nameIDs)(nil).clone()
+	}
 	byName := make(map[string]*agentEntry, len(cfg.Agents))
 	for i := range cfg.Agents {
 		a := &cfg.Agents[i]
@@ -129,7 +167,7 @@ func buildTable(cfg *config.Config, agents map[string]agentmux.Agent, prev *tabl
 		if !ok || inst == nil {
 			return nil, fmt.Errorf("%w: agent %q has no instance", ErrDataplaneConfig, a.Name)
 		}
-		e := &agentEntry{name: a.Name, nameB: []byte(a.Name), idx: len(t.agents), agent: inst}
+		e := &agentEntry{name: a.Name, nameB: []byte(a.Name), idx: t.agentIDs.id(a.Name), agent: inst}
 		t.agents = append(t.agents, e)
 		byName[a.Name] = e
 	}
@@ -153,7 +191,7 @@ func buildTable(cfg *config.Config, agents map[string]agentmux.Agent, prev *tabl
 	}
 	for i := range cfg.Routes {
 		rc := &cfg.Routes[i]
-		r := &route{name: rc.Name, nameB: []byte(rc.Name), idx: i, prefix: []byte(rc.PathPrefix), up: ups[rc.Upstream]}
+		r := &route{name: rc.Name, nameB: []byte(rc.Name), idx: t.routeIDs.id(rc.Name), prefix: []byte(rc.PathPrefix), up: ups[rc.Upstream]}
 		if r.up == nil {
 			return nil, fmt.Errorf("%w: route %q: unknown upstream %q", ErrDataplaneConfig, rc.Name, rc.Upstream)
 		}

@@ -21,7 +21,13 @@
 //
 // run serves the configuration FILE until SIGINT or SIGTERM, then stops
 // accepting, lets in-flight requests finish within -drain and closes the
-// agents. The configuration format is described in package config.
+// agents (a second signal ends the drain at once). SIGHUP re-reads FILE:
+// routes, upstreams and agents change without dropping a request, and a
+// file that does not validate is refused while the running configuration
+// keeps serving. The admin listener (default 127.0.0.1:9901) serves
+// /metrics, /healthz, /readyz, /status and POST /reload. The
+// configuration format is described in package config and
+// docs/configuration.md, operations in docs/operations.md.
 //
 // check-config validates FILE, including the transport options of its
 // agents, without opening anything. It prints OK and a summary, or the
@@ -59,7 +65,7 @@ Usage:
         Run a self-contained demo: built-in upstream, example agent, sidecar.
         Prints curl commands to try; stop with Ctrl-C.
   sidecar run -config FILE [-log-level LEVEL] [-log-format json|console] [-drain 10s]
-        Serve the configuration in FILE until SIGINT/SIGTERM.
+        Serve the configuration in FILE until SIGINT/SIGTERM; SIGHUP reloads it.
         "sidecar -config FILE" is the same.
   sidecar check-config FILE
         Validate FILE; print OK or the error with its key and line (exit 1).

@@ -185,6 +185,7 @@ listeners: [{address: "unix:`+front+`"}]
 upstreams: [{name: app, address: "`+up.String()+`"}]
 agents: [{name: allow, transport: uds, address: "`+agentSock+`"}]
 routes: [{upstream: app, agents: [allow]}]
+admin: {address: "127.0.0.1:0"}
 `)
 	cfg, err := config.Load(path)
 	if err != nil {

@@ -13,16 +13,16 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/zentinelproxy/sidecar/config"
-	"github.com/zentinelproxy/sidecar/dataplane"
 )
 
 // agentWait is how long run waits for agents before it starts serving
-// anyway (their failure modes then decide until they connect).
-const agentWait = 3 * time.Second
+// anyway (their failure modes then decide until they connect), and how
+// long a reload waits for the agents it adds. Tests shorten it.
+var agentWait = 3 * time.Second
 
 func runCmd(args []string, stderr io.Writer) error {
 	fs := newFlagSet("run", "sidecar run -config FILE [flags]", stderr)
-	path := fs.String("config", "", "configuration `file` (required)")
+	path := fs.String("config", "", "configuration `file` (required); SIGHUP or POST /reload on the admin listener re-reads it")
 	level := fs.String("log-level", "", "log `level`: trace, debug, info, warn or error (default: the file's logging.level)")
 	format := fs.String("log-format", "", "log `format`: json or console (default: the file's logging.format)")
 	drain := fs.Duration("drain", 10*time.Second, "how long in-flight requests may take to finish on shutdown")
@@ -34,72 +34,94 @@ func runCmd(args []string, stderr io.Writer) error {
 		fs.Usage()
 		return errUsage
 	}
-	cfg, err := config.Load(*path)
+	override := func(c *config.Config) {
+		if *level != "" {
+			c.Logging.Level = *level
+		}
+		if *format != "" {
+			c.Logging.Format = *format
+		}
+	}
+	cfg, err := loadConfig(*path, override)
 	if err != nil {
 		return err
-	}
-	if *level != "" {
-		cfg.Logging.Level = *level
-	}
-	if *format != "" {
-		cfg.Logging.Format = *format
 	}
 	log, err := newLogger(cfg.Logging, stderr)
 	if err != nil {
 		return err
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	return serve(ctx, cfg, log, *drain)
+	// Signals are caught from here on: one that arrives while the sidecar
+	// starts is handled as soon as it serves.
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
+	defer signal.Stop(sigs)
+	s, err := startSidecar(cfg, *path, override, log)
+	if err != nil {
+		return err
+	}
+	for {
+		select {
+		case sig := <-sigs:
+			if sig == syscall.SIGHUP {
+				s.reloadSignal()
+				continue
+			}
+			log.Info().Str("signal", sig.String()).Dur("drain", *drain).Msg("shutting down")
+			return s.stop(*drain, sigs)
+		case err := <-s.failed:
+			log.Error().Err(err).Msg("a listener failed; shutting down")
+			_ = s.stop(*drain, nil)
+			return err
+		}
+	}
 }
 
-// serve runs cfg on its configured listeners until ctx ends.
+// serve runs cfg on its configured listeners until ctx ends; without a
+// configuration file there is nothing to reload.
 func serve(ctx context.Context, cfg *config.Config, log zerolog.Logger, drain time.Duration) error {
-	set, err := buildAgents(cfg, log)
+	s, err := startSidecar(cfg, "", nil, log)
 	if err != nil {
 		return err
 	}
-	rctx, stopReverse := context.WithCancel(context.Background())
-	defer stopReverse()
-	revErr := set.serveReverse(rctx)
-
-	wctx, cancel := context.WithTimeout(ctx, agentWait)
-	missing := waitAgents(wctx, set.agents)
-	cancel()
-	for _, name := range missing {
-		log.Warn().Str("agent", name).Str("last_error", set.agents[name].Snapshot().LastError).
-			Msg("agent not connected yet; its failure mode applies until it is")
-	}
-
-	srv, err := dataplane.New(dataplane.Config{File: cfg}, set.agents, log)
-	if err != nil {
-		set.close()
-		return err
-	}
-	served := make(chan error, 1)
-	go func() { served <- srv.ListenAndServe() }()
-	addrs := make([]string, len(cfg.Listeners))
-	for i, l := range cfg.Listeners {
-		addrs[i] = l.Address
-	}
-	log.Info().Str("listeners", strings.Join(addrs, ",")).Int("routes", len(cfg.Routes)).
-		Int("agents", len(cfg.Agents)).Msg("sidecar serving")
-
 	select {
 	case <-ctx.Done():
-		log.Info().Dur("drain", drain).Msg("shutting down")
-	case err = <-served:
-		// A listener failed (port in use, …) before any shutdown.
-	case err = <-revErr:
+		return s.stop(drain, nil)
+	case err := <-s.failed:
+		_ = s.stop(drain, nil)
+		return err
 	}
-	sctx, cancel := context.WithTimeout(context.Background(), drain)
+}
+
+// stop shuts the sidecar down, letting in-flight requests finish within
+// drain; another SIGINT or SIGTERM on sigs ends the drain at once.
+func (s *sidecar) stop(drain time.Duration, sigs <-chan os.Signal) error {
+	ctx, cancel := context.WithTimeout(context.Background(), drain)
 	defer cancel()
-	if serr := srv.Shutdown(sctx); serr != nil && err == nil && serr != dataplane.ErrDataplaneClosed {
-		err = fmt.Errorf("shutdown: %w", serr)
+	done := make(chan struct{})
+	defer close(done)
+	if sigs != nil {
+		go func() {
+			for {
+				select {
+				case sig := <-sigs:
+					if sig != syscall.SIGHUP {
+						s.log.Warn().Str("signal", sig.String()).Msg("second signal: ending the drain now")
+						cancel()
+						return
+					}
+				case <-done:
+					return
+				}
+			}
+		}()
 	}
-	stopReverse()
-	set.closeListeners()
-	return err
+	err := s.shutdown(ctx)
+	if err != nil {
+		s.log.Error().Err(err).Msg("stopped before every request finished")
+		return err
+	}
+	s.log.Info().Msg("stopped")
+	return nil
 }
 
 // newLogger builds the zerolog logger of l, writing to w.

@@ -134,6 +134,9 @@ func checkTransports(cfg *config.Config) error {
 type agentSet struct {
 	agents  map[string]agentmux.Agent
 	reverse []*reverse.Listener
+	// reverseCfgs are the configurations of reverse, in the same order; a
+	// reload compares them to keep unchanged listeners.
+	reverseCfgs []reverse.Config
 }
 
 // buildAgents builds every agent of cfg: UDS and gRPC clients start
@@ -156,8 +159,21 @@ func buildAgents(cfg *config.Config, log zerolog.Logger) (*agentSet, error) {
 				return nil, err
 			}
 			set.reverse = append(set.reverse, l)
+			set.reverseCfgs = append(set.reverseCfgs, lc)
 		}
 	}
+	agents, err := transports(set).Build(cfg, log)
+	if err != nil {
+		set.close()
+		return nil, err
+	}
+	set.agents = agents
+	return set, nil
+}
+
+// transports are the agent factories of every transport this binary
+// links; reverse agents are the pools of set's reverse listeners.
+func transports(set *agentSet) dataplane.Transports {
 	tr := dataplane.DefaultTransports()
 	tr[config.TransportGRPC] = func(a *config.Agent, log zerolog.Logger) (agentmux.Agent, error) {
 		c, err := grpcConfig(a, log)
@@ -174,13 +190,7 @@ func buildAgents(cfg *config.Config, log zerolog.Logger) (*agentSet, error) {
 		}
 		return nil, fmt.Errorf("agent %q: no reverse listener", a.Name)
 	}
-	agents, err := tr.Build(cfg, log)
-	if err != nil {
-		set.close()
-		return nil, err
-	}
-	set.agents = agents
-	return set, nil
+	return tr
 }
 
 // serveReverse runs the reverse listeners until ctx ends; the first

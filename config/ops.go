@@ -1,0 +1,88 @@
+package config
+
+import (
+	"net"
+	"strconv"
+	"strings"
+)
+
+// DefaultAdminAddress is where the admin listener binds unless configured:
+// loopback only, so metrics, status and reload are not exposed by default.
+const DefaultAdminAddress = "127.0.0.1:9901"
+
+// Access log outputs besides a file path.
+const (
+	AccessLogStdout = "stdout"
+	AccessLogStderr = "stderr"
+)
+
+// Admin configures the operator listener: Prometheus metrics, health and
+// readiness, status and reload.
+type Admin struct {
+	// Enabled runs the admin listener (default true).
+	Enabled *bool `yaml:"enabled"`
+	// Address is host:port (default 127.0.0.1:9901). Inside a container
+	// probes need a non-loopback address such as 0.0.0.0:9901.
+	Address string `yaml:"address"`
+	// Metrics serves /metrics and counts every request (default true).
+	Metrics *bool `yaml:"metrics"`
+}
+
+// On reports whether the admin listener runs.
+func (a *Admin) On() bool { return a.Enabled == nil || *a.Enabled }
+
+// MetricsOn reports whether metrics are collected and served.
+func (a *Admin) MetricsOn() bool { return a.On() && (a.Metrics == nil || *a.Metrics) }
+
+// AccessLog configures the per-request access log.
+type AccessLog struct {
+	// Enabled writes one JSON line per request (default false).
+	Enabled bool `yaml:"enabled"`
+	// Output is stdout (default), stderr or a file path (appended to).
+	Output string `yaml:"output"`
+	// SampleEvery logs one in this many ordinary requests (default 1:
+	// all); blocks, redirects, failures and 5xx are always logged.
+	SampleEvery int `yaml:"sample_every"`
+}
+
+func (c *Config) setOpsDefaults() {
+	if c.Admin.Address == "" {
+		c.Admin.Address = DefaultAdminAddress
+	}
+	if c.AccessLog.Output == "" {
+		c.AccessLog.Output = AccessLogStdout
+	}
+	if c.AccessLog.SampleEvery == 0 {
+		c.AccessLog.SampleEvery = 1
+	}
+}
+
+func (v *validator) ops() {
+	a := &v.c.Admin
+	if a.On() {
+		host, port, err := net.SplitHostPort(a.Address)
+		n, perr := strconv.Atoi(port)
+		switch {
+		case strings.HasPrefix(a.Address, "unix:"):
+			v.failf("admin.address", "the admin listener takes host:port, not a Unix socket")
+		case err != nil:
+			v.failf("admin.address", "%q is not host:port", a.Address)
+		case perr != nil || n < 0 || n > 65535:
+			v.failf("admin.address", "invalid port %q", port)
+		case host != "" && net.ParseIP(host) == nil && !validHostname(host):
+			v.failf("admin.address", "invalid host %q", host)
+		}
+		for i := range v.c.Listeners {
+			if l := &v.c.Listeners[i]; l.Address == a.Address && n != 0 {
+				v.failf("admin.address", "address %q is also used by listeners[%d]", a.Address, i)
+			}
+		}
+	}
+	l := &v.c.AccessLog
+	if l.SampleEvery < 1 {
+		v.failf("access_log.sample_every", "must be at least 1")
+	}
+	if strings.TrimSpace(l.Output) == "" {
+		v.failf("access_log.output", "output is required (stdout, stderr or a file path)")
+	}
+}
