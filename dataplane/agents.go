@@ -113,48 +113,68 @@ func (rs *reqState) arm(sl *slot) bool {
 func (rs *reqState) requestHeaders() bool {
 	rs.phaseNow = PhaseRequestHeaders
 	for i := 0; i < rs.nslots; i++ {
-		sl := &rs.slots[i]
-		if caps, known := rs.knownCaps(sl); known && !caps.HandlesRequestHeaders {
-			continue
+		if !rs.headerEvent(i, protocol.PhaseRequest) {
+			return false
 		}
-		fresh := sl.ex == nil
-		if err := rs.begin(i); err != nil {
-			rs.srv.obs.AgentEvent(rs.rt.idx, sl.ra.a.idx, protocol.PhaseRequest, false, outcomeOf(err), 0)
-			if !rs.failure(i, protocol.PhaseRequest, false, err) {
-				return false
-			}
-			continue
-		}
-		if !sl.caps.HandlesRequestHeaders {
-			continue
-		}
+	}
+	return true
+}
+
+// headerEvent sends agent i the header event of phase p (opening its
+// exchange first if needed) and applies the answer. It reports whether the
+// request goes on.
+func (rs *reqState) headerEvent(i int, p protocol.Phase) bool {
+	sl := &rs.slots[i]
+	if caps, known := rs.knownCaps(sl); known && !caps.Handles(p, false) {
+		return true
+	}
+	fresh := sl.ex == nil
+	if err := rs.begin(i); err != nil {
+		rs.srv.obs.AgentEvent(rs.rt.idx, sl.ra.a.idx, p, false, outcomeOf(err), 0)
+		return rs.failure(i, p, false, err)
+	}
+	if !sl.caps.Handles(p, false) {
+		return true
+	}
+	req := p == protocol.PhaseRequest
+	if req {
 		if rs.viewDirty {
 			rs.buildRequestView()
 		}
-		// A fresh exchange's deadline was armed by begin and still holds.
-		if !fresh && !rs.arm(sl) {
-			rs.srv.obs.AgentEvent(rs.rt.idx, sl.ra.a.idx, protocol.PhaseRequest, false, OutcomeTimeout, 0)
-			if !rs.failure(i, protocol.PhaseRequest, false, errBudget(sl)) {
-				return false
-			}
-			continue
-		}
-		t0 := time.Now()
-		reply, err := sl.ex.RequestHeaders(&rs.hctx, &rs.rh)
-		d := time.Since(t0)
-		sl.spent += d
+	} else {
+		rs.applyStashed()
+		rs.buildResponseView()
+	}
+	// A fresh exchange's deadline was armed by begin and still holds.
+	if !fresh && !rs.arm(sl) {
+		rs.srv.obs.AgentEvent(rs.rt.idx, sl.ra.a.idx, p, false, OutcomeTimeout, 0)
+		return rs.failure(i, p, false, errBudget(sl))
+	}
+	t0 := time.Now()
+	var reply *agentmux.Reply
+	var err error
+	if req {
+		reply, err = sl.ex.RequestHeaders(&rs.hctx, &rs.rh)
+	} else {
+		reply, err = sl.ex.ResponseHeaders(&rs.hctx, &rs.rsh)
+	}
+	d := time.Since(t0)
+	sl.spent += d
+	if req {
 		rs.agentTime[PhaseRequestHeaders] += d
 		sl.flags |= flagReqHdrDone
-		if err != nil {
-			rs.srv.obs.AgentEvent(rs.rt.idx, sl.ra.a.idx, protocol.PhaseRequest, false, outcomeOf(err), d)
-			if !rs.failure(i, protocol.PhaseRequest, false, err) {
-				return false
-			}
-			continue
-		}
-		if !rs.decide(i, protocol.PhaseRequest, false, &reply.Decision, d) {
-			return false
-		}
+	} else {
+		rs.agentTime[PhaseResponseHeaders] += d
+		sl.flags |= flagRespHdrDone
+	}
+	if err != nil {
+		rs.srv.obs.AgentEvent(rs.rt.idx, sl.ra.a.idx, p, false, outcomeOf(err), d)
+		return rs.failure(i, p, false, err)
+	}
+	if !rs.decide(i, p, false, &reply.Decision, d) {
+		return false
+	}
+	if req {
 		rs.finishEarly(i)
 	}
 	return true
@@ -220,48 +240,10 @@ func (rs *reqState) responseHeaders() bool {
 	rs.respOpsApplied = 0
 	rs.phaseNow = PhaseResponseHeaders
 	for i := 0; i < rs.nslots; i++ {
-		sl := &rs.slots[i]
-		if sl.flags&flagFailed != 0 {
+		if rs.slots[i].flags&flagFailed != 0 {
 			continue
 		}
-		if caps, known := rs.knownCaps(sl); known && !caps.HandlesResponseHeaders {
-			continue
-		}
-		fresh := sl.ex == nil
-		if err := rs.begin(i); err != nil {
-			rs.srv.obs.AgentEvent(rs.rt.idx, sl.ra.a.idx, protocol.PhaseResponse, false, outcomeOf(err), 0)
-			if !rs.failure(i, protocol.PhaseResponse, false, err) {
-				return false
-			}
-			continue
-		}
-		if !sl.caps.HandlesResponseHeaders {
-			continue
-		}
-		rs.applyStashed()
-		rs.buildResponseView()
-		// A fresh exchange's deadline was armed by begin and still holds.
-		if !fresh && !rs.arm(sl) {
-			rs.srv.obs.AgentEvent(rs.rt.idx, sl.ra.a.idx, protocol.PhaseResponse, false, OutcomeTimeout, 0)
-			if !rs.failure(i, protocol.PhaseResponse, false, errBudget(sl)) {
-				return false
-			}
-			continue
-		}
-		t0 := time.Now()
-		reply, err := sl.ex.ResponseHeaders(&rs.hctx, &rs.rsh)
-		d := time.Since(t0)
-		sl.spent += d
-		rs.agentTime[PhaseResponseHeaders] += d
-		sl.flags |= flagRespHdrDone
-		if err != nil {
-			rs.srv.obs.AgentEvent(rs.rt.idx, sl.ra.a.idx, protocol.PhaseResponse, false, outcomeOf(err), d)
-			if !rs.failure(i, protocol.PhaseResponse, false, err) {
-				return false
-			}
-			continue
-		}
-		if !rs.decide(i, protocol.PhaseResponse, false, &reply.Decision, d) {
+		if !rs.headerEvent(i, protocol.PhaseResponse) {
 			return false
 		}
 	}
