@@ -1015,6 +1015,7 @@ func (f *Frame) DecodeDecision(m *protocol.Decision) error {
 	b := f.body
 	var fl field
 	verdict := false
+	var last protowire.Number // the oneof member seen last
 	var err error
 	for {
 		var ok bool
@@ -1030,18 +1031,27 @@ func (f *Frame) DecodeDecision(m *protocol.Decision) error {
 		if fl.typ != protowire.BytesType {
 			continue
 		}
+		merge := false
 		if fl.num >= fDecAllow && fl.num <= fDecNeedsMoreVerdict {
-			// A later verdict replaces an earlier one, as in a protobuf oneof.
-			m.Body, m.BlockHeaders, m.RedirectURL, verdict = nil, m.BlockHeaders[:0], nil, true
+			// As in a protobuf oneof: another member replaces the verdict,
+			// the same member again merges into it.
+			if merge = fl.num == last; !merge {
+				m.Body, m.BlockHeaders, m.RedirectURL, verdict = nil, m.BlockHeaders[:0], nil, true
+			}
+			last = fl.num
 		}
 		switch fl.num {
 		case fDecAllow:
 			m.Kind, m.Status = protocol.DecisionAllow, 0
 		case fDecBlock:
-			m.Kind, m.Status = protocol.DecisionBlock, 403
+			if !merge {
+				m.Kind, m.Status = protocol.DecisionBlock, 403
+			}
 			err = decodeBlock(fl.b, m)
 		case fDecRedirect:
-			m.Kind, m.Status = protocol.DecisionRedirect, 302
+			if !merge {
+				m.Kind, m.Status = protocol.DecisionRedirect, 302
+			}
 			err = decodeRedirect(fl.b, m)
 		case fDecNeedsMoreVerdict:
 			m.Kind, m.Status = protocol.DecisionNeedsMore, 0
