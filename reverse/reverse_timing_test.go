@@ -4,12 +4,11 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/zentinelproxy/sidecar/agentmux"
+	"github.com/zentinelproxy/sidecar/conformance"
 	"github.com/zentinelproxy/sidecar/protocol"
 	"github.com/zentinelproxy/sidecar/sdk"
 	"github.com/zentinelproxy/sidecar/uds"
@@ -62,53 +61,8 @@ func BenchmarkRoundTrip(b *testing.B) {
 		}{{"uds", benchUDS}, {"reverse", benchReverse}} {
 			b.Run(fmt.Sprintf("%s/inflight=%d", tr.name, inflight), func(b *testing.B) {
 				a := tr.dial(b, h)
-				roundTrips(b, a, inflight)
+				conformance.BenchRoundTrips(b, a, inflight)
 			})
 		}
-	}
-}
-
-func roundTrips(b *testing.B, a agentmux.Agent, inflight int) {
-	ctx := context.Background()
-	var left atomic.Int64
-	left.Store(int64(b.N))
-	var failed atomic.Pointer[error]
-	var wg sync.WaitGroup
-	b.ReportAllocs()
-	b.ResetTimer()
-	for w := 0; w < inflight; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			m := protocol.RequestHeaders{
-				Method: []byte("GET"),
-				URI:    []byte("/api/users?id=7"),
-				Headers: protocol.Headers{
-					{Name: []byte("host"), Value: []byte("example.com")},
-					{Name: []byte("accept"), Value: []byte("*/*")},
-					{Name: []byte("user-agent"), Value: []byte("bench/1.0")},
-					{Name: []byte("x-request-id"), Value: []byte("b9e2c4d1")},
-				},
-				Metadata: protocol.Metadata{ClientIP: []byte("10.0.0.9"), ClientPort: 51234, Protocol: []byte("HTTP/1.1")},
-			}
-			for left.Add(-1) >= 0 {
-				ex, err := a.Begin(ctx)
-				if err != nil {
-					failed.Store(&err)
-					return
-				}
-				_, err = ex.RequestHeaders(ctx, &m)
-				ex.Finish()
-				if err != nil {
-					failed.Store(&err)
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	b.StopTimer()
-	if p := failed.Load(); p != nil {
-		b.Fatal(*p)
 	}
 }
