@@ -176,9 +176,6 @@ func (s *Session) Stats() Stats {
 // attribute to a request.
 func (s *Session) CountProtocolError() { s.protoErrs.Add(1) }
 
-// CountLate records a reply the transport dropped before Deliver.
-func (s *Session) CountLate() { s.late.Add(1) }
-
 var exchangePool = sync.Pool{New: func() any {
 	e := &Exchange{ch: make(chan struct{}, 1), reply: new(Reply)}
 	e.timer = time.NewTimer(time.Hour)

@@ -78,9 +78,6 @@ func (t MsgType) String() string {
 	return "Unknown"
 }
 
-// Known reports whether t is one of the frame types of the contract.
-func (t MsgType) Known() bool { return t.String() != "Unknown" }
-
 // Sentinel errors. Decoders wrap them with the offending field; callers
 // test with errors.Is.
 var (

@@ -190,6 +190,3 @@ func (fr *FrameReader) Next() (protocol.MsgType, []byte, error) {
 	}
 	return t, p, nil
 }
-
-// Buffered reports how many bytes are read but not yet returned.
-func (fr *FrameReader) Buffered() int { return fr.br.Buffered() }
