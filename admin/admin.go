@@ -10,6 +10,10 @@
 //	POST /reload    re-read the configuration; 200, or 400 with the
 //	                validation error while the old configuration keeps serving
 //
+// Every endpoint first checks the request's Host (see Config.AllowedHosts):
+// a page that DNS rebinding lets a browser load from an attacker's name
+// must not read /status or /metrics through the browser.
+//
 // It is plain net/http: nothing here is on the request path.
 package admin
 
@@ -32,6 +36,7 @@ import (
 	"github.com/zentinelproxy/sidecar/agentmux"
 	"github.com/zentinelproxy/sidecar/config"
 	"github.com/zentinelproxy/sidecar/dataplane"
+	"github.com/zentinelproxy/sidecar/metrics"
 )
 
 // DefaultAddress is the admin listener's default address: loopback only.
@@ -70,12 +75,19 @@ type Config struct {
 	Reload func() error
 	// Log receives reload outcomes and listener errors.
 	Log zerolog.Logger
+	// AllowedHosts are host names, besides IP literals (v4, or v6 in
+	// brackets) and "localhost", that a request's Host may name, with any
+	// port or none. Names only: no port, IP literal or wildcard; compared
+	// case-insensitively, a trailing dot ignored. Any other Host, or none,
+	// is answered 421 Misdirected Request and counted.
+	AllowedHosts []string
 }
 
 // DefaultConfig returns a Config listening on DefaultAddress.
 func DefaultConfig() Config { return Config{Address: DefaultAddress} }
 
-// Validate fills defaults and checks the address.
+// Validate fills defaults and checks the address and the allowed hosts,
+// which it puts in the form requests are compared in.
 func (c *Config) Validate() error {
 	if c.Address == "" {
 		c.Address = DefaultAddress
@@ -83,6 +95,14 @@ func (c *Config) Validate() error {
 	if _, _, err := net.SplitHostPort(c.Address); err != nil {
 		return fmt.Errorf("%w: address %q: %v", ErrAdminConfig, c.Address, err)
 	}
+	hosts := make([]string, 0, len(c.AllowedHosts))
+	for _, h := range c.AllowedHosts {
+		if !config.ValidAdminHost(h) {
+			return fmt.Errorf("%w: allowed host %q is not a host name (no port, IP address or wildcard)", ErrAdminConfig, h)
+		}
+		hosts = append(hosts, canonicalHost(h))
+	}
+	c.AllowedHosts = hosts
 	return nil
 }
 
@@ -97,6 +117,13 @@ type Status struct {
 	Agents        []agentmux.AgentStatus `json:"agents"`
 	Reload        ReloadStatus           `json:"reload"`
 	Requests      *dataplane.Stats       `json:"requests,omitempty"`
+	Admin         AdminStatus            `json:"admin"`
+}
+
+// AdminStatus counts the requests the admin listener refused.
+type AdminStatus struct {
+	// RefusedHost: requests whose Host is not accepted (answered 421).
+	RefusedHost uint64 `json:"refused_host"`
 }
 
 // ReloadStatus counts configuration reloads.
@@ -121,6 +148,13 @@ type Server struct {
 	reloadMu sync.Mutex // one reload at a time
 	stMu     sync.Mutex
 	reload   ReloadStatus
+
+	// reg holds the admin listener's own metrics, served on /metrics
+	// with the Gatherer's.
+	reg         *prometheus.Registry
+	refused     *prometheus.CounterVec
+	refusedHost atomic.Uint64
+	refuseLog   logLimit
 }
 
 // New returns a Server for cfg; Start binds and serves it.
@@ -128,7 +162,13 @@ func New(cfg Config) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, started: time.Now(), done: make(chan struct{})}
+	s := &Server{cfg: cfg, started: time.Now(), done: make(chan struct{}), reg: prometheus.NewRegistry()}
+	s.refused = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: metrics.Namespace, Name: "admin_refused_total",
+		Help: "Requests the admin listener refused, by reason (host: a Host it does not answer to).",
+	}, []string{"reason"})
+	s.refused.WithLabelValues(refusedHost)
+	s.reg.MustRegister(s.refused)
 	s.srv = &http.Server{
 		Handler:           s.Handler(),
 		ReadHeaderTimeout: 5 * time.Second,
@@ -141,11 +181,12 @@ func New(cfg Config) (*Server, error) {
 	return s, nil
 }
 
-// Handler returns the admin endpoints (for tests or another listener).
+// Handler returns the admin endpoints behind the Host check (for tests or
+// another listener).
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	if s.cfg.Gatherer != nil {
-		mux.Handle("GET /metrics", promhttp.HandlerFor(s.cfg.Gatherer, promhttp.HandlerOpts{
+		mux.Handle("GET /metrics", promhttp.HandlerFor(prometheus.Gatherers{s.cfg.Gatherer, s.reg}, promhttp.HandlerOpts{
 			ErrorHandling:       promhttp.ContinueOnError,
 			MaxRequestsInFlight: 4,
 		}))
@@ -156,7 +197,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /readyz", s.readyz)
 	mux.HandleFunc("GET /status", s.status)
 	mux.HandleFunc("POST /reload", s.reloadHandler)
-	return mux
+	return s.checkHost(mux)
 }
 
 // Start binds the address and serves in the background.
@@ -244,6 +285,7 @@ func (s *Server) Status() Status {
 	s.stMu.Lock()
 	st.Reload = s.reload
 	s.stMu.Unlock()
+	st.Admin.RefusedHost = s.refusedHost.Load()
 	return st
 }
 

@@ -62,7 +62,7 @@ func (e *Env) StartGRPCAgent(name string, h sdk.Handler) (config.Agent, agentmux
 
 	a := config.Agent{Name: name, Transport: config.TransportGRPC, Address: ln.Addr().String()}
 	c := grpcagent.DefaultConfig(name, a.Address)
-	c.Logger = e.Logger
+	c.Logger = e.Logger.With().Str("agent", name).Logger()
 	cl, err := grpcagent.NewClient(c)
 	if err != nil {
 		return config.Agent{}, nil, fmt.Errorf("%w: %v", ErrBenchSetup, err)

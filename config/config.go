@@ -136,7 +136,11 @@ type Listener struct {
 	ReadBufferSize Size `yaml:"read_buffer_size"`
 	// WriteBufferSize is the per-connection write buffer (default 16KiB).
 	WriteBufferSize Size `yaml:"write_buffer_size"`
-	// MaxConnections caps concurrent client connections (default 65536).
+	// MaxConnections caps concurrent client connections. Unset (0), it is
+	// what the file descriptor limit allows (RLIMIT_NOFILE, raised to its
+	// hard limit at start, minus every upstream connection and a reserve),
+	// at most 65536; a value above that limit is lowered to it with a
+	// warning.
 	MaxConnections int `yaml:"max_connections"`
 	// MaxRequestBody rejects larger request bodies with 413 (0: no limit).
 	MaxRequestBody Size `yaml:"max_request_body"`
@@ -198,9 +202,35 @@ type Agent struct {
 	// RequestBody and ResponseBody say how bodies reach the agent.
 	RequestBody  BodyPolicy `yaml:"request_body"`
 	ResponseBody BodyPolicy `yaml:"response_body"`
+	// Limits bound what one reply of the agent may do to headers.
+	Limits AgentLimits `yaml:"limits"`
 	// Options are transport-specific settings (TLS files, tokens, …),
 	// validated by the transport.
 	Options map[string]string `yaml:"options"`
+}
+
+// AgentLimits bound the header work one agent reply may cause. A reply
+// over any of them is an agent error: nothing of it is applied and the
+// agent's failure mode decides (closed: 503; open: the request passes
+// unchanged by that reply). The defaults are far above what a policy
+// agent does (a few operations of a few hundred bytes) and far below
+// what costs the proxy noticeable CPU or lets an agent build a header
+// block no upstream or client accepts.
+type AgentLimits struct {
+	// HeaderOps caps the header operations of one reply: request and
+	// response operations and block-response headers together (default
+	// 256).
+	HeaderOps int `yaml:"header_ops"`
+	// HeaderBytes caps the bytes of names and values in one reply's
+	// header operations (default 64KiB).
+	HeaderBytes Size `yaml:"header_bytes"`
+	// HeaderValue caps one header value an agent sets, adds or puts on a
+	// block response (default 16KiB).
+	HeaderValue Size `yaml:"header_value"`
+	// HeaderBlock caps the request or response header block (names,
+	// values and line framing) that a reply may bring a message to; a
+	// reply's additions count in full (default 64KiB).
+	HeaderBlock Size `yaml:"header_block"`
 }
 
 // AgentTimeouts bound the conversation with an agent.
@@ -215,6 +245,13 @@ type AgentTimeouts struct {
 	// its header events and buffered bodies (default 5s). Streamed chunks
 	// are bounded by Message only, so long uploads are not cut off.
 	Request time.Duration `yaml:"request"`
+	// Frame bounds the time the rest of a frame may take once the agent
+	// has begun it (uds and reverse; default 5s, at most 1m). A healthy
+	// agent writes each frame at once, within its own 5s write timeout; one
+	// that stalls mid-frame would hold every request on the connection
+	// until the ping timeout, so it loses the connection instead. The wait
+	// between frames is not bounded by it.
+	Frame time.Duration `yaml:"frame"`
 }
 
 // BodyPolicy says how one body phase reaches an agent.
@@ -402,7 +439,6 @@ func (c *Config) SetDefaults() {
 		setDur(&l.BodyTimeout, 60*time.Second)
 		setSize(&l.ReadBufferSize, 16<<10)
 		setSize(&l.WriteBufferSize, 16<<10)
-		setInt(&l.MaxConnections, 65536)
 		setDur(&l.DisconnectCheck, 100*time.Millisecond)
 	}
 	for i := range c.Upstreams {
@@ -425,6 +461,11 @@ func (c *Config) SetDefaults() {
 		setDur(&a.Timeouts.Handshake, 2*time.Second)
 		setDur(&a.Timeouts.Message, time.Second)
 		setDur(&a.Timeouts.Request, 5*time.Second)
+		setDur(&a.Timeouts.Frame, 5*time.Second)
+		setInt(&a.Limits.HeaderOps, 256)
+		setSize(&a.Limits.HeaderBytes, 64<<10)
+		setSize(&a.Limits.HeaderValue, 16<<10)
+		setSize(&a.Limits.HeaderBlock, 64<<10)
 		if a.FailureMode == "" {
 			a.FailureMode = FailClosed
 		}

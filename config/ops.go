@@ -26,6 +26,30 @@ type Admin struct {
 	Address string `yaml:"address"`
 	// Metrics serves /metrics and counts every request (default true).
 	Metrics *bool `yaml:"metrics"`
+	// AllowedHosts are host names, besides IP literals and localhost, that
+	// a request to the admin listener may name in its Host header, with
+	// any port (default none). Names only, without port, IP address or
+	// wildcard (see ValidAdminHost). Any other Host is refused with 421,
+	// so that a DNS-rebinding web page cannot read the admin endpoints.
+	AllowedHosts []string `yaml:"allowed_hosts"`
+}
+
+// ValidAdminHost reports whether h may be listed in admin.allowed_hosts: a
+// host name of dot-separated labels of letters, digits, '-' and '_' (not
+// at a label's ends for '-'; a trailing dot allowed) that a browser would
+// not read as an IPv4 address (its last label is not all digits).
+func ValidAdminHost(h string) bool {
+	h = strings.TrimSuffix(h, ".")
+	if !validHostname(h) {
+		return false
+	}
+	labels := strings.Split(h, ".")
+	for _, l := range labels {
+		if l[0] == '-' || l[len(l)-1] == '-' {
+			return false
+		}
+	}
+	return strings.Trim(labels[len(labels)-1], "0123456789") != ""
 }
 
 // On reports whether the admin listener runs.
@@ -75,6 +99,11 @@ func (v *validator) ops() {
 		for i := range v.c.Listeners {
 			if l := &v.c.Listeners[i]; l.Address == a.Address && n != 0 {
 				v.failf("admin.address", "address %q is also used by listeners[%d]", a.Address, i)
+			}
+		}
+		for i, h := range a.AllowedHosts {
+			if !ValidAdminHost(h) {
+				v.failf("admin.allowed_hosts["+strconv.Itoa(i)+"]", "%q is not a host name (no port, IP address or wildcard; IP addresses and localhost are always accepted)", h)
 			}
 		}
 	}

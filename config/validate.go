@@ -72,8 +72,8 @@ func (v *validator) listeners() {
 		v.positive(p+".disconnect_check", l.DisconnectCheck)
 		v.bufSize(p+".read_buffer_size", l.ReadBufferSize)
 		v.bufSize(p+".write_buffer_size", l.WriteBufferSize)
-		if l.MaxConnections < 1 {
-			v.failf(p+".max_connections", "must be at least 1")
+		if l.MaxConnections < 0 {
+			v.failf(p+".max_connections", "must not be negative (0: what the file descriptor limit allows)")
 		}
 		if l.MaxRequestBody < 0 {
 			v.failf(p+".max_request_body", "must not be negative")
@@ -135,6 +135,11 @@ func (v *validator) agents() {
 		v.positive(p+".timeouts.handshake", a.Timeouts.Handshake)
 		v.positive(p+".timeouts.message", a.Timeouts.Message)
 		v.positive(p+".timeouts.request", a.Timeouts.Request)
+		v.positive(p+".timeouts.frame", a.Timeouts.Frame)
+		if a.Timeouts.Frame > time.Minute {
+			v.failf(p+".timeouts.frame", "%v is above 1m: a stalled frame holds every request on the connection", a.Timeouts.Frame)
+		}
+		v.limits(p+".limits", &a.Limits)
 		v.failureMode(p+".failure_mode", a.FailureMode, false)
 		v.body(p+".request_body", &a.RequestBody, false)
 		v.body(p+".response_body", &a.ResponseBody, false)
@@ -263,6 +268,26 @@ func (v *validator) address(path, addr string, listen bool) {
 	}
 	if host == "" && !listen {
 		v.failf(path, "host is required")
+	}
+}
+
+// Upper bounds of the agent limits: beyond them a limit protects nothing.
+const (
+	maxHeaderOps   = 100000
+	maxHeaderBytes = 16 << 20
+)
+
+func (v *validator) limits(path string, l *AgentLimits) {
+	if l.HeaderOps < 1 || l.HeaderOps > maxHeaderOps {
+		v.failf(path+".header_ops", "%d is not in 1..%d", l.HeaderOps, maxHeaderOps)
+	}
+	for _, f := range []struct {
+		key string
+		s   Size
+	}{{"header_bytes", l.HeaderBytes}, {"header_value", l.HeaderValue}, {"header_block", l.HeaderBlock}} {
+		if f.s < 1 || f.s > maxHeaderBytes {
+			v.failf(path+"."+f.key, "%s is not in 1B..16MiB", f.s)
+		}
 	}
 }
 

@@ -257,6 +257,14 @@ func (rs *reqState) decide(i int, phase protocol.Phase, body bool, d *protocol.D
 	sl := &rs.slots[i]
 	obs := rs.srv.obs
 	switch d.Kind {
+	case protocol.DecisionAllow, protocol.DecisionNeedsMore, protocol.DecisionBlock, protocol.DecisionRedirect:
+		if err := rs.checkLimits(i, d); err != nil {
+			rs.srv.stats.limits.Add(1)
+			obs.AgentEvent(rs.rt.idx, sl.ra.a.idx, phase, body, OutcomeInvalid, wait)
+			return rs.failure(i, phase, body, err)
+		}
+	}
+	switch d.Kind {
 	case protocol.DecisionAllow, protocol.DecisionNeedsMore:
 		rs.applyOps(i, d)
 		o := OutcomeAllow
@@ -304,71 +312,13 @@ func (rs *reqState) decide(i int, phase protocol.Phase, body bool, d *protocol.D
 	return rs.failure(i, phase, body, fmt.Errorf("%w: decision kind %d", errInvalidReply, d.Kind))
 }
 
-// applyOps applies the header operations of agent i's decision: request
-// operations to the upstream request while it is not sent, response
-// operations to the stash applied when the response is final.
+// applyOps applies the header operations of agent i's decision (within
+// its limits): request operations to the upstream request while it is not
+// sent, response operations to the stash applied when the response is
+// final.
 func (rs *reqState) applyOps(i int, d *protocol.Decision) {
-	for k := range d.RequestHeaderOps {
-		op := &d.RequestHeaderOps[k]
-		var why string
-		rs.scratch, why = checkOp(rs.scratch, op)
-		if why != "" {
-			rs.refused(i, op.Name, why)
-			continue
-		}
-		if rs.reqSent {
-			if e := rs.srv.log.Debug(); e != nil {
-				rs.logFields(e).Str("agent", rs.slots[i].ra.a.name).Msg("request header operation after the request was sent: ignored")
-			}
-			continue
-		}
-		rs.reqOp(op.Op, op.Name, op.Value)
-	}
-	for k := range d.ResponseHeaderOps {
-		op := &d.ResponseHeaderOps[k]
-		var why string
-		rs.scratch, why = checkOp(rs.scratch, op)
-		if why != "" {
-			rs.refused(i, op.Name, why)
-			continue
-		}
-		if rs.respStarted {
-			if e := rs.srv.log.Debug(); e != nil {
-				rs.logFields(e).Str("agent", rs.slots[i].ra.a.name).Msg("response header operation after the response started: ignored")
-			}
-			continue
-		}
-		st := stashedOp{op: op.Op, slot: uint8(i)}
-		st.nameOff, st.nameLen = uint32(len(rs.opArena)), uint32(len(op.Name))
-		rs.opArena = append(rs.opArena, op.Name...)
-		st.valOff, st.valLen = uint32(len(rs.opArena)), uint32(len(op.Value))
-		rs.opArena = append(rs.opArena, op.Value...)
-		rs.respOps = append(rs.respOps, st)
-	}
-}
-
-// refused records a header mutation the security rules do not allow.
-func (rs *reqState) refused(i int, name []byte, why string) {
-	rs.srv.stats.refused.Add(1)
-	rs.srv.obs.MutationRefused(rs.rt.idx, rs.slots[i].ra.a.idx)
-	if len(name) > 64 {
-		name = name[:64]
-	}
-	rs.logFields(rs.srv.log.Warn()).Str("agent", rs.slots[i].ra.a.name).
-		Bytes("header", name).Str("reason", why).Msg("agent header mutation refused")
-}
-
-// applyStashed applies the response operations not yet applied to the
-// client response (response-phase agents see the headers as changed by
-// the agents before them).
-func (rs *reqState) applyStashed() {
-	h := &rs.ctx.Response.Header
-	for _, op := range rs.respOps[rs.respOpsApplied:] {
-		name := rs.opArena[op.nameOff : op.nameOff+op.nameLen]
-		val := rs.opArena[op.valOff : op.valOff+op.valLen]
-		applyRespOp(h, op.op, name, val)
-	}
-	rs.respOpsApplied = len(rs.respOps)
+	rs.applyReqOps(i, d.RequestHeaderOps)
+	rs.stashRespOps(i, d.ResponseHeaderOps)
 }
 
 // block stages agent i's block response. A block once the response has
@@ -387,13 +337,12 @@ func (rs *reqState) block(i int, d *protocol.Decision, status int) {
 	resp.Header.SetNoDefaultContentType(true)
 	resp.SetStatusCode(status)
 	hasType := false
+	var ref refusals
 	for k := range d.BlockHeaders {
 		bh := &d.BlockHeaders[k]
-		op := protocol.HeaderOp{Op: protocol.HeaderAdd, Name: bh.Name, Value: bh.Value}
-		var why string
-		rs.scratch, why = checkOp(rs.scratch, &op)
-		if why != "" {
-			rs.refused(i, bh.Name, why)
+		// The same rules as every agent header operation, Location's
+		// included: a block cannot send what a redirect may not.
+		if rs.refuseOp(&ref, protocol.HeaderAdd, bh.Name, bh.Value) {
 			continue
 		}
 		if string(rs.scratch) == "content-type" {
@@ -401,6 +350,7 @@ func (rs *reqState) block(i int, d *protocol.Decision, status int) {
 		}
 		resp.Header.AddBytesKV(bh.Name, bh.Value)
 	}
+	rs.reportRefused(i, &ref)
 	if !hasType && len(d.Body) > 0 {
 		resp.Header.SetContentTypeBytes(valueTextPlain)
 	}
@@ -451,14 +401,20 @@ func (rs *reqState) failure(i int, phase protocol.Phase, body bool, err error) b
 		sl.ex.Cancel("protocol_error")
 	}
 	ra := sl.ra
-	var ev *zerolog.Event
-	if ra.failOpen {
-		ev = rs.srv.log.Warn()
-	} else {
-		ev = rs.srv.log.Error()
+	if ok, suppressed := ra.a.logFail[o].allow(); ok {
+		var ev *zerolog.Event
+		if ra.failOpen {
+			ev = rs.srv.log.Warn()
+		} else {
+			ev = rs.srv.log.Error()
+		}
+		ev = rs.logFields(ev).Str("agent", ra.a.name).Str("phase", phaseName(phase, body)).
+			Str("failure", o.String()).Bool("fail_open", ra.failOpen).Err(err)
+		if suppressed > 0 {
+			ev = ev.Uint64("suppressed", suppressed)
+		}
+		ev.Msg("agent failed")
 	}
-	rs.logFields(ev).Str("agent", ra.a.name).Str("phase", phaseName(phase, body)).
-		Str("failure", o.String()).Bool("fail_open", ra.failOpen).Err(err).Msg("agent failed")
 	if ra.failOpen {
 		sl.flags |= flagFailed
 		rs.dropActive(i)
@@ -515,8 +471,9 @@ func (rs *reqState) buildRequestView() {
 	m := &rs.rh
 	hdrs := m.Headers[:0]
 	names := rs.names[:0]
-	if host := h.Host(); len(host) > 0 {
-		hdrs = append(hdrs, protocol.Header{Name: nameHost, Value: host})
+	// Agents see the Host the upstream will get.
+	if len(rs.upHost) > 0 {
+		hdrs = append(hdrs, protocol.Header{Name: nameHost, Value: rs.upHost})
 	}
 	var trace []byte
 	for _, kv := range rs.hdr {
@@ -566,8 +523,10 @@ func (rs *reqState) buildResponseView() {
 	m.HasBody = rs.respHasBody
 }
 
-// validRedirect accepts an absolute http(s) URL or a path starting with
-// "/", free of control characters and spaces.
+// validRedirect accepts an absolute http(s) URL or a path starting with a
+// single "/", free of control characters, spaces and backslashes. It
+// guards every Location an agent sends: a redirect's URL, a block
+// response's headers and response header operations.
 func validRedirect(u []byte) bool {
 	if len(u) == 0 || len(u) > 8192 {
 		return false
@@ -577,8 +536,14 @@ func validRedirect(u []byte) bool {
 			return false
 		}
 	}
+	for _, c := range u {
+		if c == '\\' {
+			return false // browsers read a backslash as "/": "/\\evil.example" leaves the site
+		}
+	}
 	if u[0] == '/' {
-		return true
+		// "//evil.example" is a network-path reference to another host.
+		return len(u) == 1 || u[1] != '/'
 	}
 	rest := u
 	switch {

@@ -542,7 +542,13 @@ func (b *respStream) next() ([]byte, bool, error) {
 	n, last, err := rs.respSrc.read(buf, rs.fill(protocol.PhaseResponse))
 	if err != nil {
 		if !rs.canceled() {
-			rs.logFields(rs.srv.log.Error()).Str("upstream", rs.rt.up.name).Err(err).Msg("upstream response body failed")
+			if ok, suppressed := rs.rt.up.logErr.allow(); ok {
+				e := rs.logFields(rs.srv.log.Error()).Str("upstream", rs.rt.up.name).Err(err)
+				if suppressed > 0 {
+					e = e.Uint64("suppressed", suppressed)
+				}
+				e.Msg("upstream response body failed")
+			}
 			rs.outcome = "upstream body failed"
 			rs.upFailed = true
 			rs.abortResponse()

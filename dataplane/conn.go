@@ -1,19 +1,32 @@
 package dataplane
 
 import (
+	"bytes"
 	"errors"
 	"io"
 	"net"
+	"os"
+	"sync/atomic"
 	"syscall"
+	"time"
+
+	"github.com/rs/zerolog"
 )
 
 // eofConn records that a read on the connection reached the end of the
 // stream. fasthttp's streamed bodies report a peer that vanished mid-body
 // as a plain io.EOF; a body that needed bytes past the connection's end is
 // truncated, while a complete body never reads that far.
+//
+// On client connections it also counts the bytes read since the last line
+// feed (lineRun), for reads into fasthttp's header buffer (at most hdrBuf
+// bytes). When a request head does not fit that buffer, a run as long as
+// the buffer means the request line itself never ended: 414, not 431.
 type eofConn struct {
 	net.Conn
-	eof bool
+	eof     bool
+	hdrBuf  int
+	lineRun int
 }
 
 var errNoSyscallConn = errors.New("dataplane: connection has no socket")
@@ -23,8 +36,21 @@ func (c *eofConn) Read(p []byte) (int, error) {
 	if err == io.EOF {
 		c.eof = true
 	}
+	if n > 0 && len(p) <= c.hdrBuf {
+		// Reads larger than the header buffer bypass it (body reads);
+		// header reads find their line feed within the first bytes.
+		if i := bytes.IndexByte(p[:n], '\n'); i < 0 {
+			c.lineRun += n
+		} else {
+			c.lineRun = 0
+		}
+	}
 	return n, err
 }
+
+// requestLineTooLong reports whether the header buffer filled without a
+// line feed: the request line (URI) is what did not fit.
+func (c *eofConn) requestLineTooLong() bool { return c.hdrBuf > 0 && c.lineRun >= c.hdrBuf }
 
 // SyscallConn exposes the socket for the disconnect check.
 func (c *eofConn) SyscallConn() (syscall.RawConn, error) {
@@ -35,13 +61,98 @@ func (c *eofConn) SyscallConn() (syscall.RawConn, error) {
 }
 
 // eofListener wraps accepted connections in eofConn (one allocation per
-// connection, none per request).
-type eofListener struct{ net.Listener }
+// connection, none per request) and keeps accepting through resource
+// exhaustion.
+//
+// fasthttp ends Serve on any accept error that is not a timeout, and the
+// sidecar used to take that for a failed listener and shut down: running
+// out of file descriptors (EMFILE) under a burst of idle connections
+// stopped the process. Like net/http and nginx, the listener logs (rate
+// limited), backs off from 5ms doubling to 1s, and accepts again once
+// descriptors free up; connections already open keep being served.
+type eofListener struct {
+	net.Listener
+	hdrBuf int
+	log    zerolog.Logger
+	stats  *counters
+	closed atomic.Bool
+	// lastLog rate-limits the exhaustion warning (unix nanoseconds).
+	lastLog    atomic.Int64
+	suppressed atomic.Uint64
+}
 
-func (l eofListener) Accept() (net.Conn, error) {
-	c, err := l.Listener.Accept()
-	if err != nil {
-		return nil, err
+// Accept backoff bounds (net/http's).
+const (
+	acceptBackoffMin = 5 * time.Millisecond
+	acceptBackoffMax = time.Second
+	acceptLogEvery   = 10 * time.Second
+)
+
+func (l *eofListener) Accept() (net.Conn, error) {
+	var delay time.Duration
+	for {
+		c, err := l.Listener.Accept()
+		if err == nil {
+			return &eofConn{Conn: c, hdrBuf: l.hdrBuf}, nil
+		}
+		if !acceptRetryable(err) || l.closed.Load() {
+			return nil, err
+		}
+		if delay == 0 {
+			delay = acceptBackoffMin
+		} else if delay *= 2; delay > acceptBackoffMax {
+			delay = acceptBackoffMax
+		}
+		if l.stats != nil {
+			l.stats.acceptErrors.Add(1)
+		}
+		l.logExhausted(err, delay)
+		time.Sleep(delay)
 	}
-	return &eofConn{Conn: c}, nil
+}
+
+// Close stops the listener; an Accept backing off returns at its next try.
+func (l *eofListener) Close() error {
+	l.closed.Store(true)
+	return l.Listener.Close()
+}
+
+func (l *eofListener) logExhausted(err error, delay time.Duration) {
+	now := time.Now().UnixNano()
+	last := l.lastLog.Load()
+	if last != 0 && now-last < int64(acceptLogEvery) {
+		l.suppressed.Add(1)
+		return
+	}
+	if !l.lastLog.CompareAndSwap(last, now) {
+		l.suppressed.Add(1)
+		return
+	}
+	e := l.log.Warn().Err(err).Dur("retry_in", delay).Str("address", l.Addr().String())
+	if n := l.suppressed.Swap(0); n > 0 {
+		e = e.Uint64("suppressed", n)
+	}
+	e.Msg("accept failed (out of file descriptors or memory?); backing off, existing connections keep being served")
+}
+
+// acceptRetryable reports the accept errors that are about resources, not
+// the listener: the process or system is out of descriptors or buffers,
+// or the connection was aborted before it was accepted.
+func acceptRetryable(err error) bool {
+	if errors.Is(err, net.ErrClosed) {
+		return false
+	}
+	var errno syscall.Errno
+	if errors.As(err, &errno) {
+		switch errno {
+		case syscall.EMFILE, syscall.ENFILE, syscall.ENOBUFS, syscall.ENOMEM,
+			syscall.ECONNABORTED, syscall.EAGAIN, syscall.EINTR, syscall.EPROTO, syscall.EPERM:
+			return true
+		}
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return true
+	}
+	return errors.Is(err, os.ErrDeadlineExceeded)
 }

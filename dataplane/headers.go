@@ -125,6 +125,9 @@ func checkOp(scratch []byte, op *protocol.HeaderOp) ([]byte, string) {
 	if op.Op != protocol.HeaderRemove && !validValue(op.Value) {
 		return scratch, "CR, LF or NUL in header value"
 	}
+	if op.Op != protocol.HeaderRemove && string(scratch) == "location" && !validRedirect(op.Value) {
+		return scratch, "location is not an absolute http(s) URL or a /path"
+	}
 	return scratch, ""
 }
 
@@ -180,22 +183,8 @@ func hopNames(dst []byte, all func(func(k, v []byte) bool)) []byte {
 // NUL-terminated, skipping "close" and "keep-alive" (handled as flags).
 func appendTokens(dst, v []byte) []byte {
 	for len(v) > 0 {
-		i := 0
-		for i < len(v) && v[i] != ',' {
-			i++
-		}
-		tok := v[:i]
-		if i < len(v) {
-			v = v[i+1:]
-		} else {
-			v = nil
-		}
-		for len(tok) > 0 && (tok[0] == ' ' || tok[0] == '\t') {
-			tok = tok[1:]
-		}
-		for len(tok) > 0 && (tok[len(tok)-1] == ' ' || tok[len(tok)-1] == '\t') {
-			tok = tok[:len(tok)-1]
-		}
+		var tok []byte
+		tok, v = nextToken(v)
 		if len(tok) == 0 || foldEq(tok, "close") || foldEq(tok, "keep-alive") || !validToken(tok) {
 			continue
 		}

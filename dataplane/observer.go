@@ -33,6 +33,7 @@ const (
 	OutcomeInvalid
 	// OutcomeCanceled: the client went away.
 	OutcomeCanceled
+	numOutcomes
 )
 
 // String names the outcome for logs and metric labels.
@@ -134,16 +135,28 @@ type Stats struct {
 	ClientGone        uint64 `json:"client_gone"`        // requests whose client went away mid-request
 	ResponseAborted   uint64 `json:"response_aborted"`   // responses cut off after their headers were sent
 	InFlight          int64  `json:"in_flight"`          // requests being handled or streamed now
+	AcceptErrors      uint64 `json:"accept_errors"`      // accepts that failed for lack of descriptors or memory (retried)
+	ListenersClamped  uint64 `json:"listeners_clamped"`  // listeners whose max_connections was lowered to the fd limit
+	AbsoluteForm      uint64 `json:"absolute_form"`      // absolute-form targets rewritten to origin-form
+	UpstreamStale     uint64 `json:"upstream_stale"`     // idle pools dropped after a stale keep-alive connection
+	UpstreamRetries   uint64 `json:"upstream_retries"`   // requests replayed on another connection after a stale one
+	LimitsExceeded    uint64 `json:"limits_exceeded"`    // agent replies over their header limits (failure policy applied)
+	// Rejected counts request heads answered 400/408/414/431 by reason
+	// (RejectReasons).
+	Rejected map[string]uint64 `json:"rejected"`
 }
 
 type counters struct {
-	requests, blocked, failOpen, failClosed, refused, skipped atomic.Uint64
-	upErrors, upTimeouts, clientGone, aborted                 atomic.Uint64
-	inflight                                                  atomic.Int64
+	requests, blocked, failOpen, failClosed, refused, skipped   atomic.Uint64
+	upErrors, upTimeouts, clientGone, aborted                   atomic.Uint64
+	acceptErrors, connClamped, absoluteForm, upStale, upRetries atomic.Uint64
+	limits                                                      atomic.Uint64
+	rejected                                                    [numRejects]atomic.Uint64
+	inflight                                                    atomic.Int64
 }
 
 func (c *counters) snapshot() Stats {
-	return Stats{
+	st := Stats{
 		Requests:          c.requests.Load(),
 		Blocked:           c.blocked.Load(),
 		FailOpen:          c.failOpen.Load(),
@@ -155,5 +168,16 @@ func (c *counters) snapshot() Stats {
 		ClientGone:        c.clientGone.Load(),
 		ResponseAborted:   c.aborted.Load(),
 		InFlight:          c.inflight.Load(),
+		AcceptErrors:      c.acceptErrors.Load(),
+		ListenersClamped:  c.connClamped.Load(),
+		AbsoluteForm:      c.absoluteForm.Load(),
+		UpstreamStale:     c.upStale.Load(),
+		UpstreamRetries:   c.upRetries.Load(),
+		LimitsExceeded:    c.limits.Load(),
+		Rejected:          make(map[string]uint64, numRejects),
 	}
+	for i := range c.rejected {
+		st.Rejected[RejectReasons[i]] = c.rejected[i].Load()
+	}
+	return st
 }

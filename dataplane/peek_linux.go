@@ -11,6 +11,14 @@ import (
 // peekClosed peeks one byte without consuming it: 0 bytes means the
 // peer sent FIN; ECONNRESET means it reset. EAGAIN (nothing to read) and
 // data both mean the peer is still there.
+//
+// The peek runs through RawConn.Control, not RawConn.Read: Read first
+// checks the connection's read deadline, and the header-read deadline
+// the listener set for this request has usually passed by the time a
+// slow upstream or a long download is still running. Through Read, an
+// expired deadline looked exactly like a vanished client and cut those
+// requests off at read_timeout. MSG_DONTWAIT keeps the peek from ever
+// blocking, so nothing here needs the poller.
 func peekClosed(c net.Conn) bool {
 	sc, ok := c.(syscall.Conn)
 	if !ok {
@@ -21,24 +29,20 @@ func peekClosed(c net.Conn) bool {
 		return false
 	}
 	var (
-		buf    [1]byte
-		n      int
-		rerr   error
-		closed bool
+		buf  [1]byte
+		n    int
+		rerr error
 	)
-	err = raw.Read(func(fd uintptr) bool {
+	err = raw.Control(func(fd uintptr) {
 		n, _, rerr = syscall.Recvfrom(int(fd), buf[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-		return true
 	})
 	switch {
 	case err != nil:
-		closed = true // the connection is already closed on our side
+		return true // the connection is already closed on our side
 	case rerr == nil:
-		closed = n == 0
+		return n == 0
 	case errors.Is(rerr, syscall.EAGAIN), errors.Is(rerr, syscall.EINTR):
-		closed = false
-	default:
-		closed = true
+		return false
 	}
-	return closed
+	return true
 }

@@ -299,7 +299,7 @@ func TestUnsafeMutationsRefused(t *testing.T) {
 	if st := p.srv.Stats(); st.MutationsRefused != 14 {
 		t.Errorf("refused %d, want 14", st.MutationsRefused)
 	}
-	if !strings.Contains(p.logs.String(), "agent header mutation refused") {
+	if !strings.Contains(p.logs.String(), "agent header operations refused") {
 		t.Errorf("refusal not logged")
 	}
 }

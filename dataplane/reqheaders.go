@@ -97,25 +97,43 @@ func (rs *reqState) reqOp(op protocol.HeaderOpKind, name, value []byte) {
 	rs.viewDirty = true
 }
 
-// prepareRequest builds the upstream request's header list: the client's
-// headers minus hop-by-hop ones (and those its Connection header names),
-// minus the framing headers the body writer sets, plus the forwarding
-// headers.
-func (rs *reqState) prepareRequest() {
+// prepareRequest normalises the request head (normalize.go) and builds
+// the upstream request's header list: the client's headers minus
+// hop-by-hop ones (and those its Connection header names), minus the
+// framing headers the body writer sets, plus the forwarding headers. It
+// returns false when the head is refused (a 400 is staged).
+func (rs *reqState) prepareRequest() bool {
+	if !rs.normalizeTarget() {
+		rs.refuseHead(rejectTarget, "bad request target")
+		return false
+	}
 	h := &rs.ctx.Request.Header
+	if hasObsFold(h.RawHeaders()) {
+		rs.refuseHead(rejectObsFold, "folded header line")
+		return false
+	}
 	trust := rs.lst.cfg.TrustForwarded
 	hdr := rs.hdr[:0]
 	conn := rs.scratch[:0] // NUL-terminated names the Connection header lists
 	xff := rs.xffBuf[:0]
-	hasProto, hasHost := false, false
+	hasProto, hasHost, hasCL, hasTE := false, false, false, false
 	for k, v := range h.AllInOrder() {
 		switch {
 		case hopName(k):
-			if foldEq(k, "connection") {
+			switch {
+			case foldEq(k, "connection"):
 				conn = appendTokens(conn, v)
+				if hasToken(v, "close") {
+					rs.closeConn = true
+				}
+			case foldEq(k, "transfer-encoding"):
+				hasTE = true
 			}
 			continue
-		case foldEq(k, "host"), foldEq(k, "content-length"), foldEq(k, "expect"):
+		case foldEq(k, "content-length"):
+			hasCL = true
+			continue
+		case foldEq(k, "host"), foldEq(k, "expect"):
 			// Host is written first from the route's host mode; the body
 			// writer frames the body; the listener answered 100-continue.
 			continue
@@ -139,6 +157,17 @@ func (rs *reqState) prepareRequest() {
 			hasHost = true
 		}
 		hdr = append(hdr, hkv{name: k, value: v})
+	}
+	rs.clientCL = hasCL
+	if hasTE && hasCL {
+		rs.hdr, rs.scratch, rs.xffBuf = hdr[:0], conn[:0], xff[:0]
+		rs.refuseHead(rejectFraming, "both Transfer-Encoding and Content-Length")
+		return false
+	}
+	if host := h.Host(); len(host) > 0 && !validHost(host) {
+		rs.hdr, rs.scratch, rs.xffBuf = hdr[:0], conn[:0], xff[:0]
+		rs.refuseHead(rejectHost, "invalid Host")
+		return false
 	}
 	rs.hdr = hdr
 	eachName(conn, rs.delHdr)
@@ -170,6 +199,7 @@ func (rs *reqState) prepareRequest() {
 		rs.setHdr(hdrXRequestID, rs.corr)
 	}
 	rs.viewDirty = true
+	return true
 }
 
 // writeHead writes the upstream request line and headers, with the
@@ -191,7 +221,9 @@ func (rs *reqState) writeHead(bw *bufio.Writer) error {
 	rs.upChunked = false
 	switch rs.reqMode {
 	case reqBodyNone:
-		if cl := h.PeekBytes(hdrContentLength); len(cl) > 0 {
+		// Only a Content-Length the client sent (fasthttp reports 0 for
+		// any method but GET and HEAD without one).
+		if cl := h.PeekBytes(hdrContentLength); len(cl) > 0 && rs.clientCL {
 			bw.WriteString("Content-Length: ")
 			bw.Write(cl)
 			bw.Write(crlf)

@@ -98,7 +98,12 @@ type reqState struct {
 	viewDirty      bool
 	respOps        []stashedOp
 	respOpsApplied int // respOps already applied to the client response
+	respStashed    int // header block bytes the stashed operations add
 	opArena        []byte
+	hidx           hdrIndex // scratch for large batches of header operations
+	respList       []hkv    // scratch: response headers of a large batch
+	respArena      []byte
+	statusMsg      []byte
 	failedOpen     [maxAgents]uint8
 	nFailed        int
 	skipped        [2]bool // inspection skipped per phase
@@ -117,6 +122,8 @@ type reqState struct {
 	respSeen    bool // the upstream response head was read
 	respHasBody bool // the upstream response has a body to relay
 	respAbort   bool // cut the response off (headers already sent)
+	closeConn   bool // close the client connection after the response
+	clientCL    bool // the client sent a Content-Length header
 	status      int
 	decider     int    // the agent whose block or redirect ended the request, or -1
 	outcome     string // short reason for the request log line
@@ -167,6 +174,7 @@ type reqState struct {
 	scratch   []byte
 	ipBuf     [64]byte
 	hostBuf   []byte
+	targetBuf []byte
 	corrBuf   [32]byte
 	corrStore []byte
 }
@@ -223,14 +231,22 @@ func (rs *reqState) release() {
 	rs.viewDirty = false
 	rs.respOps = rs.respOps[:0]
 	rs.respOpsApplied = 0
+	rs.respStashed = 0
 	rs.opArena = trim(rs.opArena, 64<<10)
+	rs.respArena = trim(rs.respArena, 64<<10)
+	if cap(rs.respList) > 4096 {
+		rs.respList = nil
+	}
+	if cap(rs.hidx.slots) > 1<<14 {
+		rs.hidx = hdrIndex{}
+	}
 	rs.nFailed = 0
 	rs.skipped = [2]bool{}
 	rs.host, rs.corr, rs.clientIP = nil, nil, nil
 	rs.corrGen = false
 	rs.clientPort = 0
 	rs.hasReqBody, rs.reqBodyEOF, rs.reqSent, rs.respStarted, rs.answered = false, false, false, false, false
-	rs.respSeen, rs.respHasBody, rs.respAbort = false, false, false
+	rs.respSeen, rs.respHasBody, rs.respAbort, rs.closeConn, rs.clientCL = false, false, false, false, false
 	rs.status = 0
 	rs.outcome = ""
 	rs.redirected, rs.upFailed, rs.rejected = false, false, false
@@ -262,6 +278,7 @@ func (rs *reqState) release() {
 	rs.names = trim(rs.names, 64<<10)
 	rs.scratch = trim(rs.scratch, 64<<10)
 	rs.hostBuf = rs.hostBuf[:0]
+	rs.targetBuf = trim(rs.targetBuf, 16<<10)
 	rs.srv, rs.tbl, rs.rt, rs.ctx, rs.conn, rs.lst = nil, nil, nil, nil, nil, nil
 	reqPool.Put(rs)
 }
@@ -280,12 +297,17 @@ func trim(b []byte, max int) []byte {
 func (rs *reqState) serve() bool {
 	ctx := rs.ctx
 	req := &ctx.Request
-	rs.host = hostOf(rs.hostBuf[:0], req.Header.Host())
-	rs.hostBuf = rs.host
-	rt := rs.tbl.match(rs.host, ctx.Path())
 	rs.correlation()
 	cl := req.Header.ContentLength()
 	rs.hasReqBody = cl > 0 || cl == -1
+	// The head is normalised before anything looks at it: the route, the
+	// agents and the upstream see the same method, host and target.
+	if !rs.prepareRequest() {
+		return false
+	}
+	rs.host = hostOf(rs.hostBuf[:0], req.Header.Host())
+	rs.hostBuf = rs.host
+	rt := rs.tbl.match(rs.host, ctx.Path())
 	if rt == nil {
 		rs.local(fasthttp.StatusNotFound, "no route", "no route")
 		return false
@@ -296,6 +318,7 @@ func (rs *reqState) serve() bool {
 		return false
 	}
 	rs.rt = rt
+	rs.upHost = rt.upstreamHost(req.Header.Host())
 	rs.nslots = len(rt.agents)
 	for i := range rt.agents {
 		rs.slots[i].ra = &rt.agents[i]
@@ -304,7 +327,6 @@ func (rs *reqState) serve() bool {
 		rs.local(fasthttp.StatusRequestEntityTooLarge, "request body too large", "body over max_request_body")
 		return false
 	}
-	rs.prepareRequest()
 	if !rs.requestHeaders() || !rs.requestBody() || !rs.forward() || !rs.responseHeaders() {
 		return false
 	}
@@ -556,13 +578,3 @@ func (rs *reqState) finishResponseHeaders() {
 	}
 }
 
-func applyRespOp(h *fasthttp.ResponseHeader, op protocol.HeaderOpKind, name, value []byte) {
-	switch op {
-	case protocol.HeaderSet:
-		h.SetBytesKV(name, value)
-	case protocol.HeaderAdd:
-		h.AddBytesKV(name, value)
-	case protocol.HeaderRemove:
-		h.DelBytes(name)
-	}
-}

@@ -87,8 +87,13 @@ func New(cfg Config, agents map[string]agentmux.Agent, log zerolog.Logger) (*Ser
 	s.obs.Reset(t.routeIDs.names, t.agentIDs.names)
 	s.tbl.Store(t)
 	interval := time.Duration(0)
+	nofile := fdLimit()
+	budget := connectionBudget(cfg.File, nofile)
 	for _, lc := range cfg.File.Listeners {
 		l := &listener{cfg: lc}
+		if clampConnections(&l.cfg, budget, nofile, log) {
+			s.stats.connClamped.Add(1)
+		}
 		l.srv = s.newFastServer(l)
 		s.lsts = append(s.lsts, l)
 		if interval == 0 || lc.DisconnectCheck < interval {
@@ -163,7 +168,7 @@ func (s *Server) serve(l *listener, ln net.Listener) error {
 	s.serves.Add(1)
 	s.mu.Unlock()
 	defer s.serves.Done()
-	return l.srv.Serve(eofListener{ln})
+	return l.srv.Serve(&eofListener{Listener: ln, hdrBuf: int(l.cfg.ReadBufferSize), log: s.log, stats: &s.stats})
 }
 
 // ListenAndServe listens on every configured listener and serves until
@@ -354,8 +359,9 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx, l *listener) {
 	}
 	defer s.recoverPanic(rs)
 	streaming := rs.serve()
-	if rs.hasReqBody && !rs.reqBodyEOF {
-		// Unread body bytes would be parsed as the next request.
+	if rs.closeConn || (rs.hasReqBody && !rs.reqBodyEOF) {
+		// Asked for, a refused head, or unread body bytes that would be
+		// parsed as the next request.
 		ctx.SetConnectionClose()
 	}
 	if !streaming {
@@ -385,16 +391,20 @@ func (s *Server) recoverPanic(rs *reqState) {
 
 // parseError answers a request fasthttp could not parse, generically.
 func (s *Server) parseError(ctx *fasthttp.RequestCtx, err error) {
-	status, body := fasthttp.StatusBadRequest, "bad request"
+	status, body, reason := fasthttp.StatusBadRequest, "bad request", rejectParse
 	var small *fasthttp.ErrSmallBuffer
 	switch {
 	case errors.As(err, &small):
-		status, body = fasthttp.StatusRequestHeaderFieldsTooLarge, "request header fields too large"
+		status, body, reason = fasthttp.StatusRequestHeaderFieldsTooLarge, "request header fields too large", rejectHeaderTooLarge
+		if ec, ok := ctx.Conn().(*eofConn); ok && ec.requestLineTooLong() {
+			status, body, reason = fasthttp.StatusRequestURITooLong, "request URI too long", rejectURITooLong
+		}
 	case isTimeout(err):
-		status, body = fasthttp.StatusRequestTimeout, "request timeout"
+		status, body, reason = fasthttp.StatusRequestTimeout, "request timeout", rejectHeadTimeout
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):
 		status, body = fasthttp.StatusRequestEntityTooLarge, "request entity too large"
 	}
+	s.stats.rejected[reason].Add(1)
 	s.log.Debug().Err(err).Int("status", status).Msg("unparsable request")
 	ctx.Response.Reset()
 	ctx.SetStatusCode(status)

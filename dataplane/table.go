@@ -69,10 +69,14 @@ func (n *nameIDs) id(name string) int {
 }
 
 type agentEntry struct {
-	name  string
-	nameB []byte
-	idx   int
-	agent agentmux.Agent
+	name   string
+	nameB  []byte
+	idx    int
+	agent  agentmux.Agent
+	limits agentLimits
+	// Log rate limits: refused operations, and failures per outcome.
+	logRefused rateLog
+	logFail    [numOutcomes]rateLog
 }
 
 type upstream struct {
@@ -81,7 +85,8 @@ type upstream struct {
 	idx     int
 	hc      *fasthttp.HostClient
 	cfg     config.Upstream
-	hostHdr []byte // host:port sent as Host with host_header: upstream
+	hostHdr []byte  // host:port sent as Host with host_header: upstream
+	logErr  rateLog // rate limit of its error lines
 }
 
 // Host header modes.
@@ -167,7 +172,8 @@ func buildTable(cfg *config.Config, agents map[string]agentmux.Agent, prev *tabl
 		if !ok || inst == nil {
 			return nil, fmt.Errorf("%w: agent %q has no instance", ErrDataplaneConfig, a.Name)
 		}
-		e := &agentEntry{name: a.Name, nameB: []byte(a.Name), idx: t.agentIDs.id(a.Name), agent: inst}
+		e := &agentEntry{name: a.Name, nameB: []byte(a.Name), idx: t.agentIDs.id(a.Name), agent: inst,
+			limits: agentLimits{ops: a.Limits.HeaderOps, bytes: int(a.Limits.HeaderBytes), value: int(a.Limits.HeaderValue), block: int(a.Limits.HeaderBlock)}}
 		t.agents = append(t.agents, e)
 		byName[a.Name] = e
 	}

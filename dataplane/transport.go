@@ -82,6 +82,7 @@ func UDSConfig(a *config.Agent, log zerolog.Logger) uds.Config {
 	c.DialTimeout = a.Timeouts.Connect
 	c.HandshakeTimeout = a.Timeouts.Handshake
 	c.MessageTimeout = a.Timeouts.Message
+	c.FrameTimeout = a.Timeouts.Frame
 	c.Logger = log
 	return c
 }

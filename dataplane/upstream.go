@@ -62,19 +62,9 @@ func putConn[C any](v any, release, closeConn func(C), discard bool) {
 // reports whether the request goes on; false means a response is staged
 // or the client is gone.
 func (rs *reqState) forward() bool {
-	rt := rs.rt
-	up := rt.up
-	switch {
-	case rt.hostMode == hostLiteral:
-		rs.upHost = rt.hostLit
-	case rt.hostMode == hostUpstream:
-		rs.upHost = up.hostHdr
-	default:
-		if rs.upHost = rs.ctx.Request.Header.Host(); len(rs.upHost) == 0 {
-			rs.upHost = up.hostHdr
-		}
-	}
+	up := rs.rt.up
 	rs.finishIdle(protocol.PhaseRequest)
+	flushed := false
 	for attempt := 0; ; attempt++ {
 		cc, err := up.hc.AcquireConn(0, false)
 		if err != nil {
@@ -126,12 +116,40 @@ func (rs *reqState) forward() bool {
 			rs.bodyReadFailed(protocol.PhaseRequest, ce.err)
 			return false
 		}
-		if reused && attempt < 2 && rs.replayable(err) {
+		if reused && attempt < maxReplays && rs.replayable(err) {
+			// A pooled connection the upstream closed meanwhile: after an
+			// upstream restart every idle one is dead, so drop them all at
+			// the first such error rather than finding out one request at
+			// a time. The retry then dials a fresh connection.
+			if !flushed {
+				flushed = true
+				up.hc.CloseIdleConnections()
+				rs.srv.stats.upStale.Add(1)
+			}
+			rs.srv.stats.upRetries.Add(1)
 			continue
 		}
 		return rs.upstreamFailed(err)
 	}
 }
+
+// upstreamHost is the Host the upstream gets for a request whose (already
+// normalised) Host is host.
+func (rt *route) upstreamHost(host []byte) []byte {
+	switch {
+	case rt.hostMode == hostLiteral:
+		return rt.hostLit
+	case rt.hostMode == hostUpstream || len(host) == 0:
+		return rt.up.hostHdr
+	}
+	return host
+}
+
+// maxReplays bounds the retries of one request on stale pooled
+// connections. Each costs one failed read on a dead socket; after the
+// first, the idle pool has been dropped, so only connections released by
+// other requests meanwhile can still be stale.
+const maxReplays = 8
 
 // replayable reports whether a failed attempt on a reused keep-alive
 // connection may be retried on another: nothing of the body was consumed
@@ -161,7 +179,7 @@ func staleConn(err error) bool {
 	var nr fasthttp.ErrNothingRead
 	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
 		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) ||
-		errors.As(err, &nr)
+		errors.As(err, &nr) || errors.Is(err, fasthttp.ErrConnectionClosed)
 }
 
 // sendRequest writes the request head and body.
@@ -310,7 +328,13 @@ func (rs *reqState) upstreamFailed(err error) bool {
 		rs.outcome = "client gone"
 		return false
 	}
-	rs.logFields(s.log.Error()).Str("upstream", rs.rt.up.name).Err(err).Msg("upstream failed")
+	if ok, suppressed := rs.rt.up.logErr.allow(); ok {
+		e := rs.logFields(s.log.Error()).Str("upstream", rs.rt.up.name).Err(err)
+		if suppressed > 0 {
+			e = e.Uint64("suppressed", suppressed)
+		}
+		e.Msg("upstream failed")
+	}
 	rs.upFailed = true
 	switch {
 	case errors.Is(err, fasthttp.ErrNoFreeConns):

@@ -70,7 +70,7 @@ func NewClient(cfg Config) (*Client, error) {
 		cfg:    cfg,
 		ctx:    ctx,
 		cancel: cancel,
-		log:    cfg.Logger.With().Str("agent", cfg.Name).Str("address", cfg.Address).Logger(),
+		log:    cfg.Logger.With().Str("address", cfg.Address).Logger(),
 	}
 	for i := 0; i < cfg.Conns; i++ {
 		cc, err := grpc.NewClient(cfg.Address, opts...)

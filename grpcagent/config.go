@@ -66,7 +66,8 @@ type Config struct {
 	MaxMessageSize int
 	// TLS secures the connection.
 	TLS TLSConfig
-	// Logger receives connection events.
+	// Logger receives connection events. It carries the agent field (the
+	// dataplane's transport builders add it); the transport does not add it.
 	Logger zerolog.Logger
 }
 

@@ -3,6 +3,7 @@ package metrics
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/zentinelproxy/sidecar/dataplane"
 	"github.com/zentinelproxy/sidecar/reverse"
 )
 
@@ -27,6 +28,22 @@ var (
 		"Reverse-connection registrations refused or failed, per listener and reason.", []string{"listener", "reason"}, nil)
 	descRevConns = prometheus.NewDesc(Namespace+"_reverse_connections",
 		"Reverse connections per listener: registering (pending) or registered (active).", []string{"listener", "state"}, nil)
+	descRevDelayed = prometheus.NewDesc(Namespace+"_reverse_registrations_delayed_total",
+		"Refused registrations answered late because of earlier failures of the same (peer, agent id), per listener.", []string{"listener"}, nil)
+	descRejected = prometheus.NewDesc(Namespace+"_requests_rejected_total",
+		"Request heads the sidecar answered itself with 400, 408, 414 or 431, by reason (target, host, framing, obs_fold, parse, uri_too_long, headers_too_large, timeout).", []string{"reason"}, nil)
+	descAbsolute = prometheus.NewDesc(Namespace+"_requests_absolute_form_total",
+		"Absolute-form request targets rewritten to origin-form with their authority as Host.", nil, nil)
+	descAcceptErrors = prometheus.NewDesc(Namespace+"_accept_errors_total",
+		"Accepts that failed for lack of file descriptors or memory; the listener backed off and kept serving.", nil, nil)
+	descClamped = prometheus.NewDesc(Namespace+"_listeners_clamped",
+		"Listeners whose max_connections was lowered to what the file descriptor limit allows.", nil, nil)
+	descUpRetries = prometheus.NewDesc(Namespace+"_upstream_retries_total",
+		"Requests replayed on another upstream connection after a stale keep-alive connection failed before any response byte.", nil, nil)
+	descUpFlushes = prometheus.NewDesc(Namespace+"_upstream_pool_flushes_total",
+		"Idle upstream pools dropped at a stale keep-alive connection (an upstream restart).", nil, nil)
+	descLimits = prometheus.NewDesc(Namespace+"_agent_limits_exceeded_total",
+		"Agent replies over their header limits (operations, bytes, value size, header block); the agent's failure mode applied.", nil, nil)
 
 	// descLate shares its family with the per-event agent errors counter.
 	descLate = prometheus.NewDesc(Namespace+"_agent_errors_total", agentErrorsHelp, []string{"agent", "kind"}, nil)
@@ -38,7 +55,8 @@ type scrapeCollector struct{ m *Metrics }
 
 func (c *scrapeCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descAgentConns, descAgentInFlight, descAgentReady, descAgentCompleted,
-		descInFlight, descAborted, descRevAccepted, descRevRejected, descRevConns} {
+		descInFlight, descAborted, descRevAccepted, descRevRejected, descRevConns, descRevDelayed,
+		descRejected, descAbsolute, descAcceptErrors, descClamped, descUpRetries, descUpFlushes, descLimits} {
 		ch <- d
 	}
 }
@@ -60,6 +78,15 @@ func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
 		st := (*f)()
 		ch <- prometheus.MustNewConstMetric(descInFlight, prometheus.GaugeValue, float64(st.InFlight))
 		ch <- prometheus.MustNewConstMetric(descAborted, prometheus.CounterValue, float64(st.ResponseAborted))
+		for _, reason := range dataplane.RejectReasons {
+			ch <- prometheus.MustNewConstMetric(descRejected, prometheus.CounterValue, float64(st.Rejected[reason]), reason)
+		}
+		ch <- prometheus.MustNewConstMetric(descAbsolute, prometheus.CounterValue, float64(st.AbsoluteForm))
+		ch <- prometheus.MustNewConstMetric(descAcceptErrors, prometheus.CounterValue, float64(st.AcceptErrors))
+		ch <- prometheus.MustNewConstMetric(descClamped, prometheus.GaugeValue, float64(st.ListenersClamped))
+		ch <- prometheus.MustNewConstMetric(descUpRetries, prometheus.CounterValue, float64(st.UpstreamRetries))
+		ch <- prometheus.MustNewConstMetric(descUpFlushes, prometheus.CounterValue, float64(st.UpstreamStale))
+		ch <- prometheus.MustNewConstMetric(descLimits, prometheus.CounterValue, float64(st.LimitsExceeded))
 	}
 	if f := c.m.reverse.Load(); f != nil {
 		for _, l := range (*f)() {
@@ -71,6 +98,7 @@ func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
 			}
 			ch <- prometheus.MustNewConstMetric(descRevConns, prometheus.GaugeValue, float64(st.Pending), name, "pending")
 			ch <- prometheus.MustNewConstMetric(descRevConns, prometheus.GaugeValue, float64(st.Active), name, "active")
+			ch <- prometheus.MustNewConstMetric(descRevDelayed, prometheus.CounterValue, float64(st.Delayed), name)
 		}
 	}
 }

@@ -73,13 +73,29 @@ func (ts *tokenSet) check(token string) bool {
 	return ok == 1
 }
 
-// overflowPeer is the shared entry of peers that found the table full.
+// noTokens stands in for an unknown agent_id's tokens: checking the
+// offered token against it costs what a known id's check costs.
+var noTokens = tokenSet{hashes: [][sha256.Size]byte{{}}}
+
+// overflowPeer is the shared entry of keys that found the table full.
 const overflowPeer = "\x00overflow"
 
-// failures remembers authentication failures per peer and turns them into
-// an exponential delay before the peer's next registration is answered.
-// The delay applies to every answer, not only to refusals: a peer that
-// could tell an acceptance by its speed would simply stop waiting.
+// failKey is the failure table's key: the peer (see peerKey) and the
+// agent_id it tried to register.
+func failKey(peer, agentID string) string { return peer + "\x00" + agentID }
+
+// failures remembers authentication failures per (peer, agent_id) and
+// turns them into an exponential delay before the next refusal to that
+// key is answered.
+//
+// Only refusals wait: the token is checked first, and a valid one is
+// accepted at once without consulting the table, so no flood of failures
+// from a shared address (a NAT, a node) can hold back a correctly tokened
+// agent, and failures of one agent_id do not slow another. The speed of an
+// answer tells an attacker nothing it can use: only a correct token is
+// answered fast, and an unknown agent_id is refused, counted and delayed
+// exactly like a wrong token. A success does not reset the key either, so
+// that whoever else fails under it from the same address keeps its delay.
 type failures struct {
 	base, max, memory time.Duration
 	limit             int
@@ -97,11 +113,15 @@ func newFailures(base, max, memory time.Duration, limit int) *failures {
 	return &failures{base: base, max: max, memory: memory, limit: limit, peers: make(map[string]*peerFailures)}
 }
 
-// delay is how long to hold back the answer to peer's registration.
-func (f *failures) delay(peer string, now time.Time) time.Duration {
+// delay is how long the next refusal to key would be held back.
+func (f *failures) delay(key string, now time.Time) time.Duration {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	p := f.peers[peer]
+	return f.delayLocked(key, now)
+}
+
+func (f *failures) delayLocked(key string, now time.Time) time.Duration {
+	p := f.peers[key]
 	if p == nil {
 		p = f.peers[overflowPeer]
 		if p == nil || len(f.peers) < f.limit {
@@ -114,22 +134,26 @@ func (f *failures) delay(peer string, now time.Time) time.Duration {
 	return backoff(f.base, f.max, p.n)
 }
 
-// fail records one authentication failure of peer.
-func (f *failures) fail(peer string, now time.Time) {
+// fail records one authentication failure of key.
+func (f *failures) fail(key string, now time.Time) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	p := f.peers[peer]
+	f.failLocked(key, now)
+}
+
+func (f *failures) failLocked(key string, now time.Time) {
+	p := f.peers[key]
 	if p == nil {
 		if len(f.peers) >= f.limit {
 			f.sweep(now)
 		}
 		if len(f.peers) >= f.limit {
-			peer = overflowPeer
-			p = f.peers[peer]
+			key = overflowPeer
+			p = f.peers[key]
 		}
 		if p == nil {
 			p = &peerFailures{}
-			f.peers[peer] = p
+			f.peers[key] = p
 		}
 	}
 	if now.Sub(p.last) > f.memory {
@@ -139,11 +163,16 @@ func (f *failures) fail(peer string, now time.Time) {
 	p.last = now
 }
 
-// forget clears peer's failures after a successful registration.
-func (f *failures) forget(peer string) {
+// penalize records a failure of key and returns how long to hold back its
+// refusal: the delay earned by key's earlier failures, so that a first
+// failure is answered at once. One lock for both, so that concurrent
+// failures of one key each see the ones before them.
+func (f *failures) penalize(key string, now time.Time) time.Duration {
 	f.mu.Lock()
-	delete(f.peers, peer)
-	f.mu.Unlock()
+	defer f.mu.Unlock()
+	d := f.delayLocked(key, now)
+	f.failLocked(key, now)
+	return d
 }
 
 // sweep drops entries older than the memory. Called with f.mu held, only
@@ -156,7 +185,7 @@ func (f *failures) sweep(now time.Time) {
 	}
 }
 
-// size is the number of tracked peers (tests).
+// size is the number of tracked keys (tests).
 func (f *failures) size() int {
 	f.mu.Lock()
 	defer f.mu.Unlock()

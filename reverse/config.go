@@ -67,20 +67,28 @@ type Config struct {
 	PingTimeout  time.Duration
 	// NoPing turns Ping liveness off.
 	NoPing bool
+	// FrameTimeout bounds the time the rest of a frame may take once an
+	// agent has begun it (default uds.DefaultFrameTimeout, 5s); an agent
+	// that stalls mid-frame loses the connection at once instead of holding
+	// every request on it until the ping timeout.
+	FrameTimeout time.Duration
 
-	// FailureDelay is the wait before answering a peer's registration
-	// after its first authentication failure (default 200ms); it doubles
-	// with each further failure up to MaxFailureDelay (default 2s, below
-	// the SDK's registration timeout so that a held-back answer still
-	// arrives). Peers behind one NAT address share the delay.
+	// FailureDelay is how long a refusal is held back after the first
+	// authentication failure (unknown agent_id or wrong token) of the same
+	// (peer, agent_id) (default 200ms); it doubles with each further
+	// failure up to MaxFailureDelay (default 2s, below the SDK's
+	// registration timeout so that a held-back answer still arrives). Only
+	// refusals wait: a registration with a valid token is answered at
+	// once, whatever failed before it from the same address.
 	FailureDelay    time.Duration
 	MaxFailureDelay time.Duration
-	// FailureMemory is how long a peer's failures are remembered after its
-	// last one (default 10m). A successful registration forgets them.
+	// FailureMemory is how long failures are remembered after the last
+	// one of their (peer, agent_id) (default 10m). A successful
+	// registration does not reset them.
 	FailureMemory time.Duration
-	// MaxTrackedPeers bounds the failure table (default 4096). When it is
-	// full, peers not yet in it share one more entry, so that many source
-	// addresses cannot buy many fresh budgets.
+	// MaxTrackedPeers bounds the failure table's (peer, agent_id) entries
+	// (default 4096). When it is full, keys not yet in it share one more
+	// entry, so that many addresses or ids cannot buy many fresh budgets.
 	MaxTrackedPeers int
 }
 
@@ -109,6 +117,9 @@ type AgentConfig struct {
 	MaxInFlight    int
 	MaxQueue       int
 	MessageTimeout time.Duration
+	// FrameTimeout overrides the listener's FrameTimeout for this agent's
+	// connections (0: inherit; Validate fills it in).
+	FrameTimeout time.Duration
 }
 
 // TLSConfig enables TLS on the TCP listener.
@@ -144,6 +155,7 @@ func DefaultConfig() Config {
 		WriteTimeout:        5 * time.Second,
 		PingInterval:        5 * time.Second,
 		PingTimeout:         15 * time.Second,
+		FrameTimeout:        5 * time.Second, // uds.DefaultFrameTimeout
 		FailureDelay:        200 * time.Millisecond,
 		MaxFailureDelay:     2 * time.Second,
 		FailureMemory:       10 * time.Minute,
@@ -169,6 +181,7 @@ func (c *Config) Validate() error {
 	setDur(&c.WriteTimeout, d.WriteTimeout)
 	setDur(&c.PingInterval, d.PingInterval)
 	setDur(&c.PingTimeout, d.PingTimeout)
+	setDur(&c.FrameTimeout, d.FrameTimeout)
 	setDur(&c.FailureDelay, d.FailureDelay)
 	setDur(&c.MaxFailureDelay, d.MaxFailureDelay)
 	setDur(&c.FailureMemory, d.FailureMemory)
@@ -210,11 +223,14 @@ func (c *Config) Validate() error {
 			return fmt.Errorf("%w: agent %q configured twice", ErrReverseConfig, a.Name)
 		}
 		seen[a.Name] = true
-		if a.MaxInFlight < 0 || a.MaxQueue < 0 || a.MessageTimeout < 0 {
+		if a.MaxInFlight < 0 || a.MaxQueue < 0 || a.MessageTimeout < 0 || a.FrameTimeout < 0 {
 			return fmt.Errorf("%w: agent %q: negative limit", ErrReverseConfig, a.Name)
 		}
 		if len(a.IDs) == 0 {
 			a.IDs = []string{a.Name, a.Name + "-*"}
+		}
+		if a.FrameTimeout == 0 {
+			a.FrameTimeout = c.FrameTimeout
 		}
 		for _, p := range a.IDs {
 			if p == "" || strings.TrimSpace(p) != p {

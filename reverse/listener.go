@@ -10,18 +10,20 @@
 //  1. protocol_version is 2 and agent_id is a non-empty printable id of at
 //     most 256 bytes ("unsupported protocol version", "invalid registration");
 //  2. agent_id matches an ID pattern of a configured agent: the first agent
-//     in configuration order whose pattern matches gets the connection
-//     ("unknown agent");
-//  3. auth_token is one of that agent's tokens, compared in constant time
-//     ("authentication failed");
+//     in configuration order whose pattern matches gets the connection;
+//  3. auth_token is one of that agent's tokens, compared in constant time;
 //  4. the limits: connections per agent_id and per agent ("too many
 //     connections for agent id", "too many connections for agent").
 //
 // A refusal is answered with {"accepted":false,"error":reason} and the
 // connection is closed; the reason never says more than the list above.
-// Each unknown-agent or authentication failure of a peer (its IP address,
-// its /64 for IPv6, its user id on a Unix socket) doubles the delay before
-// the listener answers that peer's next registration, accepted or not.
+// Failing check 2 or 3 is answered "authentication failed" alike, byte for
+// byte, so that refusals do not reveal which agent ids exist; the counters
+// and the log tell them apart. Such a failure is an authentication
+// failure of its (peer, agent_id), the peer being the IP address (the /64
+// for IPv6) or the user id on a Unix socket: each doubles the delay before
+// that key's next refusal is answered. A registration with a valid token
+// is never delayed (see failures).
 //
 // Duplicate agent ids: an id may hold up to MaxConnsPerID connections at
 // once (an instance may open several for throughput); a registration beyond
@@ -80,8 +82,10 @@ var (
 // Refusal reasons sent to agents. They are the prefixes of the "error"
 // field of a refused RegistrationResponse.
 const (
-	ReasonVersion    = "unsupported protocol version"
-	ReasonInvalid    = "invalid registration"
+	ReasonVersion = "unsupported protocol version"
+	ReasonInvalid = "invalid registration"
+	// ReasonUnknown is never sent: an unknown agent_id is answered
+	// ReasonAuth. It labels the cause in logs and RejectedByReason.
 	ReasonUnknown    = "unknown agent"
 	ReasonAuth       = "authentication failed"
 	ReasonIDLimit    = "too many connections for agent id"
@@ -101,7 +105,8 @@ const lingerTime = 500 * time.Millisecond
 type Stats struct {
 	// Accepted registrations.
 	Accepted uint64 `json:"accepted"`
-	// Refused registrations by reason.
+	// Refused registrations by reason. RejectedUnknown (agent_ids no agent
+	// admits) and RejectedAuth (wrong or missing tokens) are answered alike.
 	RejectedVersion    uint64 `json:"rejected_version"`
 	RejectedInvalid    uint64 `json:"rejected_invalid"`
 	RejectedUnknown    uint64 `json:"rejected_unknown_agent"`
@@ -120,7 +125,9 @@ type Stats struct {
 	// Busy: connections closed at once because MaxPending (or
 	// MaxPendingPerPeer from the same peer) were registering.
 	Busy uint64 `json:"busy"`
-	// Delayed: answers held back because of the peer's earlier failures.
+	// Delayed: refusals held back because of earlier authentication
+	// failures of the same (peer, agent_id). Accepted registrations are
+	// never held back.
 	Delayed uint64 `json:"delayed"`
 	// Pending and Active are the connections registering and registered now.
 	Pending int64 `json:"pending"`
@@ -560,6 +567,7 @@ func (l *Listener) serveRegistered(nc net.Conn, reg *registration) {
 		WriteTimeout: l.cfg.WriteTimeout,
 		PingInterval: pingInterval,
 		PingTimeout:  l.cfg.PingTimeout,
+		FrameTimeout: a.cfg.FrameTimeout,
 		Reader:       reg.fr,
 		Logger:       log,
 	})
@@ -682,19 +690,19 @@ func (l *Listener) register(nc net.Conn, peer string) *registration {
 		l.refuse(nc, respType, ReasonInvalid+": undecodable payload")
 		return nil
 	}
-	if d := l.fails.delay(peer, time.Now()); d > 0 {
-		l.c.delayed.Add(1)
-		timer := time.NewTimer(d)
-		select {
-		case <-timer.C:
-		case <-l.ctx.Done():
-			timer.Stop()
+	log = log.With().Str("agent_id", clip(req.AgentID)).Logger()
+	a, reason := l.judge(&req)
+	if reason == ReasonUnknown || reason == ReasonAuth {
+		// The log names the cause (never the token); the peer only learns
+		// that it failed, after the delay its key has earned.
+		l.warn(&log).Str("reason", reason).Msg("reverse registration refused")
+		if !l.hold(l.fails.penalize(failKey(peer, req.AgentID), time.Now())) {
 			_ = nc.Close()
 			return nil
 		}
+		l.refuse(nc, respType, ReasonAuth)
+		return nil
 	}
-	log = log.With().Str("agent_id", clip(req.AgentID)).Logger()
-	a, reason := l.judge(&req, peer)
 	if reason != "" {
 		l.warn(&log).Str("reason", reason).Msg("reverse registration refused")
 		l.refuse(nc, respType, reason)
@@ -716,9 +724,29 @@ func (l *Listener) register(nc net.Conn, peer string) *registration {
 	return reg
 }
 
+// hold waits d before a refusal is answered, counting it as delayed; false
+// when the listener closed meanwhile.
+func (l *Listener) hold(d time.Duration) bool {
+	if d <= 0 {
+		return true
+	}
+	l.c.delayed.Add(1)
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+		return true
+	case <-l.ctx.Done():
+		return false
+	}
+}
+
 // judge applies the registration checks in the documented order and, on
-// success, reserves the connection's slots. It returns a refusal reason or "".
-func (l *Listener) judge(req *protocol.RegistrationRequest, peer string) (*agent, string) {
+// success, reserves the connection's slots. It returns a refusal reason or
+// "": ReasonUnknown and ReasonAuth are authentication failures, which the
+// caller penalizes and answers alike. A valid token is judged without
+// consulting the failure table.
+func (l *Listener) judge(req *protocol.RegistrationRequest) (*agent, string) {
 	if err := handshake.CheckRegistration(req); err != nil {
 		if errors.Is(err, handshake.ErrHandshakeVersion) {
 			l.c.version.Add(1)
@@ -739,16 +767,14 @@ func (l *Listener) judge(req *protocol.RegistrationRequest, peer string) (*agent
 		}
 	}
 	if a == nil {
+		noTokens.check(req.AuthToken) // the same work as a known id's check
 		l.c.unknown.Add(1)
-		l.fails.fail(peer, time.Now())
 		return nil, ReasonUnknown
 	}
 	if !a.tokens.check(req.AuthToken) {
 		l.c.auth.Add(1)
-		l.fails.fail(peer, time.Now())
 		return nil, ReasonAuth
 	}
-	l.fails.forget(peer)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	switch {

@@ -67,9 +67,9 @@ func TestRegistration(t *testing.T) {
 			stat: func(s Stats) uint64 { return s.RejectedAuth },
 		},
 		{
-			name:     "unknown id",
+			name:     "unknown id, answered as a bad token",
 			send:     func(c *rawConn) { c.send(protocol.TypeRegistrationRequest, regReq("ids-1", testToken)) },
-			answered: true, respType: protocol.TypeRegistrationResponse, reason: ReasonUnknown,
+			answered: true, respType: protocol.TypeRegistrationResponse, reason: ReasonAuth,
 			stat: func(s Stats) uint64 { return s.RejectedUnknown },
 		},
 		{
@@ -483,9 +483,9 @@ func TestTokenSources(t *testing.T) {
 	}
 }
 
-// TestFailureSlowdown counts the held-back answers: a peer's first failure
-// is answered at once, every later answer to it waits, and a success
-// forgets its failures.
+// TestFailureSlowdown counts the held-back answers: a (peer, agent_id)'s
+// first failure is answered at once, every later failure waits, a valid
+// token is never held back, and a success does not reset the delay.
 func TestFailureSlowdown(t *testing.T) {
 	cfg := testConfig(t)
 	l := startListener(t, cfg)
@@ -508,16 +508,17 @@ func TestFailureSlowdown(t *testing.T) {
 	if !try(testToken) {
 		t.Fatal("good token refused")
 	}
+	if d := l.Stats().Delayed; d != 2 {
+		t.Fatalf("the good attempt after failures was held back: delayed %d", d)
+	}
+	try("bad")
 	if d := l.Stats().Delayed; d != 3 {
-		t.Fatalf("the good attempt after failures was not held back: delayed %d", d)
+		t.Fatalf("a success reset the failures: delayed %d", d)
 	}
 	if !try(testToken) {
 		t.Fatal("good token refused")
 	}
-	if d := l.Stats().Delayed; d != 3 {
-		t.Fatalf("a success did not forget the failures: delayed %d", d)
-	}
-	if s := l.Stats(); s.RejectedAuth != 3 || s.Accepted != 2 {
+	if s := l.Stats(); s.RejectedAuth != 4 || s.Accepted != 2 || s.Delayed != 3 {
 		t.Errorf("stats %+v", s)
 	}
 }
@@ -556,9 +557,12 @@ func TestFailureTable(t *testing.T) {
 	if f.delay("x", later) != time.Millisecond || f.size() != 1 {
 		t.Errorf("after sweep: size %d", f.size())
 	}
-	f.forget("x")
-	if f.delay("x", later) != 0 {
-		t.Error("forget did not forget")
+	// penalize answers with the delay earned before, then records.
+	if d := f.penalize("y", later); d != 0 || f.delay("y", later) != time.Millisecond {
+		t.Errorf("penalize on a fresh key: %v, then %v", d, f.delay("y", later))
+	}
+	if d := f.penalize("y", later); d != time.Millisecond {
+		t.Errorf("second penalize: %v", d)
 	}
 }
 

@@ -20,6 +20,8 @@ type AgentSpec struct {
 	MaxInFlight    int
 	MaxQueue       int
 	MessageTimeout time.Duration
+	// FrameTimeout bounds a started frame (0: the listener's default).
+	FrameTimeout time.Duration
 	// Options are the agent's options; see ListenerConfigs for the keys.
 	Options map[string]string
 }
@@ -105,6 +107,7 @@ func ListenerConfigs(specs []AgentSpec) ([]Config, error) {
 			MaxInFlight:    s.MaxInFlight,
 			MaxQueue:       s.MaxQueue,
 			MessageTimeout: s.MessageTimeout,
+			FrameTimeout:   s.FrameTimeout,
 		}
 		if v := s.Options["ids"]; v != "" {
 			a.IDs = splitList(v)

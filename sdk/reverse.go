@@ -73,6 +73,10 @@ type ReverseConfig struct {
 	IdleTimeout time.Duration
 	// WriteTimeout bounds each batched write (default 5s).
 	WriteTimeout time.Duration
+	// FrameTimeout bounds the time the rest of a frame may take once the
+	// proxy has begun it (default uds.DefaultFrameTimeout, 5s; negative:
+	// no bound); a stall ends the connection, which is then redialed.
+	FrameTimeout time.Duration
 	// OnRegistered, when set, is called with the proxy-assigned connection
 	// id after each accepted registration.
 	OnRegistered func(assignedID string)
@@ -196,7 +200,7 @@ func DialAndServe(ctx context.Context, cfg ReverseConfig, h Handler) error {
 
 func reverseLoop(ctx context.Context, cfg *ReverseConfig, h Handler, slot int) {
 	log := cfg.Logger.With().Str("proxy", cfg.Address).Str("agent_id", cfg.AgentID).Int("conn", slot).Logger()
-	o := Options{Name: cfg.AgentID, WriteTimeout: cfg.WriteTimeout, Logger: &log}
+	o := Options{Name: cfg.AgentID, WriteTimeout: cfg.WriteTimeout, FrameTimeout: cfg.FrameTimeout, Logger: &log}
 	redial.Loop(ctx, redial.Config{Min: cfg.BackoffMin, Max: cfg.BackoffMax, What: "reverse connection", Logger: log},
 		func(ctx context.Context) (func() error, error) {
 			nc, fr, assigned, err := dialRegister(ctx, cfg, h)
@@ -298,15 +302,27 @@ func permanentRefusal(err error) bool {
 }
 
 // idleConn fails a read when the proxy sent nothing for idle (0: off).
-// Only the one reading goroutine touches idle.
+// The frame reader's deadline for a started frame (set through
+// SetReadDeadline) is kept when it is the earlier one. Only the one
+// reading goroutine touches idle and frame.
 type idleConn struct {
 	net.Conn
-	idle time.Duration
+	idle  time.Duration
+	frame time.Time
+}
+
+func (c *idleConn) SetReadDeadline(t time.Time) error {
+	c.frame = t
+	return c.Conn.SetReadDeadline(t)
 }
 
 func (c *idleConn) Read(p []byte) (int, error) {
 	if c.idle > 0 {
-		_ = c.Conn.SetReadDeadline(time.Now().Add(c.idle))
+		d := time.Now().Add(c.idle)
+		if !c.frame.IsZero() && c.frame.Before(d) {
+			d = c.frame
+		}
+		_ = c.Conn.SetReadDeadline(d)
 	}
 	return c.Conn.Read(p)
 }

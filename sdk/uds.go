@@ -37,6 +37,11 @@ type Options struct {
 	HandshakeTimeout time.Duration
 	// WriteTimeout bounds each batched write (default 5s).
 	WriteTimeout time.Duration
+	// FrameTimeout bounds the time the rest of a frame may take once the
+	// proxy has begun it (default uds.DefaultFrameTimeout, 5s; negative:
+	// no bound). A proxy that stalls mid-frame loses the connection instead
+	// of holding the agent's reader forever.
+	FrameTimeout time.Duration
 	// SocketMode is the socket file's permission (default 0660: the proxy's
 	// user or group only).
 	SocketMode os.FileMode
@@ -57,6 +62,9 @@ func (o *Options) defaults() Options {
 	}
 	if r.WriteTimeout <= 0 {
 		r.WriteTimeout = 5 * time.Second
+	}
+	if r.FrameTimeout == 0 {
+		r.FrameTimeout = uds.DefaultFrameTimeout
 	}
 	if r.SocketMode == 0 {
 		r.SocketMode = 0o660
@@ -205,6 +213,8 @@ func serveFrames(ctx context.Context, nc net.Conn, fr *uds.FrameReader, h Handle
 		w.Close()
 		closeConn()
 	}()
+	// The handshake's read deadline is over: frames are bounded from here.
+	fr.SetFrameTimeout(o.FrameTimeout)
 	for {
 		t, payload, err := fr.Next()
 		if err != nil {

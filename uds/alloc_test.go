@@ -3,6 +3,7 @@ package uds
 import (
 	"bytes"
 	"testing"
+	"time"
 
 	"github.com/zentinelproxy/sidecar/protocol"
 )
@@ -66,6 +67,27 @@ func TestAllocsFrameEncode(t *testing.T) {
 	}
 }
 
+// deadlineReader is a loopReader that accepts read deadlines (counting
+// them) and, with max > 0, hands out at most max bytes per Read, so that
+// frames straddle reads and the frame timeout is armed on the way.
+type deadlineReader struct {
+	loopReader
+	max       int
+	deadlines int
+}
+
+func (d *deadlineReader) Read(p []byte) (int, error) {
+	if d.max > 0 && len(p) > d.max {
+		p = p[:d.max]
+	}
+	return d.loopReader.Read(p)
+}
+
+func (d *deadlineReader) SetReadDeadline(time.Time) error {
+	d.deadlines++
+	return nil
+}
+
 func TestAllocsFrameReadDecode(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector allocates")
@@ -74,7 +96,30 @@ func TestAllocsFrameReadDecode(t *testing.T) {
 	for _, hm := range hotMessages() {
 		stream, _ = AppendFrame(stream, hm.t, hm.msg)
 	}
-	fr := NewFrameReader(&loopReader{data: stream})
+	t.Run("no frame timeout", func(t *testing.T) {
+		allocsReadDecode(t, NewFrameReader(&loopReader{data: stream}))
+	})
+	t.Run("frame timeout, whole frames buffered", func(t *testing.T) {
+		dr := &deadlineReader{loopReader: loopReader{data: stream}}
+		fr := NewFrameReader(dr)
+		fr.SetFrameTimeout(time.Second)
+		allocsReadDecode(t, fr)
+		if dr.deadlines != 0 {
+			t.Fatalf("%d read deadlines set although every frame arrived whole", dr.deadlines)
+		}
+	})
+	t.Run("frame timeout, frames straddling reads", func(t *testing.T) {
+		dr := &deadlineReader{loopReader: loopReader{data: stream}, max: 1000}
+		fr := NewFrameReader(dr)
+		fr.SetFrameTimeout(time.Second)
+		allocsReadDecode(t, fr)
+		if dr.deadlines == 0 {
+			t.Fatal("the frame timeout was never armed")
+		}
+	})
+}
+
+func allocsReadDecode(t *testing.T, fr *FrameReader) {
 	var (
 		rh  protocol.RequestHeaders
 		bc  protocol.BodyChunk

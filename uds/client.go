@@ -1,6 +1,7 @@
 package uds
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -45,10 +46,15 @@ type Config struct {
 	// PingInterval and PingTimeout: liveness of idle connections.
 	PingInterval time.Duration
 	PingTimeout  time.Duration
+	// FrameTimeout bounds the time the rest of a frame may take once the
+	// agent has begun it (0: DefaultFrameTimeout); an agent that stalls
+	// mid-frame loses the connection, failing the requests on it at once.
+	FrameTimeout time.Duration
 	// BackoffMin and BackoffMax bound the reconnect delay (doubling, with jitter).
 	BackoffMin time.Duration
 	BackoffMax time.Duration
-	// Logger receives connection events.
+	// Logger receives connection events. It carries the agent field (the
+	// dataplane's transport builders add it); the transport does not add it.
 	Logger zerolog.Logger
 }
 
@@ -68,6 +74,7 @@ func DefaultConfig(name, path string) Config {
 		WriteTimeout:     5 * time.Second,
 		PingInterval:     5 * time.Second,
 		PingTimeout:      15 * time.Second,
+		FrameTimeout:     DefaultFrameTimeout,
 		BackoffMin:       50 * time.Millisecond,
 		BackoffMax:       5 * time.Second,
 		Logger:           zerolog.Nop(),
@@ -95,6 +102,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: agent %q: backoff must satisfy 0 < min <= max", ErrUDSConfig, c.Name)
 	case c.PingInterval > 0 && c.PingTimeout > 0 && c.PingTimeout < c.PingInterval:
 		return fmt.Errorf("%w: agent %q: ping_timeout shorter than ping_interval", ErrUDSConfig, c.Name)
+	case c.FrameTimeout < 0:
+		return fmt.Errorf("%w: agent %q: frame timeout must not be negative", ErrUDSConfig, c.Name)
 	}
 	return nil
 }
@@ -139,7 +148,7 @@ func (c *Client) maintain(slot int) {
 		Min:     c.cfg.BackoffMin,
 		Max:     c.cfg.BackoffMax,
 		What:    "agent connection",
-		Logger:  c.cfg.Logger.With().Str("agent", c.cfg.Name).Str("socket", c.cfg.Path).Int("conn", slot).Logger(),
+		Logger:  c.cfg.Logger.With().Str("socket", c.cfg.Path).Int("conn", slot).Logger(),
 		OnError: c.SetLastError, // kept after a reconnect: it explains the last outage
 	}, func(ctx context.Context) (func() error, error) {
 		link, caps, err := Dial(ctx, c.cfg)
@@ -182,6 +191,7 @@ func Dial(ctx context.Context, cfg Config) (*Link, protocol.Capabilities, error)
 		WriteTimeout: cfg.WriteTimeout,
 		PingInterval: cfg.PingInterval,
 		PingTimeout:  cfg.PingTimeout,
+		FrameTimeout: cmp.Or(cfg.FrameTimeout, DefaultFrameTimeout),
 		Reader:       fr,
 		Logger:       cfg.Logger,
 	})

@@ -19,6 +19,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"time"
 
 	"github.com/zentinelproxy/sidecar/protocol"
 )
@@ -40,6 +42,9 @@ var (
 	ErrUDSPingTimeout = errors.New("uds: peer silent past ping timeout")
 	// ErrUDSHandshake: the first frames were not a valid handshake.
 	ErrUDSHandshake = errors.New("uds: handshake failed")
+	// ErrUDSFrameTimeout: the peer started a frame and did not finish it
+	// within the frame timeout.
+	ErrUDSFrameTimeout = errors.New("uds: peer stalled mid-frame")
 )
 
 // AppendFrame appends one whole frame (header and JSON payload) carrying
@@ -111,6 +116,17 @@ func WriteFrame(w io.Writer, t protocol.MsgType, msg any) error {
 // straight from the read buffer.
 const DefaultReadBufferSize = 64 << 10
 
+// DefaultFrameTimeout bounds how long a peer may take to send the rest of
+// a frame it has begun (see FrameReader.SetFrameTimeout). Both ends write
+// each batch of frames with one Write bounded by their own write timeout
+// (5s by default), so a healthy peer has finished a started frame well
+// within that, or has given up on the connection itself: on a Unix socket
+// the rest follows in microseconds, and 5s still carries a frame of the
+// 16 MiB limit over a TCP path of about 30 Mbit/s. It is a third of the
+// default 15s ping timeout, which was the only bound on a stalled frame
+// before, during which every request on the connection waited.
+const DefaultFrameTimeout = 5 * time.Second
+
 // FrameReader reads frames. A frame that fits the read buffer is returned
 // as a slice of it (no copy); a larger one is assembled in a scratch buffer
 // grown to the announced size, which is checked against the limit first.
@@ -118,6 +134,18 @@ type FrameReader struct {
 	br  *bufio.Reader
 	big []byte
 	max int
+
+	// The frame timeout (SetFrameTimeout): dl sets the read deadline of the
+	// connection under br; armed says one is set for the current frame.
+	src     io.Reader
+	dl      readDeadliner
+	timeout time.Duration
+	armed   bool
+}
+
+// readDeadliner is the part of net.Conn the frame timeout needs.
+type readDeadliner interface {
+	SetReadDeadline(t time.Time) error
 }
 
 // NewFrameReader reads frames from r with a DefaultReadBufferSize buffer.
@@ -130,7 +158,7 @@ func NewFrameReaderSize(r io.Reader, size int) *FrameReader {
 	if size < 4096 {
 		size = 4096
 	}
-	return &FrameReader{br: bufio.NewReaderSize(r, size), max: protocol.MaxFrameSize}
+	return &FrameReader{br: bufio.NewReaderSize(r, size), max: protocol.MaxFrameSize, src: r}
 }
 
 // SetMaxFrameSize sets the accepted frame length (never above 16 MiB), e.g.
@@ -141,52 +169,119 @@ func (fr *FrameReader) SetMaxFrameSize(n int) {
 	}
 }
 
+// SetFrameTimeout bounds how long the rest of a frame may take once the
+// frame has begun: when a started frame (its header or its payload) needs
+// another read from the connection, Next sets a read deadline d from then,
+// and clears it when the frame is complete. A peer that stalls mid-frame
+// then fails Next with ErrUDSFrameTimeout instead of blocking the
+// connection. The wait for a frame's first byte has no deadline (idle
+// connections are the ping's business), and a frame already buffered whole
+// costs nothing. d <= 0 turns the bound off.
+//
+// It needs a reader with SetReadDeadline, as a net.Conn has, and does
+// nothing on others. Since it clears the read deadline after a frame, no
+// other read deadline may be in use on the connection meanwhile: set it
+// after the handshake, whose reads have a deadline of their own.
+func (fr *FrameReader) SetFrameTimeout(d time.Duration) {
+	dl, ok := fr.src.(readDeadliner)
+	if !ok || d <= 0 {
+		dl, d = nil, 0
+	}
+	fr.dl, fr.timeout = dl, d
+}
+
 // Next returns the next frame's type and payload. The payload is valid
 // until the following call. io.EOF means the peer closed between frames;
 // io.ErrUnexpectedEOF means it closed inside one.
 func (fr *FrameReader) Next() (protocol.MsgType, []byte, error) {
+	if fr.timeout > 0 && fr.br.Buffered() < HeaderSize {
+		if fr.br.Buffered() == 0 {
+			// The frame's first byte: no deadline, however long it takes.
+			if _, err := fr.br.Peek(1); err != nil {
+				return 0, nil, err
+			}
+		}
+		if fr.br.Buffered() < HeaderSize {
+			fr.arm()
+		}
+	}
 	hdr, err := fr.br.Peek(HeaderSize)
 	if err != nil {
-		if err == io.EOF && len(hdr) > 0 {
-			err = io.ErrUnexpectedEOF
-		}
-		return 0, nil, err
+		return 0, nil, fr.readError(err, fr.br.Buffered(), 0)
 	}
 	n := int(binary.BigEndian.Uint32(hdr))
 	t := protocol.MsgType(hdr[4])
 	switch {
 	case n == 0:
+		fr.disarm()
 		return 0, nil, ErrUDSFrameEmpty
 	case n > fr.max:
+		fr.disarm()
 		return 0, nil, fmt.Errorf("%w: announced %d bytes (limit %d)", ErrUDSFrameTooLarge, n, fr.max)
 	}
 	plen := n - 1
 	if HeaderSize+plen <= fr.br.Size() {
+		if fr.timeout > 0 && fr.br.Buffered() < HeaderSize+plen {
+			fr.arm()
+		}
 		b, err := fr.br.Peek(HeaderSize + plen)
 		if err != nil {
-			if err == io.EOF {
-				err = io.ErrUnexpectedEOF
-			}
-			return 0, nil, err
+			return 0, nil, fr.readError(err, fr.br.Buffered(), HeaderSize+plen)
 		}
 		_, _ = fr.br.Discard(HeaderSize + plen)
+		fr.disarm()
 		return t, b[HeaderSize:], nil
 	}
 	_, _ = fr.br.Discard(HeaderSize)
+	if fr.timeout > 0 {
+		fr.arm() // larger than the buffer: more must be read
+	}
 	if cap(fr.big) < plen {
 		fr.big = make([]byte, plen)
 	}
 	fr.big = fr.big[:plen]
-	if _, err := io.ReadFull(fr.br, fr.big); err != nil {
-		if err == io.EOF {
-			err = io.ErrUnexpectedEOF
-		}
-		return 0, nil, err
+	if got, err := io.ReadFull(fr.br, fr.big); err != nil {
+		return 0, nil, fr.readError(err, HeaderSize+got, HeaderSize+plen)
 	}
+	fr.disarm()
 	p := fr.big
 	if cap(fr.big) > 4<<20 {
 		// Do not pin a huge buffer for the connection's life after one big frame.
 		fr.big = nil
 	}
 	return t, p, nil
+}
+
+// arm starts the current frame's deadline, once per frame.
+func (fr *FrameReader) arm() {
+	if !fr.armed {
+		fr.armed = true
+		_ = fr.dl.SetReadDeadline(time.Now().Add(fr.timeout))
+	}
+}
+
+// disarm clears the frame's deadline if one is set.
+func (fr *FrameReader) disarm() {
+	if fr.armed {
+		fr.armed = false
+		_ = fr.dl.SetReadDeadline(time.Time{})
+	}
+}
+
+// readError explains a read that failed inside a frame, when got of its
+// want bytes had arrived (want 0: got of the header's).
+func (fr *FrameReader) readError(err error, got, want int) error {
+	if fr.armed {
+		fr.disarm()
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			if want == 0 {
+				return fmt.Errorf("%w: %d of %d header bytes after %v", ErrUDSFrameTimeout, got, HeaderSize, fr.timeout)
+			}
+			return fmt.Errorf("%w: %d of %d bytes after %v", ErrUDSFrameTimeout, got, want, fr.timeout)
+		}
+	}
+	if err == io.EOF && got > 0 {
+		err = io.ErrUnexpectedEOF
+	}
+	return err
 }

@@ -17,7 +17,8 @@ import (
 
 // LinkConfig tunes one proxy-side connection.
 type LinkConfig struct {
-	// Name labels logs and errors (the agent's name).
+	// Name is the agent's name. Log lines get it from Logger, not from
+	// here.
 	Name string
 	// WriteTimeout bounds each batched write.
 	WriteTimeout time.Duration
@@ -26,10 +27,15 @@ type LinkConfig struct {
 	PingInterval time.Duration
 	// PingTimeout closes the link when the agent sent nothing for this long.
 	PingTimeout time.Duration
+	// FrameTimeout bounds the time the rest of a frame may take once the
+	// agent has begun it (0: no bound); a stall closes the link with
+	// ErrUDSFrameTimeout. See FrameReader.SetFrameTimeout.
+	FrameTimeout time.Duration
 	// Reader continues a FrameReader that already read the handshake or
 	// registration, so no buffered byte is lost. Nil: a new one.
 	Reader *FrameReader
-	// Logger receives connection-level events.
+	// Logger receives connection-level events. It carries the agent field
+	// (whoever builds the link adds it); the link does not add it.
 	Logger zerolog.Logger
 }
 
@@ -38,6 +44,9 @@ type LinkStats struct {
 	FramesIn     uint64
 	UnknownTypes uint64
 	PingsSent    uint64
+	// FrameTimeouts counts frames the agent began and did not finish in
+	// time (at most 1: the link closes).
+	FrameTimeouts uint64
 }
 
 // Link is the proxy side of one agent connection: it implements
@@ -48,9 +57,10 @@ type Link struct {
 	w   *Writer
 	cfg LinkConfig
 
-	framesIn  atomic.Uint64
-	unknown   atomic.Uint64
-	pingsSent atomic.Uint64
+	framesIn      atomic.Uint64
+	unknown       atomic.Uint64
+	pingsSent     atomic.Uint64
+	frameTimeouts atomic.Uint64
 
 	closeOnce sync.Once
 	closed    chan struct{}
@@ -63,6 +73,7 @@ func NewLink(nc net.Conn, cfg LinkConfig) *Link {
 	if l.fr == nil {
 		l.fr = NewFrameReader(nc)
 	}
+	l.fr.SetFrameTimeout(cfg.FrameTimeout)
 	l.w = NewWriter(nc, cfg.WriteTimeout, func(err error) { l.closeWith(fmt.Errorf("%w: write: %v", ErrUDSClosed, err)) })
 	return l
 }
@@ -92,7 +103,8 @@ func (l *Link) closeWith(err error) {
 
 // Stats returns the link's counters.
 func (l *Link) Stats() LinkStats {
-	return LinkStats{FramesIn: l.framesIn.Load(), UnknownTypes: l.unknown.Load(), PingsSent: l.pingsSent.Load()}
+	return LinkStats{FramesIn: l.framesIn.Load(), UnknownTypes: l.unknown.Load(), PingsSent: l.pingsSent.Load(),
+		FrameTimeouts: l.frameTimeouts.Load()}
 }
 
 // RemoteAddr is the peer's address.
@@ -118,6 +130,13 @@ func (l *Link) readLoop(sess *agentmux.Session) error {
 	for {
 		t, payload, err := l.fr.Next()
 		if err != nil {
+			if errors.Is(err, ErrUDSFrameTimeout) {
+				// Every request on the connection would wait behind the
+				// stalled frame: drop the connection, which fails them now.
+				l.frameTimeouts.Add(1)
+				sess.CountProtocolError()
+				l.cfg.Logger.Warn().Err(err).Msg("agent stalled mid-frame; closing connection")
+			}
 			return err
 		}
 		l.framesIn.Add(1)
@@ -151,7 +170,7 @@ func (l *Link) readLoop(sess *agentmux.Session) error {
 			// Forward compatibility: unknown (or misdirected) types are
 			// counted and skipped, never fatal after the handshake.
 			if l.unknown.Add(1) == 1 {
-				l.cfg.Logger.Warn().Str("agent", l.cfg.Name).Uint8("type", uint8(t)).Msg("skipping frame of unexpected type from agent")
+				l.cfg.Logger.Warn().Uint8("type", uint8(t)).Msg("skipping frame of unexpected type from agent")
 			}
 		}
 	}
@@ -163,7 +182,7 @@ func (l *Link) readLoop(sess *agentmux.Session) error {
 // waiter then fails at once instead of waiting for its deadline.
 func (l *Link) badReply(sess *agentmux.Session, r *agentmux.Reply, payload []byte, derr error) (*agentmux.Reply, error) {
 	id, ok := protocol.PeekRequestID(payload)
-	l.cfg.Logger.Warn().Str("agent", l.cfg.Name).Err(derr).Bool("request_known", ok).Msg("undecodable reply from agent")
+	l.cfg.Logger.Warn().Err(derr).Bool("request_known", ok).Msg("undecodable reply from agent")
 	if !ok {
 		sess.CountProtocolError()
 		return r, fmt.Errorf("%w: undecodable %s without request_id: %v", agentmux.ErrAgentProtocol, r.Type, derr)
@@ -193,7 +212,7 @@ func (l *Link) pinger() {
 				continue
 			}
 			if l.cfg.PingTimeout > 0 && now.Sub(silentSince) >= l.cfg.PingTimeout {
-				l.cfg.Logger.Warn().Str("agent", l.cfg.Name).Dur("silent", now.Sub(silentSince)).Msg("agent silent past ping timeout; closing connection")
+				l.cfg.Logger.Warn().Dur("silent", now.Sub(silentSince)).Msg("agent silent past ping timeout; closing connection")
 				l.closeWith(fmt.Errorf("%w (%v)", ErrUDSPingTimeout, l.cfg.PingTimeout))
 				return
 			}

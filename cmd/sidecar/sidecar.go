@@ -237,6 +237,7 @@ func (s *sidecar) startAdmin(cfg *config.Config) error {
 	if s.path != "" {
 		ac.Reload = s.reload
 	}
+	ac.AllowedHosts = cfg.Admin.AllowedHosts
 	if s.metrics != nil {
 		ac.Gatherer = s.metrics.Registry()
 	}

@@ -93,6 +93,7 @@ func reverseSpecs(cfg *config.Config) []reverse.AgentSpec {
 			MaxInFlight:    a.MaxInFlight,
 			MaxQueue:       a.MaxQueue,
 			MessageTimeout: a.Timeouts.Message,
+			FrameTimeout:   a.Timeouts.Frame,
 			Options:        a.Options,
 		})
 	}

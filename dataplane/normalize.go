@@ -1,0 +1,256 @@
+package dataplane
+
+import (
+	"bytes"
+
+	"github.com/valyala/fasthttp"
+)
+
+// Request-head normalisation: what the sidecar checks and rewrites after
+// fasthttp parsed a request head and before anything else looks at it
+// (routing, agents, the upstream). fasthttp already refuses most broken
+// framing (two Content-Length values, unknown transfer codings, obs-fold,
+// bare CR, NUL and controls in names and values, a duplicate Host); this
+// closes what a reverse proxy in front of a security control must close
+// on top:
+//
+//   - An absolute-form target ("GET http://admin.example/x") names the
+//     authority that counts (RFC 9112 section 3.2.2: it replaces Host).
+//     It is rewritten to origin-form with that authority as Host before
+//     routing, so the route, the agents and the upstream all see the same
+//     host and path. A target with userinfo, a fragment, another scheme or
+//     no authority is refused with 400. "*" passes for OPTIONS only.
+//   - A request with both Transfer-Encoding and Content-Length is refused
+//     with 400 and the connection closed (RFC 9112 section 6.1 allows
+//     either that or chunked-then-close; refusing cannot be smuggled
+//     through).
+//   - The Host value must be a valid authority: a reg-name, IPv4 or
+//     bracketed IPv6 literal, an optional numeric port.
+//   - "close" anywhere in a Connection token list closes the connection
+//     after the response (fasthttp honours only the whole value "close").
+//   - A folded header line (obs-fold, RFC 9112 section 5.2) is refused
+//     with 400: fasthttp would join it to the previous header, which is
+//     allowed, but a line that starts with whitespace is more often an
+//     attempt to hide a header from one parser than a client from 1999.
+
+// Reasons a request head is refused by the sidecar (not by fasthttp's
+// parser); they index counters.rejected.
+const (
+	rejectTarget    = iota // bad or unsupported request-target
+	rejectHost             // invalid Host
+	rejectFraming          // Transfer-Encoding with Content-Length
+	rejectParse            // fasthttp could not parse the head (400)
+	rejectURITooLong       // request line over read_buffer_size (414)
+	rejectHeaderTooLarge   // header block over read_buffer_size (431)
+	rejectHeadTimeout      // head not complete within read_timeout (408)
+	rejectObsFold          // a header line folded onto the previous one
+	numRejects
+)
+
+// RejectReasons names the reasons of Stats.Rejected, in order.
+var RejectReasons = [numRejects]string{"target", "host", "framing", "parse", "uri_too_long", "headers_too_large", "timeout", "obs_fold"}
+
+// normalizeTarget rewrites an absolute-form request target to origin-form
+// and its authority into Host. It returns false for a target the sidecar
+// refuses.
+func (rs *reqState) normalizeTarget() bool {
+	req := &rs.ctx.Request
+	h := &req.Header
+	uri := h.RequestURI()
+	if len(uri) > 0 && uri[0] == '/' {
+		return true
+	}
+	if len(uri) == 1 && uri[0] == '*' {
+		return h.IsOptions()
+	}
+	authority, path, ok := splitAbsolute(uri)
+	if !ok {
+		return false
+	}
+	// The rewritten target and host are copied before fasthttp's buffers
+	// they point into are overwritten.
+	buf := append(rs.targetBuf[:0], authority...)
+	n := len(buf)
+	if len(path) == 0 || path[0] == '?' {
+		buf = append(buf, '/')
+	}
+	buf = append(buf, path...)
+	rs.targetBuf = buf
+	h.SetHostBytes(buf[:n])
+	req.SetRequestURIBytes(buf[n:])
+	rs.stats().absoluteForm.Add(1)
+	return true
+}
+
+// splitAbsolute splits an absolute http(s) URI into its authority and
+// the rest (path and query). Userinfo, fragments, other schemes and an
+// empty authority are refused.
+func splitAbsolute(uri []byte) (authority, rest []byte, ok bool) {
+	switch {
+	case len(uri) > 7 && foldEq(uri[:7], "http://"):
+		uri = uri[7:]
+	case len(uri) > 8 && foldEq(uri[:8], "https://"):
+		uri = uri[8:]
+	default:
+		return nil, nil, false
+	}
+	end := len(uri)
+	for i, c := range uri {
+		if c == '/' || c == '?' {
+			end = i
+			break
+		}
+	}
+	authority, rest = uri[:end], uri[end:]
+	for _, c := range uri {
+		if c == '#' {
+			return nil, nil, false
+		}
+	}
+	if !validHost(authority) {
+		return nil, nil, false
+	}
+	return authority, rest, true
+}
+
+// hostChar is what a reg-name or IPv4 address may contain (RFC 3986
+// unreserved, sub-delims and pct-encoding), without ':' and brackets.
+var hostChar = func() (t [256]bool) {
+	for c := 'a'; c <= 'z'; c++ {
+		t[c] = true
+	}
+	for c := 'A'; c <= 'Z'; c++ {
+		t[c] = true
+	}
+	for c := '0'; c <= '9'; c++ {
+		t[c] = true
+	}
+	for _, c := range "-._~!$&'()*+,;=%" {
+		t[c] = true
+	}
+	return t
+}()
+
+// validHost reports whether h is host[:port] with a reg-name, IPv4 or
+// bracketed IPv6 host and a decimal port of at most 65535.
+func validHost(h []byte) bool {
+	if len(h) == 0 || len(h) > 262 {
+		return false
+	}
+	host, port := h, []byte(nil)
+	if h[0] == '[' {
+		end := -1
+		for i, c := range h {
+			if c == ']' {
+				end = i
+				break
+			}
+		}
+		if end < 2 {
+			return false
+		}
+		for _, c := range h[1:end] {
+			if !(c == ':' || c == '.' || ('0' <= c && c <= '9') || ('a' <= c && c <= 'f') || ('A' <= c && c <= 'F')) {
+				return false
+			}
+		}
+		host, port = h[:end+1], h[end+1:]
+		if len(port) > 0 {
+			if port[0] != ':' {
+				return false
+			}
+			port = port[1:]
+			if len(port) == 0 {
+				return false
+			}
+		}
+	} else {
+		for i := len(h) - 1; i >= 0; i-- {
+			if h[i] == ':' {
+				host, port = h[:i], h[i+1:]
+				if len(port) == 0 {
+					return false
+				}
+				break
+			}
+		}
+		if len(host) == 0 {
+			return false
+		}
+		for _, c := range host {
+			if !hostChar[c] {
+				return false
+			}
+		}
+	}
+	if len(port) > 5 {
+		return false
+	}
+	p := 0
+	for _, c := range port {
+		if c < '0' || c > '9' {
+			return false
+		}
+		p = p*10 + int(c-'0')
+	}
+	return p <= 65535
+}
+
+// hasObsFold reports whether a raw header block has a line that starts
+// with a space or tab (a continuation of the previous header).
+func hasObsFold(raw []byte) bool {
+	for {
+		i := bytes.IndexByte(raw, '\n')
+		if i < 0 || i+1 >= len(raw) {
+			return false
+		}
+		if c := raw[i+1]; c == ' ' || c == '\t' {
+			return true
+		}
+		raw = raw[i+1:]
+	}
+}
+
+// hasToken reports whether the comma-separated list v contains tok
+// (lower case), ignoring case and optional whitespace.
+func hasToken(v []byte, tok string) bool {
+	for len(v) > 0 {
+		var t []byte
+		t, v = nextToken(v)
+		if foldEq(t, tok) {
+			return true
+		}
+	}
+	return false
+}
+
+// nextToken splits the first element off a comma-separated list and trims
+// its optional whitespace.
+func nextToken(v []byte) (tok, rest []byte) {
+	i := 0
+	for i < len(v) && v[i] != ',' {
+		i++
+	}
+	tok = v[:i]
+	if i < len(v) {
+		rest = v[i+1:]
+	}
+	for len(tok) > 0 && (tok[0] == ' ' || tok[0] == '\t') {
+		tok = tok[1:]
+	}
+	for len(tok) > 0 && (tok[len(tok)-1] == ' ' || tok[len(tok)-1] == '\t') {
+		tok = tok[:len(tok)-1]
+	}
+	return tok, rest
+}
+
+// refuseHead answers a request head the sidecar refuses: 400, connection
+// closed (what follows on the connection cannot be trusted to be framed
+// the way the sender meant), counted.
+func (rs *reqState) refuseHead(reason int, outcome string) {
+	rs.stats().rejected[reason].Add(1)
+	rs.closeConn = true
+	rs.local(fasthttp.StatusBadRequest, "bad request", outcome)
+}
+
+func (rs *reqState) stats() *counters { return &rs.srv.stats }
