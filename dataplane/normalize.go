@@ -36,14 +36,14 @@ import (
 // Reasons a request head is refused by the sidecar (not by fasthttp's
 // parser); they index counters.rejected.
 const (
-	rejectTarget    = iota // bad or unsupported request-target
-	rejectHost             // invalid Host
-	rejectFraming          // Transfer-Encoding with Content-Length
-	rejectParse            // fasthttp could not parse the head (400)
-	rejectURITooLong       // request line over read_buffer_size (414)
-	rejectHeaderTooLarge   // header block over read_buffer_size (431)
-	rejectHeadTimeout      // head not complete within read_timeout (408)
-	rejectObsFold          // a header line folded onto the previous one
+	rejectTarget         = iota // bad or unsupported request-target
+	rejectHost                  // invalid Host
+	rejectFraming               // Transfer-Encoding with Content-Length
+	rejectParse                 // fasthttp could not parse the head (400)
+	rejectURITooLong            // request line over read_buffer_size (414)
+	rejectHeaderTooLarge        // header block over read_buffer_size (431)
+	rejectHeadTimeout           // head not complete within read_timeout (408)
+	rejectObsFold               // a header line folded onto the previous one
 	numRejects
 )
 

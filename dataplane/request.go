@@ -577,4 +577,3 @@ func (rs *reqState) finishResponseHeaders() {
 		h.SetBytesKV(hdrInspection, valueSkipped)
 	}
 }
-
