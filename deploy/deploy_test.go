@@ -15,7 +15,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
-	"github.com/zentinelproxy/sidecar/config"
+	"github.com/zentinelproxy/sidecar/internal/config"
 )
 
 // object is a decoded manifest.

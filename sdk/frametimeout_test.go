@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/zentinelproxy/sidecar/internal/udsclient"
 	"github.com/zentinelproxy/sidecar/protocol"
 	"github.com/zentinelproxy/sidecar/sdk"
 	"github.com/zentinelproxy/sidecar/uds"
@@ -76,7 +77,7 @@ func TestServeStalledFrameFromProxy(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	fr, _, err := uds.ClientHandshake(nc, "stalling-proxy", hangGuard)
+	fr, _, err := udsclient.ClientHandshake(nc, "stalling-proxy", hangGuard)
 	if err != nil {
 		t.Fatal(err)
 	}

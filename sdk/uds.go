@@ -9,12 +9,13 @@ import (
 	"os"
 	"strconv"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/rs/zerolog"
 
-	"github.com/zentinelproxy/sidecar/handshake"
+	"github.com/zentinelproxy/sidecar/internal/handshake"
+	"github.com/zentinelproxy/sidecar/internal/udswriter"
+	"github.com/zentinelproxy/sidecar/internal/unixsock"
 	"github.com/zentinelproxy/sidecar/protocol"
 	"github.com/zentinelproxy/sidecar/uds"
 )
@@ -22,9 +23,9 @@ import (
 // Errors of the agent side.
 var (
 	// ErrSDKSocketInUse: another process is listening on the socket path.
-	ErrSDKSocketInUse = errors.New("sdk: socket path in use by a live listener")
+	ErrSDKSocketInUse = unixsock.ErrInUse
 	// ErrSDKNotSocket: the path exists and is not a socket; it is never removed.
-	ErrSDKNotSocket = errors.New("sdk: path exists and is not a socket")
+	ErrSDKNotSocket = unixsock.ErrNotSocket
 	// ErrSDKHandshake: the proxy's first frame was not an acceptable handshake.
 	ErrSDKHandshake = errors.New("sdk: handshake failed")
 )
@@ -81,29 +82,9 @@ func (o *Options) defaults() Options {
 // it) or a non-socket file is an error, never deleted.
 func ListenUDS(path string, opts *Options) (net.Listener, error) {
 	o := opts.defaults()
-	if fi, err := os.Lstat(path); err == nil {
-		if fi.Mode()&os.ModeSocket == 0 {
-			return nil, fmt.Errorf("%w: %s", ErrSDKNotSocket, path)
-		}
-		c, err := net.DialTimeout("unix", path, 200*time.Millisecond)
-		if err == nil {
-			_ = c.Close()
-			return nil, fmt.Errorf("%w: %s", ErrSDKSocketInUse, path)
-		}
-		if !errors.Is(err, syscall.ECONNREFUSED) && !errors.Is(err, os.ErrNotExist) {
-			return nil, fmt.Errorf("sdk: probing existing socket %s: %w", path, err)
-		}
-		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return nil, fmt.Errorf("sdk: removing stale socket %s: %w", path, err)
-		}
-	}
-	ln, err := net.Listen("unix", path)
+	ln, err := unixsock.Listen(path, o.SocketMode)
 	if err != nil {
-		return nil, err
-	}
-	if err := os.Chmod(path, o.SocketMode); err != nil {
-		_ = ln.Close()
-		return nil, fmt.Errorf("sdk: chmod %s: %w", path, err)
+		return nil, fmt.Errorf("sdk: %w", err)
 	}
 	return ln, nil
 }
@@ -182,8 +163,8 @@ func ServeConn(ctx context.Context, nc net.Conn, h Handler, opts *Options) error
 	return serveFrames(ctx, nc, fr, h, &o)
 }
 
-// udsSender answers over a uds.Writer.
-type udsSender struct{ w *uds.Writer }
+// udsSender answers over a udswriter.Writer.
+type udsSender struct{ w *udswriter.Writer }
 
 func (s udsSender) Send(t protocol.MsgType, msg any) error { return s.w.Send(t, msg) }
 
@@ -203,7 +184,7 @@ func (s udsSender) SendError(id uint64, reason string) error {
 func serveFrames(ctx context.Context, nc net.Conn, fr *uds.FrameReader, h Handler, o *Options) error {
 	var once sync.Once
 	closeConn := func() { once.Do(func() { _ = nc.Close() }) }
-	w := uds.NewWriter(nc, o.WriteTimeout, func(error) { closeConn() })
+	w := udswriter.NewWriter(nc, o.WriteTimeout, func(error) { closeConn() })
 	out := udsSender{w: w}
 	d := NewDispatcher(ctx, h, out)
 	stop := context.AfterFunc(ctx, closeConn)

@@ -36,12 +36,6 @@ var (
 	ErrUDSFrameTooLarge = errors.New("uds: frame exceeds 16 MiB")
 	// ErrUDSUnknownMessage: AppendFrame was given a message it cannot encode.
 	ErrUDSUnknownMessage = errors.New("uds: cannot encode message")
-	// ErrUDSClosed: the connection is closed.
-	ErrUDSClosed = errors.New("uds: connection closed")
-	// ErrUDSPingTimeout: the peer sent nothing within the ping timeout.
-	ErrUDSPingTimeout = errors.New("uds: peer silent past ping timeout")
-	// ErrUDSHandshake: the first frames were not a valid handshake.
-	ErrUDSHandshake = errors.New("uds: handshake failed")
 	// ErrUDSFrameTimeout: the peer started a frame and did not finish it
 	// within the frame timeout.
 	ErrUDSFrameTimeout = errors.New("uds: peer stalled mid-frame")

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"io"
 
-	"github.com/zentinelproxy/sidecar/config"
+	"github.com/zentinelproxy/sidecar/internal/config"
 )
 
 func checkConfigCmd(args []string, stdout, stderr io.Writer) error {

@@ -17,10 +17,11 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/zentinelproxy/sidecar/config"
-	"github.com/zentinelproxy/sidecar/dataplane"
 	"github.com/zentinelproxy/sidecar/examples/demoagent"
+	"github.com/zentinelproxy/sidecar/internal/config"
+	"github.com/zentinelproxy/sidecar/internal/dataplane"
 	"github.com/zentinelproxy/sidecar/sdk"
+	"github.com/zentinelproxy/sidecar/sdk/grpcsdk"
 )
 
 // demoConfig is the configuration the demo runs; its addresses are
@@ -186,7 +187,7 @@ func runDemo(ctx context.Context, o demoOptions, ready func(demoAddrs)) (err err
 			return err
 		}
 		agentAddr = aln.Addr().String()
-		runAgent(func() error { return sdk.ServeGRPC(agentCtx, aln, h, agentOpts) })
+		runAgent(func() error { return grpcsdk.Serve(agentCtx, aln, h, &grpcsdk.Options{Name: agentOpts.Name, Logger: agentOpts.Logger}) })
 		agentCfg.Transport, agentCfg.Address = config.TransportGRPC, agentAddr
 	case "reverse":
 		// The sidecar listens and the agent dials in (started below, once

@@ -12,7 +12,7 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/zentinelproxy/sidecar/config"
+	"github.com/zentinelproxy/sidecar/internal/config"
 )
 
 // agentWait is how long run waits for agents before it starts serving

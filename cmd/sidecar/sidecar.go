@@ -14,13 +14,13 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/zentinelproxy/sidecar/accesslog"
-	"github.com/zentinelproxy/sidecar/admin"
-	"github.com/zentinelproxy/sidecar/agentmux"
-	"github.com/zentinelproxy/sidecar/config"
-	"github.com/zentinelproxy/sidecar/dataplane"
-	"github.com/zentinelproxy/sidecar/metrics"
-	"github.com/zentinelproxy/sidecar/reverse"
+	"github.com/zentinelproxy/sidecar/internal/accesslog"
+	"github.com/zentinelproxy/sidecar/internal/admin"
+	"github.com/zentinelproxy/sidecar/internal/agentmux"
+	"github.com/zentinelproxy/sidecar/internal/config"
+	"github.com/zentinelproxy/sidecar/internal/dataplane"
+	"github.com/zentinelproxy/sidecar/internal/metrics"
+	"github.com/zentinelproxy/sidecar/internal/reverse"
 )
 
 // sidecar is one running `sidecar run`: the dataplane with its agents and

@@ -12,11 +12,11 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/zentinelproxy/sidecar/agentmux"
-	"github.com/zentinelproxy/sidecar/config"
-	"github.com/zentinelproxy/sidecar/dataplane"
-	"github.com/zentinelproxy/sidecar/grpcagent"
-	"github.com/zentinelproxy/sidecar/reverse"
+	"github.com/zentinelproxy/sidecar/internal/agentmux"
+	"github.com/zentinelproxy/sidecar/internal/config"
+	"github.com/zentinelproxy/sidecar/internal/dataplane"
+	"github.com/zentinelproxy/sidecar/internal/grpcclient"
+	"github.com/zentinelproxy/sidecar/internal/reverse"
 )
 
 // Options of transport grpc (config agents[].options).
@@ -36,8 +36,8 @@ func agentError(cfg *config.Config, i int, key string, err error) error {
 
 // grpcConfig maps a configured agent of transport grpc to the client's
 // configuration.
-func grpcConfig(a *config.Agent, log zerolog.Logger) (grpcagent.Config, error) {
-	c := grpcagent.DefaultConfig(a.Name, a.Address)
+func grpcConfig(a *config.Agent, log zerolog.Logger) (grpcclient.Config, error) {
+	c := grpcclient.DefaultConfig(a.Name, a.Address)
 	c.Conns = a.Conns
 	c.MaxInFlight = a.MaxInFlight
 	c.MaxQueue = a.MaxQueue
@@ -64,7 +64,7 @@ func grpcConfig(a *config.Agent, log zerolog.Logger) (grpcagent.Config, error) {
 			err = fmt.Errorf("unknown option (known: %s)", strings.Join(grpcOptions, ", "))
 		}
 		if err != nil {
-			return c, fmt.Errorf("%w: option %s: %v", grpcagent.ErrGRPCConfig, k, err)
+			return c, fmt.Errorf("%w: option %s: %v", grpcclient.ErrGRPCConfig, k, err)
 		}
 	}
 	return c, c.Validate()
@@ -181,7 +181,7 @@ func transports(set *agentSet) dataplane.Transports {
 		if err != nil {
 			return nil, err
 		}
-		return grpcagent.NewClient(c)
+		return grpcclient.NewClient(c)
 	}
 	tr[config.TransportReverse] = func(a *config.Agent, _ zerolog.Logger) (agentmux.Agent, error) {
 		for _, l := range set.reverse {

@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/zentinelproxy/sidecar/internal/udsclient"
 	"github.com/zentinelproxy/sidecar/protocol"
 	"github.com/zentinelproxy/sidecar/sdk"
-	"github.com/zentinelproxy/sidecar/uds"
 )
 
 // TestOverUDS runs the agent behind a real socket and drives it with the
@@ -29,7 +29,7 @@ func TestOverUDS(t *testing.T) {
 		}
 	}()
 
-	c, err := uds.NewClient(uds.DefaultConfig("demo", sock))
+	c, err := udsclient.NewClient(udsclient.DefaultConfig("demo", sock))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,7 +18,7 @@ import (
 	"runtime/pprof"
 	"syscall"
 
-	"github.com/zentinelproxy/sidecar/bench"
+	"github.com/zentinelproxy/sidecar/internal/bench"
 )
 
 func main() { os.Exit(run()) }

@@ -1,5 +1,0 @@
-//go:build !race
-
-package grpcagent
-
-const raceEnabled = false

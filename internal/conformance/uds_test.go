@@ -1,0 +1,58 @@
+package conformance_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/zentinelproxy/sidecar/internal/agentmux"
+	"github.com/zentinelproxy/sidecar/internal/conformance"
+	"github.com/zentinelproxy/sidecar/internal/udsclient"
+	"github.com/zentinelproxy/sidecar/sdk"
+)
+
+// TestConformanceUDS runs the conversation suite over a Unix socket.
+func TestConformanceUDS(t *testing.T) {
+	conformance.Run(t, dialUDS)
+}
+
+func dialUDS(t *testing.T, h sdk.Handler) agentmux.Agent {
+	t.Helper()
+	// t.TempDir paths can exceed the 107-byte socket path limit.
+	dir, err := os.MkdirTemp("", "conf")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	path := filepath.Join(dir, "agent.sock")
+	ln, err := sdk.ListenUDS(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- sdk.Serve(ctx, ln, h, &sdk.Options{Name: "conformance"}) }()
+	cfg := udsclient.DefaultConfig("conformance", path)
+	cfg.MessageTimeout = 15 * time.Second
+	cfg.MaxInFlight = 256
+	c, err := udsclient.NewClient(cfg)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = c.Close()
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("sdk.Serve: %v", err)
+		}
+	})
+	wctx, wcancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer wcancel()
+	if err := c.WaitReady(wctx); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}

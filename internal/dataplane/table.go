@@ -1,0 +1,363 @@
+package dataplane
+
+import (
+	"fmt"
+	"net"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/zentinelproxy/sidecar/internal/agentmux"
+	"github.com/zentinelproxy/sidecar/internal/config"
+)
+
+// table is one immutable routing table: routes resolved to upstreams and
+// agents by index. Requests load it once; Swap publishes a new one.
+type table struct {
+	cfg       *config.Config
+	routes    []*route
+	agents    []*agentEntry
+	upstreams []*upstream
+
+	exact map[string][]*route // host → routes, longest prefix first
+	wild  map[string][]*route // ".example.com" → routes
+	any   []*route
+	// maxWild is the most dots of a wildcard suffix, bounding lookups.
+	maxWild int
+
+	// routeIDs and agentIDs number names for the Observer. Each table
+	// inherits them from the one it replaces, so an index keeps meaning
+	// the same name across swaps, also for requests still running on the
+	// old table.
+	routeIDs, agentIDs *nameIDs
+
+	refs    atomic.Int64
+	retired atomic.Bool
+	drained sync.Once
+	onDrain func()
+}
+
+// nameIDs assigns each name an index once; names only grow.
+type nameIDs struct {
+	byName map[string]int
+	names  []string
+}
+
+// clone copies n (nil: empty) so that a failed build leaves n unchanged.
+func (n *nameIDs) clone() *nameIDs {
+	c := &nameIDs{byName: make(map[string]int)}
+	if n != nil {
+		for k, v := range n.byName {
+			c.byName[k] = v
+		}
+		c.names = append([]string(nil), n.names...)
+	}
+	return c
+}
+
+func (n *nameIDs) id(name string) int {
+	if i, ok := n.byName[name]; ok {
+		return i
+	}
+	n.byName[name] = len(n.names)
+	n.names = append(n.names, name)
+	return len(n.names) - 1
+}
+
+type agentEntry struct {
+	name   string
+	nameB  []byte
+	idx    int
+	agent  agentmux.Agent
+	limits agentLimits
+	// Log rate limits: refused operations, and failures per outcome.
+	logRefused rateLog
+	logFail    [numOutcomes]rateLog
+}
+
+type upstream struct {
+	name    string
+	nameB   []byte
+	idx     int
+	hc      *fasthttp.HostClient
+	cfg     config.Upstream
+	hostHdr []byte  // host:port sent as Host with host_header: upstream
+	logErr  rateLog // rate limit of its error lines
+}
+
+// Host header modes.
+const (
+	hostPreserve = iota
+	hostUpstream
+	hostLiteral
+)
+
+type route struct {
+	name     string
+	nameB    []byte
+	idx      int
+	prefix   []byte
+	up       *upstream
+	agents   []routeAgent
+	hostMode uint8
+	hostLit  []byte
+}
+
+// Body modes resolved from config (auto is resolved per request from the
+// agent's capabilities).
+const (
+	bodyAuto uint8 = iota
+	bodyNone
+	bodyBuffered
+	bodyStreaming
+)
+
+type bodyPolicy struct {
+	mode   uint8
+	limit  int
+	reject bool
+	chunk  int
+}
+
+type routeAgent struct {
+	a        *agentEntry
+	failOpen bool
+	timeout  time.Duration
+	body     [2]bodyPolicy // by protocol.Phase
+}
+
+func resolveBody(b config.BodyPolicy) bodyPolicy {
+	p := bodyPolicy{limit: int(b.Limit), reject: b.OverLimit == config.OverLimitReject, chunk: int(b.ChunkSize)}
+	switch b.Mode {
+	case config.BodyNone:
+		p.mode = bodyNone
+	case config.BodyBuffered:
+		p.mode = bodyBuffered
+	case config.BodyStreaming:
+		p.mode = bodyStreaming
+	default:
+		p.mode = bodyAuto
+	}
+	if p.chunk <= 0 {
+		p.chunk = 64 << 10
+	}
+	if p.limit <= 0 {
+		p.limit = 1 << 20
+	}
+	return p
+}
+
+// buildTable resolves cfg against the agent instances. Upstream clients
+// are reused from prev when their configuration did not change, so a
+// reload keeps warm connection pools.
+func buildTable(cfg *config.Config, agents map[string]agentmux.Agent, prev *table) (*table, error) {
+	t := &table{
+		cfg:   cfg,
+		exact: make(map[string][]*route),
+		wild:  make(map[string][]*route),
+	}
+	if prev != nil {
+		t.routeIDs, t.agentIDs = prev.routeIDs.clone(), prev.agentIDs.clone()
+	} else {
+		t.routeIDs, t.agentIDs = (*nameIDs)(nil).clone(), (*nameIDs)(nil).clone()
+	}
+	byName := make(map[string]*agentEntry, len(cfg.Agents))
+	for i := range cfg.Agents {
+		a := &cfg.Agents[i]
+		inst, ok := agents[a.Name]
+		if !ok || inst == nil {
+			return nil, fmt.Errorf("%w: agent %q has no instance", ErrDataplaneConfig, a.Name)
+		}
+		e := &agentEntry{name: a.Name, nameB: []byte(a.Name), idx: t.agentIDs.id(a.Name), agent: inst,
+			limits: agentLimits{ops: a.Limits.HeaderOps, bytes: int(a.Limits.HeaderBytes), value: int(a.Limits.HeaderValue), block: int(a.Limits.HeaderBlock)}}
+		t.agents = append(t.agents, e)
+		byName[a.Name] = e
+	}
+	ups := make(map[string]*upstream, len(cfg.Upstreams))
+	for i := range cfg.Upstreams {
+		u := cfg.Upstreams[i]
+		var up *upstream
+		if prev != nil {
+			for _, old := range prev.upstreams {
+				if old.name == u.Name && old.cfg == u {
+					up = &upstream{name: u.Name, nameB: old.nameB, hc: old.hc, cfg: u, hostHdr: old.hostHdr}
+				}
+			}
+		}
+		if up == nil {
+			up = newUpstream(u)
+		}
+		up.idx = len(t.upstreams)
+		t.upstreams = append(t.upstreams, up)
+		ups[u.Name] = up
+	}
+	for i := range cfg.Routes {
+		rc := &cfg.Routes[i]
+		r := &route{name: rc.Name, nameB: []byte(rc.Name), idx: t.routeIDs.id(rc.Name), prefix: []byte(rc.PathPrefix), up: ups[rc.Upstream]}
+		if r.up == nil {
+			return nil, fmt.Errorf("%w: route %q: unknown upstream %q", ErrDataplaneConfig, rc.Name, rc.Upstream)
+		}
+		switch rc.HostHeader {
+		case config.HostPreserve, "":
+			r.hostMode = hostPreserve
+		case config.HostUpstream:
+			r.hostMode = hostUpstream
+		default:
+			r.hostMode = hostLiteral
+			r.hostLit = []byte(rc.HostHeader)
+		}
+		for j := range rc.Agents {
+			ra := &rc.Agents[j]
+			e := byName[ra.Name]
+			if e == nil {
+				return nil, fmt.Errorf("%w: route %q: unknown agent %q", ErrDataplaneConfig, rc.Name, ra.Name)
+			}
+			p := cfg.Policy(ra)
+			r.agents = append(r.agents, routeAgent{
+				a:        e,
+				failOpen: p.FailOpen,
+				timeout:  p.Timeout,
+				body:     [2]bodyPolicy{resolveBody(p.RequestBody), resolveBody(p.ResponseBody)},
+			})
+		}
+		if len(r.agents) > maxAgents {
+			return nil, fmt.Errorf("%w: route %q has %d agents (at most %d)", ErrDataplaneConfig, rc.Name, len(r.agents), maxAgents)
+		}
+		t.routes = append(t.routes, r)
+		hosts := rc.Hosts
+		if len(hosts) == 0 {
+			hosts = []string{"*"}
+		}
+		for _, h := range hosts {
+			h = strings.ToLower(h)
+			switch {
+			case h == "*":
+				t.any = append(t.any, r)
+			case strings.HasPrefix(h, "*."):
+				suffix := h[1:]
+				t.wild[suffix] = append(t.wild[suffix], r)
+				if n := strings.Count(suffix, "."); n > t.maxWild {
+					t.maxWild = n
+				}
+			default:
+				t.exact[h] = append(t.exact[h], r)
+			}
+		}
+	}
+	byPrefix := func(rs []*route) {
+		sort.SliceStable(rs, func(i, j int) bool { return len(rs[i].prefix) > len(rs[j].prefix) })
+	}
+	for _, rs := range t.exact {
+		byPrefix(rs)
+	}
+	for _, rs := range t.wild {
+		byPrefix(rs)
+	}
+	byPrefix(t.any)
+	return t, nil
+}
+
+// match finds the route for a lower-case host (no port) and a path.
+func (t *table) match(host, path []byte) *route {
+	if rs, ok := t.exact[string(host)]; ok {
+		if r := byPrefix(rs, path); r != nil {
+			return r
+		}
+	}
+	if len(t.wild) > 0 {
+		// Longest suffix first: "a.b.example.com" tries ".b.example.com"
+		// before ".example.com".
+		for i := 0; i < len(host); i++ {
+			if host[i] != '.' {
+				continue
+			}
+			if rs, ok := t.wild[string(host[i:])]; ok {
+				if r := byPrefix(rs, path); r != nil {
+					return r
+				}
+			}
+		}
+	}
+	return byPrefix(t.any, path)
+}
+
+func byPrefix(rs []*route, path []byte) *route {
+	for _, r := range rs {
+		if len(path) >= len(r.prefix) && string(path[:len(r.prefix)]) == string(r.prefix) {
+			return r
+		}
+	}
+	return nil
+}
+
+// acquire pins the table for one request.
+func (t *table) acquire() { t.refs.Add(1) }
+
+// release unpins it; the last release of a retired table runs onDrain.
+func (t *table) release() {
+	if t.refs.Add(-1) == 0 && t.retired.Load() {
+		t.drained.Do(t.runDrain)
+	}
+}
+
+// retire marks the table replaced; onDrain runs once no request uses it.
+func (t *table) retire(onDrain func()) {
+	t.onDrain = onDrain
+	t.retired.Store(true)
+	if t.refs.Load() == 0 {
+		t.drained.Do(t.runDrain)
+	}
+}
+
+func (t *table) runDrain() {
+	if t.onDrain != nil {
+		t.onDrain()
+	}
+}
+
+func (t *table) routeNames() []string {
+	n := make([]string, len(t.routes))
+	for i, r := range t.routes {
+		n[i] = r.name
+	}
+	return n
+}
+
+func (t *table) agentNames() []string {
+	n := make([]string, len(t.agents))
+	for i, a := range t.agents {
+		n[i] = a.name
+	}
+	return n
+}
+
+func newUpstream(u config.Upstream) *upstream {
+	up := &upstream{name: u.Name, nameB: []byte(u.Name), cfg: u}
+	addr := u.Address
+	connect := u.ConnectTimeout
+	dial := func(a string) (net.Conn, error) { return fasthttp.DialTimeout(a, connect) }
+	if path, ok := strings.CutPrefix(addr, "unix:"); ok {
+		dial = func(string) (net.Conn, error) { return net.DialTimeout("unix", path, connect) }
+		addr = "localhost"
+	}
+	up.hostHdr = []byte(addr)
+	up.hc = &fasthttp.HostClient{
+		Addr:                          addr,
+		Dial:                          dial,
+		MaxConns:                      u.MaxConns,
+		MaxIdleConnDuration:           u.KeepAlive,
+		MaxConnWaitTimeout:            u.MaxConnWait,
+		ReadBufferSize:                int(u.ReadBufferSize),
+		WriteBufferSize:               int(u.WriteBufferSize),
+		DisablePathNormalizing:        true,
+		DisableHeaderNamesNormalizing: false,
+		NoDefaultUserAgentHeader:      true,
+		SecureErrorLogMessage:         true,
+		ConnPoolStrategy:              fasthttp.LIFO,
+	}
+	return up
+}

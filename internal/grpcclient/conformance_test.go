@@ -1,0 +1,81 @@
+package grpcclient_test
+
+import (
+	"context"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/zentinelproxy/sidecar/internal/agentmux"
+	"github.com/zentinelproxy/sidecar/internal/conformance"
+	"github.com/zentinelproxy/sidecar/internal/grpcclient"
+	"github.com/zentinelproxy/sidecar/sdk"
+	"github.com/zentinelproxy/sidecar/sdk/grpcsdk"
+)
+
+// TestConformance runs the transport-independent conversation suite over
+// gRPC on loopback TCP.
+func TestConformance(t *testing.T) {
+	conformance.Run(t, func(t *testing.T, h sdk.Handler) agentmux.Agent {
+		return startPair(t, h, nil).client
+	})
+}
+
+// pair is an agent served with grpcsdk.Serve and a Client connected to it.
+type pair struct {
+	client *grpcclient.Client
+	addr   string
+	stop   func() // stops the agent (the client stays)
+}
+
+// startPair serves h on 127.0.0.1:0 and connects a Client; tweak adjusts
+// the client config. Both are cleaned up with t.
+func startPair(t *testing.T, h sdk.Handler, tweak func(*grpcclient.Config)) *pair {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &pair{addr: ln.Addr().String()}
+	p.stop = serveAgent(t, ln, h)
+	cfg := grpcclient.DefaultConfig("conformance", p.addr)
+	cfg.MessageTimeout = 15 * time.Second
+	cfg.MaxInFlight = 256
+	if tweak != nil {
+		tweak(&cfg)
+	}
+	c, err := grpcclient.NewClient(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := c.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	p.client = c
+	return p
+}
+
+// serveAgent runs grpcsdk.Serve on ln until the returned stop (also run at
+// cleanup) is called.
+func serveAgent(t *testing.T, ln net.Listener, h sdk.Handler, sopts ...grpcServerOption) func() {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- grpcsdk.Serve(ctx, ln, h, &grpcsdk.Options{Name: "test-agent"}, sopts...) }()
+	stopped := false
+	stop := func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("ServeGRPC: %v", err)
+		}
+	}
+	t.Cleanup(stop)
+	return stop
+}

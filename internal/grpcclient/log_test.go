@@ -1,0 +1,149 @@
+package grpcclient_test
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+	"google.golang.org/grpc"
+
+	"github.com/zentinelproxy/sidecar/grpcagent/pb"
+	"github.com/zentinelproxy/sidecar/internal/agentmux"
+	"github.com/zentinelproxy/sidecar/internal/grpcclient"
+)
+
+// logBuffer collects log lines written from several goroutines.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// topLevelKeys returns the keys of the JSON object line in order,
+// duplicates included (encoding/json's Unmarshal would hide them).
+func topLevelKeys(line []byte) ([]string, error) {
+	dec := json.NewDecoder(bytes.NewReader(line))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return nil, fmt.Errorf("not a JSON object (%v, %v)", tok, err)
+	}
+	var keys []string
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, err
+		}
+		k, ok := tok.(string)
+		if !ok {
+			return nil, fmt.Errorf("key is %T", tok)
+		}
+		keys = append(keys, k)
+		depth := 0
+		for {
+			tok, err := dec.Token()
+			if err != nil {
+				return nil, err
+			}
+			switch tok {
+			case json.Delim('{'), json.Delim('['):
+				depth++
+			case json.Delim('}'), json.Delim(']'):
+				depth--
+			}
+			if depth == 0 {
+				break
+			}
+		}
+	}
+	return keys, nil
+}
+
+// TestLogLinesCarryAgentOnce: the logger a transport is given already
+// carries the agent field; the client's lines must not add it again.
+func TestLogLinesCarryAgentOnce(t *testing.T) {
+	var streams atomic.Int32
+	a := &rawAgent{}
+	a.stream = func(s grpc.BidiStreamingServer[pb.AgentMessage, pb.AgentMessage]) error {
+		first := streams.Add(1) == 1
+		for {
+			m, err := s.Recv()
+			if err != nil {
+				return nil
+			}
+			if m.GetRequestHeaders() == nil {
+				continue
+			}
+			// A proxy-only payload (skipped with a warning), the answer,
+			// then the first stream ends (the reconnect loop logs it).
+			if err := s.Send(&pb.AgentMessage{RequestId: m.RequestId, Payload: &pb.AgentMessage_RequestHeaders{RequestHeaders: &pb.RequestHeaders{}}}); err != nil {
+				return err
+			}
+			if err := s.Send(allow(m.RequestId)); err != nil {
+				return err
+			}
+			if first {
+				return errors.New("stream over")
+			}
+		}
+	}
+	var logs logBuffer
+	const name = "dup-agent"
+	c := startRaw(t, a, func(cfg *grpcclient.Config) {
+		cfg.Name = name
+		cfg.Logger = zerolog.New(&logs).With().Str("agent", name).Logger()
+		cfg.BackoffMin = 5 * time.Millisecond
+		cfg.BackoffMax = 50 * time.Millisecond
+	})
+	if _, err := roundTrip(t, c, "/"); err != nil && !errors.Is(err, agentmux.ErrAgentConnLost) {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(longWait)
+	for !strings.Contains(logs.String(), "unexpected type") || !strings.Contains(logs.String(), "lost; reconnecting") {
+		if time.Now().After(deadline) {
+			t.Fatalf("expected log lines missing:\n%s", logs.String())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	_ = c.Close()
+	sc := bufio.NewScanner(strings.NewReader(logs.String()))
+	for sc.Scan() {
+		line := sc.Bytes()
+		keys, err := topLevelKeys(line)
+		if err != nil {
+			t.Errorf("line %q: %v", line, err)
+			continue
+		}
+		n := 0
+		for i, k := range keys {
+			if k == "agent" {
+				n++
+			}
+			for _, k2 := range keys[:i] {
+				if k == k2 && k != "agent" {
+					t.Errorf("key %q repeated in %s", k, line)
+				}
+			}
+		}
+		if n != 1 {
+			t.Errorf("key \"agent\" appears %d times in %s", n, line)
+		}
+	}
+}

@@ -1,0 +1,219 @@
+package grpcclient_test
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+
+	"github.com/zentinelproxy/sidecar/internal/grpcclient"
+	"github.com/zentinelproxy/sidecar/sdk"
+)
+
+// testPKI is a CA with a server and a client certificate, made per test.
+type testPKI struct {
+	dir                  string
+	caFile               string
+	ca                   *x509.Certificate
+	caKey                *ecdsa.PrivateKey
+	caPool               *x509.CertPool
+	serverCert           tls.Certificate
+	clientCert, clientKy string
+}
+
+func newKey(t *testing.T) *ecdsa.PrivateKey {
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+var serial int64
+
+func issue(t *testing.T, tmpl *x509.Certificate, parent *x509.Certificate, pub *ecdsa.PublicKey, signer *ecdsa.PrivateKey) *x509.Certificate {
+	serial++
+	tmpl.SerialNumber = big.NewInt(serial)
+	tmpl.NotBefore = time.Now().Add(-time.Hour)
+	tmpl.NotAfter = time.Now().Add(time.Hour)
+	if parent == nil {
+		parent = tmpl
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, parent, pub, signer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func writePEM(t *testing.T, path, typ string, der []byte) {
+	t.Helper()
+	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// newPKI makes a CA, a server certificate for serverNames (IP addresses
+// become IP SANs) and a client certificate, with the CA and the client's
+// pair written to files.
+func newPKI(t *testing.T, serverNames ...string) *testPKI {
+	t.Helper()
+	p := &testPKI{dir: t.TempDir()}
+	p.caKey = newKey(t)
+	p.ca = issue(t, &x509.Certificate{
+		Subject: pkix.Name{CommonName: "test CA"}, IsCA: true, BasicConstraintsValid: true,
+		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
+	}, nil, &p.caKey.PublicKey, p.caKey)
+	p.caPool = x509.NewCertPool()
+	p.caPool.AddCert(p.ca)
+	p.caFile = filepath.Join(p.dir, "ca.pem")
+	writePEM(t, p.caFile, "CERTIFICATE", p.ca.Raw)
+
+	sk := newKey(t)
+	st := &x509.Certificate{Subject: pkix.Name{CommonName: "agent"}, KeyUsage: x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	for _, n := range serverNames {
+		if ip := net.ParseIP(n); ip != nil {
+			st.IPAddresses = append(st.IPAddresses, ip)
+		} else {
+			st.DNSNames = append(st.DNSNames, n)
+		}
+	}
+	sc := issue(t, st, p.ca, &sk.PublicKey, p.caKey)
+	p.serverCert = tls.Certificate{Certificate: [][]byte{sc.Raw}, PrivateKey: sk, Leaf: sc}
+
+	ck := newKey(t)
+	cc := issue(t, &x509.Certificate{Subject: pkix.Name{CommonName: "sidecar"}, KeyUsage: x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}, p.ca, &ck.PublicKey, p.caKey)
+	p.clientCert = filepath.Join(p.dir, "client.pem")
+	p.clientKy = filepath.Join(p.dir, "client-key.pem")
+	writePEM(t, p.clientCert, "CERTIFICATE", cc.Raw)
+	kder, err := x509.MarshalECPrivateKey(ck)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writePEM(t, p.clientKy, "EC PRIVATE KEY", kder)
+	return p
+}
+
+// serverCreds is the agent's TLS; mtls requires a client certificate
+// signed by the CA.
+func (p *testPKI) serverCreds(mtls bool) grpc.ServerOption {
+	tc := &tls.Config{Certificates: []tls.Certificate{p.serverCert}, MinVersion: tls.VersionTLS12}
+	if mtls {
+		tc.ClientAuth = tls.RequireAndVerifyClientCert
+		tc.ClientCAs = p.caPool
+	}
+	return grpc.Creds(credentials.NewTLS(tc))
+}
+
+// TestTLS runs one request over TLS and mTLS, and checks that the wrong
+// setups are refused: no client certificate under mTLS, an unknown CA,
+// a certificate for another name, plaintext against TLS.
+func TestTLS(t *testing.T) {
+	cases := []struct {
+		name       string
+		serverName []string // SANs of the agent's certificate
+		mtls       bool
+		tls        func(p *testPKI) grpcclient.TLSConfig
+		ok         bool
+		why        string // expected in the last error when refused
+	}{
+		{"tls", []string{"127.0.0.1"}, false, func(p *testPKI) grpcclient.TLSConfig {
+			return grpcclient.TLSConfig{CAFile: p.caFile}
+		}, true, ""},
+		{"tls server name override", []string{"agent.internal"}, false, func(p *testPKI) grpcclient.TLSConfig {
+			return grpcclient.TLSConfig{CAFile: p.caFile, ServerName: "agent.internal"}
+		}, true, ""},
+		{"mtls", []string{"127.0.0.1"}, true, func(p *testPKI) grpcclient.TLSConfig {
+			return grpcclient.TLSConfig{CAFile: p.caFile, CertFile: p.clientCert, KeyFile: p.clientKy}
+		}, true, ""},
+		{"mtls without client certificate", []string{"127.0.0.1"}, true, func(p *testPKI) grpcclient.TLSConfig {
+			return grpcclient.TLSConfig{CAFile: p.caFile}
+		}, false, "certificate"},
+		{"unknown CA", []string{"127.0.0.1"}, false, func(p *testPKI) grpcclient.TLSConfig {
+			other := newPKI(t, "127.0.0.1")
+			return grpcclient.TLSConfig{CAFile: other.caFile}
+		}, false, "certificate"},
+		{"wrong server name", []string{"other.internal"}, false, func(p *testPKI) grpcclient.TLSConfig {
+			return grpcclient.TLSConfig{CAFile: p.caFile}
+		}, false, "certificate"},
+		{"plaintext client", []string{"127.0.0.1"}, false, func(p *testPKI) grpcclient.TLSConfig {
+			return grpcclient.TLSConfig{}
+		}, false, "Unavailable"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			p := newPKI(t, c.serverName...)
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			serveAgent(t, ln, &sdk.Base{Caps: testCaps}, p.serverCreds(c.mtls))
+			cfg := grpcclient.DefaultConfig("tls", ln.Addr().String())
+			cfg.TLS = c.tls(p)
+			cl, err := grpcclient.NewClient(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cl.Close()
+			if !c.ok {
+				waitLastError(t, cl, c.why)
+				if cl.Len() != 0 {
+					t.Fatal("refused client has a live connection")
+				}
+				return
+			}
+			ctx, cancel := waitCtx()
+			defer cancel()
+			if err := cl.WaitReady(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := roundTrip(t, cl, "/secure"); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// TestTLSConfigFiles: unreadable or empty files fail NewClient at once.
+func TestTLSConfigFiles(t *testing.T) {
+	p := newPKI(t, "127.0.0.1")
+	empty := filepath.Join(p.dir, "empty.pem")
+	if err := os.WriteFile(empty, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		tls  grpcclient.TLSConfig
+	}{
+		{"missing CA file", grpcclient.TLSConfig{CAFile: filepath.Join(p.dir, "nope.pem")}},
+		{"CA file without certificates", grpcclient.TLSConfig{CAFile: empty}},
+		{"key does not match", grpcclient.TLSConfig{CAFile: p.caFile, CertFile: p.clientCert, KeyFile: p.caFile}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := grpcclient.DefaultConfig("tls", "127.0.0.1:1")
+			cfg.TLS = c.tls
+			if _, err := grpcclient.NewClient(cfg); !errors.Is(err, grpcclient.ErrGRPCConfig) {
+				t.Fatalf("NewClient: %v, want ErrGRPCConfig", err)
+			}
+		})
+	}
+}

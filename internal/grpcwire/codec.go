@@ -1,0 +1,154 @@
+package grpcwire
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+
+	"google.golang.org/grpc/encoding"
+	grpcproto "google.golang.org/grpc/encoding/proto"
+	"google.golang.org/grpc/mem"
+
+	"github.com/zentinelproxy/sidecar/protocol"
+)
+
+// Sentinel errors of the gRPC transport. Wrapped with details; test with
+// errors.Is.
+var (
+	// ErrGRPCMessageTooLarge: a message exceeds the 10 MiB gRPC limit.
+	ErrGRPCMessageTooLarge = errors.New("grpcagent: message too large")
+	// ErrGRPCMessageType: a message of a type this transport does not carry.
+	ErrGRPCMessageType = errors.New("grpcagent: unsupported message type")
+	// ErrGRPCMalformed: a stream message that is not a valid AgentMessage.
+	ErrGRPCMalformed = errors.New("grpcagent: malformed message")
+	// ErrGRPCAgentError: the agent reported that it failed to handle an event.
+	ErrGRPCAgentError = errors.New("grpcagent: agent error")
+	// ErrGRPCClosed: the stream or client was closed.
+	ErrGRPCClosed = errors.New("grpcagent: closed")
+	// ErrGRPCQueueFull: the stream's send queue is full (the peer does not read).
+	ErrGRPCQueueFull = errors.New("grpcagent: send queue full")
+)
+
+// MaxMessageSize is the largest gRPC message in either direction.
+const MaxMessageSize = protocol.MaxGRPCMessageSize
+
+// Codec returns the gRPC codec of this transport. It is named "proto" and
+// is a superset of gRPC's protobuf codec: any proto.Message goes through
+// the standard codec, while *Outgoing (an AgentMessage already encoded by
+// Outgoing.Encode) and *Frame (an AgentMessage decoded without the
+// generated types, keeping the request id of a malformed one) get the fast
+// paths. Both ends of ProcessStream use it: the proxy passes
+// grpc.ForceCodecV2(Codec()) on the stream, the agent side
+// grpc.ForceServerCodecV2(Codec()).
+func Codec() encoding.CodecV2 { return theCodec }
+
+var theCodec = &codec{std: encoding.GetCodecV2(grpcproto.Name)}
+
+type codec struct{ std encoding.CodecV2 }
+
+func (c *codec) Name() string { return grpcproto.Name }
+
+func (c *codec) Marshal(v any) (mem.BufferSlice, error) {
+	if o, ok := v.(*Outgoing); ok {
+		b := o.buf
+		o.buf = nil
+		if b == nil {
+			return nil, fmt.Errorf("%w: empty outgoing message", ErrGRPCMessageType)
+		}
+		return mem.BufferSlice{b}, nil
+	}
+	return c.std.Marshal(v)
+}
+
+func (c *codec) Unmarshal(data mem.BufferSlice, v any) error {
+	f, ok := v.(*Frame)
+	if !ok {
+		return c.std.Unmarshal(data, v)
+	}
+	// One allocation per message: the decoded fields alias it, so it must
+	// not be reused while a handler or waiter holds them.
+	f.parse(data.Materialize())
+	// A malformed message fails its own request only, never the stream.
+	return nil
+}
+
+// Outgoing is one encoded AgentMessage on its way to SendMsg. The codec
+// takes its buffer (gRPC frees it once written).
+type Outgoing struct {
+	buf mem.Buffer
+}
+
+// Len is the encoded size in bytes.
+func (o *Outgoing) Len() int {
+	if o.buf == nil {
+		return 0
+	}
+	return o.buf.Len()
+}
+
+// Free releases a message that will not be sent.
+func (o *Outgoing) Free() {
+	if o.buf != nil {
+		o.buf.Free()
+		o.buf = nil
+	}
+}
+
+// Encode encodes the AgentMessage carrying msg (a pointer to the protocol
+// message of type t) into o, refusing one larger than limit bytes
+// (MaxMessageSize when limit <= 0). msg may be reused once Encode returns.
+func (o *Outgoing) Encode(t protocol.MsgType, msg any, limit int) error {
+	if limit <= 0 || limit > MaxMessageSize {
+		limit = MaxMessageSize
+	}
+	w, err := resolve(t, msg)
+	if err != nil {
+		return err
+	}
+	size := w.size()
+	if size > limit {
+		return fmt.Errorf("%w: %s of %d bytes exceeds the limit of %d bytes", ErrGRPCMessageTooLarge, t, size, limit)
+	}
+	o.Free()
+	pool := mem.DefaultBufferPool()
+	if size <= smallBufSize {
+		pool = &smallBufs
+	}
+	buf := pool.Get(size)
+	*buf = w.append((*buf)[:0])
+	o.buf = mem.NewBuffer(buf, pool)
+	return nil
+}
+
+// smallBufSize is the capacity of the pooled buffers of typical messages:
+// above gRPC's pooling threshold, so that mem.NewBuffer hands them back to
+// smallBufs once gRPC has written them.
+const smallBufSize = 2048
+
+// smallBufs recycles encode buffers without zeroing them: every byte that
+// is read was just written.
+var smallBufs smallPool
+
+type smallPool struct{ p sync.Pool }
+
+func (s *smallPool) Get(n int) *[]byte {
+	if v := s.p.Get(); v != nil {
+		b := v.(*[]byte)
+		*b = (*b)[:n]
+		return b
+	}
+	b := make([]byte, n, smallBufSize)
+	return &b
+}
+
+func (s *smallPool) Put(b *[]byte) {
+	if cap(*b) == smallBufSize {
+		s.p.Put(b)
+	}
+}
+
+// EncodeAgentError encodes an agent error for request id into o.
+func (o *Outgoing) EncodeAgentError(id uint64, reason string) {
+	o.Free()
+	o.buf = mem.SliceBuffer(AppendAgentError(make([]byte, 0, 32+len(reason)), id, reason))
+}

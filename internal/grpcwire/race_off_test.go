@@ -1,0 +1,5 @@
+//go:build !race
+
+package grpcwire
+
+const raceEnabled = false

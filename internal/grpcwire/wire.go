@@ -1,0 +1,1161 @@
+package grpcwire
+
+import (
+	"fmt"
+	"math"
+	"unicode/utf8"
+
+	"google.golang.org/protobuf/encoding/protowire"
+
+	"github.com/zentinelproxy/sidecar/protocol"
+)
+
+// The stream's hot path encodes protocol messages straight into the
+// protobuf wire format of agent.proto and decodes it straight back,
+// without the generated message graph: no reflection, no allocation per
+// field. The generated types in pb/ remain the schema and the general API
+// (convert.go); wire_test.go holds the two to the same bytes in both
+// directions.
+
+// Field numbers of agent.proto.
+const (
+	fEnvRequestID        = 1
+	fEnvRequestHeaders   = 2
+	fEnvRequestChunk     = 3
+	fEnvResponseHeaders  = 4
+	fEnvResponseChunk    = 5
+	fEnvDecision         = 6
+	fEnvCancel           = 7
+	fEnvBodyMutation     = 8
+	fEnvCancelAll        = 9
+	fEnvPing             = 10
+	fEnvPong             = 11
+	fEnvAgentError       = 12
+	fEnvMaxKnownPayload  = 12
+	fHeaderName          = 1
+	fHeaderValue         = 2
+	fReqMethod           = 1
+	fReqURI              = 2
+	fReqHeaders          = 3
+	fReqHasBody          = 4
+	fReqMetadata         = 5
+	fChunkIndex          = 1
+	fChunkData           = 2
+	fChunkIsLast         = 3
+	fChunkTotal          = 4
+	fChunkProgress       = 5
+	fRespStatus          = 1
+	fRespHeaders         = 2
+	fRespHasBody         = 3
+	fDecAllow            = 1
+	fDecBlock            = 2
+	fDecRedirect         = 3
+	fDecNeedsMoreVerdict = 4
+	fDecRequestOps       = 5
+	fDecResponseOps      = 6
+	fDecNeedsMore        = 7
+	fDecRequestMutation  = 8
+	fDecResponseMutation = 9
+	fDecAudit            = 10
+	fBlockStatus         = 1
+	fBlockBody           = 2
+	fBlockHeaders        = 3
+	fRedirectURL         = 1
+	fRedirectStatus      = 2
+	fOpOperation         = 1
+	fOpName              = 2
+	fOpValue             = 3
+	fAuditTags           = 1
+	fAuditRuleIDs        = 2
+	fAuditConfidence     = 3
+	fAuditReasonCodes    = 4
+	fAuditCustom         = 5
+	fMutPhase            = 1
+	fMutChunkIndex       = 2
+	fMutData             = 3
+	fReason              = 1 // CancelRequest, CancelAll, AgentError
+	fPingSequence        = 1
+	fPingTimestamp       = 2
+)
+
+// HeaderOp.Operation and Phase enum values.
+const (
+	opSet    = 1
+	opAdd    = 2
+	opRemove = 3
+)
+
+// ---------------------------------------------------------------------------
+// Encoding. size* functions return the encoded size of a message body; the
+// matching append* functions write exactly that many bytes.
+
+func sizeTag(num protowire.Number) int { return protowire.SizeTag(num) }
+
+func sizeBytesField(num protowire.Number, b []byte) int {
+	if len(b) == 0 {
+		return 0
+	}
+	return sizeTag(num) + protowire.SizeBytes(len(b))
+}
+
+func appendBytesField(dst []byte, num protowire.Number, b []byte) []byte {
+	if len(b) == 0 {
+		return dst
+	}
+	dst = protowire.AppendTag(dst, num, protowire.BytesType)
+	return protowire.AppendBytes(dst, b)
+}
+
+// sizeBytesAlways and appendBytesAlways write the field even when empty
+// (repeated and explicit-presence fields).
+func sizeBytesAlways(num protowire.Number, b []byte) int {
+	return sizeTag(num) + protowire.SizeBytes(len(b))
+}
+
+func appendBytesAlways(dst []byte, num protowire.Number, b []byte) []byte {
+	dst = protowire.AppendTag(dst, num, protowire.BytesType)
+	return protowire.AppendBytes(dst, b)
+}
+
+func sizeVarintField(num protowire.Number, v uint64) int {
+	if v == 0 {
+		return 0
+	}
+	return sizeTag(num) + protowire.SizeVarint(v)
+}
+
+func appendVarintField(dst []byte, num protowire.Number, v uint64) []byte {
+	if v == 0 {
+		return dst
+	}
+	dst = protowire.AppendTag(dst, num, protowire.VarintType)
+	return protowire.AppendVarint(dst, v)
+}
+
+func sizeBoolField(num protowire.Number, v bool) int {
+	if !v {
+		return 0
+	}
+	return sizeTag(num) + 1
+}
+
+func appendBoolField(dst []byte, num protowire.Number, v bool) []byte {
+	if !v {
+		return dst
+	}
+	dst = protowire.AppendTag(dst, num, protowire.VarintType)
+	return append(dst, 1)
+}
+
+func sizeMessageField(num protowire.Number, n int) int { return sizeTag(num) + protowire.SizeBytes(n) }
+
+func appendMessageHeader(dst []byte, num protowire.Number, n int) []byte {
+	dst = protowire.AppendTag(dst, num, protowire.BytesType)
+	return protowire.AppendVarint(dst, uint64(n))
+}
+
+// optional int64 fields: present when v >= 0 (negative means unknown).
+func sizeOptInt64(num protowire.Number, v int64) int {
+	if v < 0 {
+		return 0
+	}
+	return sizeTag(num) + protowire.SizeVarint(uint64(v))
+}
+
+func appendOptInt64(dst []byte, num protowire.Number, v int64) []byte {
+	if v < 0 {
+		return dst
+	}
+	dst = protowire.AppendTag(dst, num, protowire.VarintType)
+	return protowire.AppendVarint(dst, uint64(v))
+}
+
+func sizeHeader(h *protocol.Header) int {
+	return sizeBytesField(fHeaderName, h.Name) + sizeBytesField(fHeaderValue, h.Value)
+}
+
+func sizeHeaders(num protowire.Number, hs protocol.Headers) int {
+	n := 0
+	for i := range hs {
+		n += sizeMessageField(num, sizeHeader(&hs[i]))
+	}
+	return n
+}
+
+func appendHeaders(dst []byte, num protowire.Number, hs protocol.Headers) []byte {
+	for i := range hs {
+		h := &hs[i]
+		dst = appendMessageHeader(dst, num, sizeHeader(h))
+		dst = appendBytesField(dst, fHeaderName, h.Name)
+		dst = appendBytesField(dst, fHeaderValue, h.Value)
+	}
+	return dst
+}
+
+func clientPort(p int) uint64 {
+	if p > 0 && p <= 0xFFFF {
+		return uint64(p)
+	}
+	return 0
+}
+
+func sizeMetadata(md *protocol.Metadata) int {
+	return sizeBytesField(1, md.CorrelationID) + sizeBytesField(2, md.ClientIP) +
+		sizeVarintField(3, clientPort(md.ClientPort)) + sizeBytesField(4, md.Protocol) +
+		sizeBytesField(5, md.ServerName) + sizeBytesField(6, md.RouteID) +
+		sizeBytesField(7, md.UpstreamID) + sizeBytesField(8, md.Traceparent) +
+		sizeBytesField(9, md.Timestamp)
+}
+
+func appendMetadata(dst []byte, md *protocol.Metadata) []byte {
+	dst = appendBytesField(dst, 1, md.CorrelationID)
+	dst = appendBytesField(dst, 2, md.ClientIP)
+	dst = appendVarintField(dst, 3, clientPort(md.ClientPort))
+	dst = appendBytesField(dst, 4, md.Protocol)
+	dst = appendBytesField(dst, 5, md.ServerName)
+	dst = appendBytesField(dst, 6, md.RouteID)
+	dst = appendBytesField(dst, 7, md.UpstreamID)
+	dst = appendBytesField(dst, 8, md.Traceparent)
+	return appendBytesField(dst, 9, md.Timestamp)
+}
+
+func sizeRequestHeaders(m *protocol.RequestHeaders) int {
+	return sizeBytesField(fReqMethod, m.Method) + sizeBytesField(fReqURI, m.URI) +
+		sizeHeaders(fReqHeaders, m.Headers) + sizeBoolField(fReqHasBody, m.HasBody) +
+		sizeMessageField(fReqMetadata, sizeMetadata(&m.Metadata))
+}
+
+func appendRequestHeaders(dst []byte, m *protocol.RequestHeaders) []byte {
+	dst = appendBytesField(dst, fReqMethod, m.Method)
+	dst = appendBytesField(dst, fReqURI, m.URI)
+	dst = appendHeaders(dst, fReqHeaders, m.Headers)
+	dst = appendBoolField(dst, fReqHasBody, m.HasBody)
+	dst = appendMessageHeader(dst, fReqMetadata, sizeMetadata(&m.Metadata))
+	return appendMetadata(dst, &m.Metadata)
+}
+
+func sizeBodyChunk(m *protocol.BodyChunk) int {
+	return sizeVarintField(fChunkIndex, uint64(m.ChunkIndex)) + sizeBytesField(fChunkData, m.Data) +
+		sizeBoolField(fChunkIsLast, m.IsLast) + sizeOptInt64(fChunkTotal, m.TotalSize) +
+		sizeOptInt64(fChunkProgress, m.Progress)
+}
+
+func appendBodyChunk(dst []byte, m *protocol.BodyChunk) []byte {
+	dst = appendVarintField(dst, fChunkIndex, uint64(m.ChunkIndex))
+	dst = appendBytesField(dst, fChunkData, m.Data)
+	dst = appendBoolField(dst, fChunkIsLast, m.IsLast)
+	dst = appendOptInt64(dst, fChunkTotal, m.TotalSize)
+	return appendOptInt64(dst, fChunkProgress, m.Progress)
+}
+
+func statusField(s int) uint64 {
+	if s > 0 && s <= math.MaxUint32 {
+		return uint64(s)
+	}
+	return 0
+}
+
+func sizeResponseHeaders(m *protocol.ResponseHeaders) int {
+	return sizeVarintField(fRespStatus, statusField(m.StatusCode)) + sizeHeaders(fRespHeaders, m.Headers) +
+		sizeBoolField(fRespHasBody, m.HasBody)
+}
+
+func appendResponseHeaders(dst []byte, m *protocol.ResponseHeaders) []byte {
+	dst = appendVarintField(dst, fRespStatus, statusField(m.StatusCode))
+	dst = appendHeaders(dst, fRespHeaders, m.Headers)
+	return appendBoolField(dst, fRespHasBody, m.HasBody)
+}
+
+func opCode(k protocol.HeaderOpKind) uint64 {
+	switch k {
+	case protocol.HeaderAdd:
+		return opAdd
+	case protocol.HeaderRemove:
+		return opRemove
+	}
+	return opSet
+}
+
+func sizeHeaderOp(op *protocol.HeaderOp) int {
+	n := sizeVarintField(fOpOperation, opCode(op.Op)) + sizeBytesField(fOpName, op.Name)
+	if op.Op != protocol.HeaderRemove {
+		n += sizeBytesField(fOpValue, op.Value)
+	}
+	return n
+}
+
+func sizeHeaderOps(num protowire.Number, ops []protocol.HeaderOp) int {
+	n := 0
+	for i := range ops {
+		n += sizeMessageField(num, sizeHeaderOp(&ops[i]))
+	}
+	return n
+}
+
+func appendHeaderOps(dst []byte, num protowire.Number, ops []protocol.HeaderOp) []byte {
+	for i := range ops {
+		op := &ops[i]
+		dst = appendMessageHeader(dst, num, sizeHeaderOp(op))
+		dst = appendVarintField(dst, fOpOperation, opCode(op.Op))
+		dst = appendBytesField(dst, fOpName, op.Name)
+		if op.Op != protocol.HeaderRemove {
+			dst = appendBytesField(dst, fOpValue, op.Value)
+		}
+	}
+	return dst
+}
+
+// mutationData is the optional data field: nil (absent) for pass, empty
+// for drop, the bytes for replace (an empty replacement is a drop).
+func mutationData(m *protocol.BodyMutation) (data []byte, present bool) {
+	switch m.Action {
+	case protocol.MutationDrop:
+		return nil, true
+	case protocol.MutationReplace:
+		return m.Data, true
+	}
+	return nil, false
+}
+
+func sizeBodyMutation(m *protocol.BodyMutation, phase protocol.Phase) int {
+	n := sizeVarintField(fMutPhase, uint64(phase)) + sizeVarintField(fMutChunkIndex, uint64(m.ChunkIndex))
+	if data, ok := mutationData(m); ok {
+		n += sizeBytesAlways(fMutData, data)
+	}
+	return n
+}
+
+func appendBodyMutation(dst []byte, m *protocol.BodyMutation, phase protocol.Phase) []byte {
+	dst = appendVarintField(dst, fMutPhase, uint64(phase))
+	dst = appendVarintField(dst, fMutChunkIndex, uint64(m.ChunkIndex))
+	if data, ok := mutationData(m); ok {
+		dst = appendBytesAlways(dst, fMutData, data)
+	}
+	return dst
+}
+
+func sizeRepeatedBytes(num protowire.Number, l [][]byte) int {
+	n := 0
+	for _, b := range l {
+		n += sizeBytesAlways(num, b)
+	}
+	return n
+}
+
+func appendRepeatedBytes(dst []byte, num protowire.Number, l [][]byte) []byte {
+	for _, b := range l {
+		dst = appendBytesAlways(dst, num, b)
+	}
+	return dst
+}
+
+func sizeAudit(a *protocol.Audit) int {
+	n := sizeRepeatedBytes(fAuditTags, a.Tags) + sizeRepeatedBytes(fAuditRuleIDs, a.RuleIDs) +
+		sizeRepeatedBytes(fAuditReasonCodes, a.ReasonCodes) + sizeBytesField(fAuditCustom, a.Custom)
+	if a.HasConf {
+		n += sizeTag(fAuditConfidence) + 8
+	}
+	return n
+}
+
+func appendAudit(dst []byte, a *protocol.Audit) []byte {
+	dst = appendRepeatedBytes(dst, fAuditTags, a.Tags)
+	dst = appendRepeatedBytes(dst, fAuditRuleIDs, a.RuleIDs)
+	if a.HasConf {
+		dst = protowire.AppendTag(dst, fAuditConfidence, protowire.Fixed64Type)
+		dst = protowire.AppendFixed64(dst, math.Float64bits(a.Confidence))
+	}
+	dst = appendRepeatedBytes(dst, fAuditReasonCodes, a.ReasonCodes)
+	return appendBytesField(dst, fAuditCustom, a.Custom)
+}
+
+func sizeBlock(m *protocol.Decision) int {
+	return sizeVarintField(fBlockStatus, statusField(m.Status)) + sizeBytesField(fBlockBody, m.Body) +
+		sizeHeaders(fBlockHeaders, m.BlockHeaders)
+}
+
+func sizeRedirect(m *protocol.Decision) int {
+	return sizeBytesField(fRedirectURL, m.RedirectURL) + sizeVarintField(fRedirectStatus, statusField(m.Status))
+}
+
+func sizeDecision(m *protocol.Decision) int {
+	n := 0
+	switch m.Kind {
+	case protocol.DecisionBlock:
+		n += sizeMessageField(fDecBlock, sizeBlock(m))
+	case protocol.DecisionRedirect:
+		n += sizeMessageField(fDecRedirect, sizeRedirect(m))
+	case protocol.DecisionNeedsMore:
+		n += sizeMessageField(fDecNeedsMoreVerdict, 0)
+	default:
+		n += sizeMessageField(fDecAllow, 0)
+	}
+	n += sizeHeaderOps(fDecRequestOps, m.RequestHeaderOps) + sizeHeaderOps(fDecResponseOps, m.ResponseHeaderOps)
+	n += sizeBoolField(fDecNeedsMore, m.NeedsMore || m.Kind == protocol.DecisionNeedsMore)
+	if m.HasRequestBodyMutation {
+		n += sizeMessageField(fDecRequestMutation, sizeBodyMutation(&m.RequestBodyMutation, protocol.PhaseRequest))
+	}
+	if m.HasResponseBodyMutation {
+		n += sizeMessageField(fDecResponseMutation, sizeBodyMutation(&m.ResponseBodyMutation, protocol.PhaseResponse))
+	}
+	if !m.Audit.Empty() {
+		n += sizeMessageField(fDecAudit, sizeAudit(&m.Audit))
+	}
+	return n
+}
+
+func appendDecision(dst []byte, m *protocol.Decision) []byte {
+	switch m.Kind {
+	case protocol.DecisionBlock:
+		dst = appendMessageHeader(dst, fDecBlock, sizeBlock(m))
+		dst = appendVarintField(dst, fBlockStatus, statusField(m.Status))
+		dst = appendBytesField(dst, fBlockBody, m.Body)
+		dst = appendHeaders(dst, fBlockHeaders, m.BlockHeaders)
+	case protocol.DecisionRedirect:
+		dst = appendMessageHeader(dst, fDecRedirect, sizeRedirect(m))
+		dst = appendBytesField(dst, fRedirectURL, m.RedirectURL)
+		dst = appendVarintField(dst, fRedirectStatus, statusField(m.Status))
+	case protocol.DecisionNeedsMore:
+		dst = appendMessageHeader(dst, fDecNeedsMoreVerdict, 0)
+	default:
+		dst = appendMessageHeader(dst, fDecAllow, 0)
+	}
+	dst = appendHeaderOps(dst, fDecRequestOps, m.RequestHeaderOps)
+	dst = appendHeaderOps(dst, fDecResponseOps, m.ResponseHeaderOps)
+	dst = appendBoolField(dst, fDecNeedsMore, m.NeedsMore || m.Kind == protocol.DecisionNeedsMore)
+	if m.HasRequestBodyMutation {
+		dst = appendMessageHeader(dst, fDecRequestMutation, sizeBodyMutation(&m.RequestBodyMutation, protocol.PhaseRequest))
+		dst = appendBodyMutation(dst, &m.RequestBodyMutation, protocol.PhaseRequest)
+	}
+	if m.HasResponseBodyMutation {
+		dst = appendMessageHeader(dst, fDecResponseMutation, sizeBodyMutation(&m.ResponseBodyMutation, protocol.PhaseResponse))
+		dst = appendBodyMutation(dst, &m.ResponseBodyMutation, protocol.PhaseResponse)
+	}
+	if !m.Audit.Empty() {
+		dst = appendMessageHeader(dst, fDecAudit, sizeAudit(&m.Audit))
+		dst = appendAudit(dst, &m.Audit)
+	}
+	return dst
+}
+
+func sizePing(m *protocol.Ping) int {
+	return sizeVarintField(fPingSequence, m.Sequence) + sizeVarintField(fPingTimestamp, uint64(m.TimestampMs))
+}
+
+func appendPing(dst []byte, m *protocol.Ping) []byte {
+	dst = appendVarintField(dst, fPingSequence, m.Sequence)
+	return appendVarintField(dst, fPingTimestamp, uint64(m.TimestampMs))
+}
+
+// wireMsg is a protocol message resolved to its envelope field.
+type wireMsg struct {
+	field protowire.Number
+	id    uint64
+	body  int // encoded size of the payload message
+	t     protocol.MsgType
+	msg   any
+	text  []byte // reason / agent error message (proto3 string)
+}
+
+// resolve checks msg's Go type against t and sizes it.
+func resolve(t protocol.MsgType, msg any) (wireMsg, error) {
+	w := wireMsg{t: t, msg: msg}
+	ok := false
+	switch t {
+	case protocol.TypeRequestHeaders:
+		var m *protocol.RequestHeaders
+		if m, ok = msg.(*protocol.RequestHeaders); ok {
+			w.field, w.id, w.body = fEnvRequestHeaders, m.RequestID, sizeRequestHeaders(m)
+		}
+	case protocol.TypeRequestBodyChunk, protocol.TypeResponseBodyChunk:
+		var m *protocol.BodyChunk
+		if m, ok = msg.(*protocol.BodyChunk); ok {
+			w.field, w.id, w.body = fEnvRequestChunk, m.RequestID, sizeBodyChunk(m)
+			if t == protocol.TypeResponseBodyChunk {
+				w.field = fEnvResponseChunk
+			}
+		}
+	case protocol.TypeResponseHeaders:
+		var m *protocol.ResponseHeaders
+		if m, ok = msg.(*protocol.ResponseHeaders); ok {
+			w.field, w.id, w.body = fEnvResponseHeaders, m.RequestID, sizeResponseHeaders(m)
+		}
+	case protocol.TypeDecision:
+		var m *protocol.Decision
+		if m, ok = msg.(*protocol.Decision); ok {
+			w.field, w.id, w.body = fEnvDecision, m.RequestID, sizeDecision(m)
+		}
+	case protocol.TypeBodyMutation:
+		var m *protocol.BodyMutation
+		if m, ok = msg.(*protocol.BodyMutation); ok {
+			w.field, w.id, w.body = fEnvBodyMutation, m.RequestID, sizeBodyMutation(m, m.Phase)
+		}
+	case protocol.TypeCancelRequest:
+		var m *protocol.CancelRequest
+		if m, ok = msg.(*protocol.CancelRequest); ok {
+			w.field, w.id, w.text = fEnvCancel, m.RequestID, m.Reason
+			w.body = sizeBytesField(fReason, m.Reason)
+		}
+	case protocol.TypeCancelAll:
+		var m *protocol.CancelAll
+		if m, ok = msg.(*protocol.CancelAll); ok {
+			w.field, w.text = fEnvCancelAll, m.Reason
+			w.body = sizeBytesField(fReason, m.Reason)
+		}
+	case protocol.TypePing, protocol.TypePong:
+		var m *protocol.Ping
+		if m, ok = msg.(*protocol.Ping); ok {
+			w.field, w.body = fEnvPing, sizePing(m)
+			if t == protocol.TypePong {
+				w.field = fEnvPong
+			}
+		}
+	default:
+		return w, fmt.Errorf("%w: %s", ErrGRPCMessageType, t)
+	}
+	if !ok {
+		return w, fmt.Errorf("%w: %T is not a %s", ErrGRPCMessageType, msg, t)
+	}
+	if w.text != nil && !utf8.Valid(w.text) {
+		return w, fmt.Errorf("%w: %s reason is not valid UTF-8", ErrGRPCMessageType, t)
+	}
+	return w, nil
+}
+
+func (w *wireMsg) size() int {
+	return sizeVarintField(fEnvRequestID, w.id) + sizeMessageField(w.field, w.body)
+}
+
+func (w *wireMsg) append(dst []byte) []byte {
+	dst = appendVarintField(dst, fEnvRequestID, w.id)
+	dst = appendMessageHeader(dst, w.field, w.body)
+	switch m := w.msg.(type) {
+	case *protocol.RequestHeaders:
+		return appendRequestHeaders(dst, m)
+	case *protocol.BodyChunk:
+		return appendBodyChunk(dst, m)
+	case *protocol.ResponseHeaders:
+		return appendResponseHeaders(dst, m)
+	case *protocol.Decision:
+		return appendDecision(dst, m)
+	case *protocol.BodyMutation:
+		return appendBodyMutation(dst, m, m.Phase)
+	case *protocol.Ping:
+		return appendPing(dst, m)
+	}
+	return appendBytesField(dst, fReason, w.text) // cancel, cancel all
+}
+
+// AppendMessage appends the AgentMessage carrying msg (a pointer to the
+// protocol message of type t) in protobuf wire format.
+func AppendMessage(dst []byte, t protocol.MsgType, msg any) ([]byte, error) {
+	w, err := resolve(t, msg)
+	if err != nil {
+		return dst, err
+	}
+	return w.append(dst), nil
+}
+
+func agentErrorText(reason string) string {
+	if len(reason) > 1024 {
+		reason = reason[:1024]
+	}
+	if !utf8.ValidString(reason) {
+		return "agent error"
+	}
+	return reason
+}
+
+// AppendAgentError appends the AgentMessage of an agent error for request id.
+func AppendAgentError(dst []byte, id uint64, reason string) []byte {
+	reason = agentErrorText(reason)
+	body := 0
+	if len(reason) > 0 {
+		body = sizeTag(fReason) + protowire.SizeBytes(len(reason))
+	}
+	dst = appendVarintField(dst, fEnvRequestID, id)
+	dst = appendMessageHeader(dst, fEnvAgentError, body)
+	if len(reason) > 0 {
+		dst = protowire.AppendTag(dst, fReason, protowire.BytesType)
+		dst = protowire.AppendString(dst, reason)
+	}
+	return dst
+}
+
+// ---------------------------------------------------------------------------
+// Decoding.
+
+// Payload names the payload of a received AgentMessage.
+type Payload uint8
+
+// Payloads, in the order of their field numbers.
+const (
+	PayloadNone Payload = iota
+	PayloadRequestHeaders
+	PayloadRequestBodyChunk
+	PayloadResponseHeaders
+	PayloadResponseBodyChunk
+	PayloadDecision
+	PayloadCancel
+	PayloadBodyMutation
+	PayloadCancelAll
+	PayloadPing
+	PayloadPong
+	PayloadAgentError
+	// PayloadUnknown is a payload field this implementation does not know
+	// (from a newer peer).
+	PayloadUnknown
+)
+
+// Frame is one received AgentMessage: the envelope is parsed, the payload
+// is decoded on demand into protocol messages whose byte fields alias the
+// frame's own buffer (allocated per message, so they stay valid for as
+// long as they are referenced).
+type Frame struct {
+	// RequestID of the envelope (as far as it was read when Err is set).
+	RequestID uint64
+	// Payload says which payload the message carries.
+	Payload Payload
+	// Err wraps ErrGRPCMalformed when the envelope did not parse.
+	Err error
+
+	body []byte
+}
+
+func malformed(what string) error { return fmt.Errorf("%w: %s", ErrGRPCMalformed, what) }
+
+// parse reads the envelope of b.
+func (f *Frame) parse(b []byte) {
+	*f = Frame{}
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			f.Err = malformed("bad tag")
+			return
+		}
+		b = b[n:]
+		switch {
+		case num == fEnvRequestID && typ == protowire.VarintType:
+			v, n := protowire.ConsumeVarint(b)
+			if n < 0 {
+				f.Err = malformed("bad request_id")
+				return
+			}
+			f.RequestID, b = v, b[n:]
+			continue
+		case num >= fEnvRequestHeaders && num <= fEnvMaxKnownPayload && typ == protowire.BytesType:
+			v, n := protowire.ConsumeBytes(b)
+			if n < 0 {
+				f.Err = malformed("bad payload length")
+				return
+			}
+			f.Payload, f.body, b = Payload(num-1), v, b[n:]
+			continue
+		}
+		n = protowire.ConsumeFieldValue(num, typ, b)
+		if n < 0 {
+			f.Err = malformed("bad field")
+			return
+		}
+		if num > fEnvMaxKnownPayload && typ == protowire.BytesType {
+			f.Payload, f.body = PayloadUnknown, nil
+		}
+		b = b[n:]
+	}
+}
+
+// field iterates the fields of one message body.
+type field struct {
+	num protowire.Number
+	typ protowire.Type
+	u   uint64 // varint or fixed64 value
+	b   []byte // bytes value
+}
+
+// next reads one field off *b; ok is false at the end, err on garbage.
+func nextField(b *[]byte, f *field) (ok bool, err error) {
+	if len(*b) == 0 {
+		return false, nil
+	}
+	num, typ, n := protowire.ConsumeTag(*b)
+	if n < 0 {
+		return false, malformed("bad tag")
+	}
+	*b = (*b)[n:]
+	f.num, f.typ = num, typ
+	switch typ {
+	case protowire.VarintType:
+		f.u, n = protowire.ConsumeVarint(*b)
+	case protowire.BytesType:
+		f.b, n = protowire.ConsumeBytes(*b)
+	case protowire.Fixed64Type:
+		f.u, n = protowire.ConsumeFixed64(*b)
+	default:
+		n = protowire.ConsumeFieldValue(num, typ, *b)
+	}
+	if n < 0 {
+		return false, malformed(fmt.Sprintf("bad field %d", num))
+	}
+	*b = (*b)[n:]
+	return true, nil
+}
+
+// bytesOf keeps a non-nil empty slice for present-but-empty bytes, as
+// generated code does.
+func bytesOf(b []byte) []byte {
+	if b == nil {
+		return emptyData
+	}
+	return b
+}
+
+func decodeHeader(b []byte) (protocol.Header, error) {
+	var h protocol.Header
+	var f field
+	for {
+		ok, err := nextField(&b, &f)
+		if !ok {
+			return h, err
+		}
+		if f.typ != protowire.BytesType {
+			continue
+		}
+		switch f.num {
+		case fHeaderName:
+			h.Name = f.b
+		case fHeaderValue:
+			h.Value = f.b
+		}
+	}
+}
+
+func decodeMetadata(b []byte, md *protocol.Metadata) error {
+	var f field
+	for {
+		ok, err := nextField(&b, &f)
+		if !ok {
+			return err
+		}
+		if f.num == 3 {
+			if f.typ == protowire.VarintType {
+				md.ClientPort = int(uint32(f.u))
+			}
+			continue
+		}
+		if f.typ != protowire.BytesType {
+			continue
+		}
+		switch f.num {
+		case 1:
+			md.CorrelationID = f.b
+		case 2:
+			md.ClientIP = f.b
+		case 4:
+			md.Protocol = f.b
+		case 5:
+			md.ServerName = f.b
+		case 6:
+			md.RouteID = f.b
+		case 7:
+			md.UpstreamID = f.b
+		case 8:
+			md.Traceparent = f.b
+		case 9:
+			md.Timestamp = f.b
+		}
+	}
+}
+
+// DecodeRequestHeaders decodes a PayloadRequestHeaders frame into m
+// (reset first).
+func (f *Frame) DecodeRequestHeaders(m *protocol.RequestHeaders) error {
+	m.Reset()
+	m.RequestID = f.RequestID
+	b := f.body
+	var fl field
+	for {
+		ok, err := nextField(&b, &fl)
+		if !ok {
+			return err
+		}
+		switch {
+		case fl.num == fReqHasBody && fl.typ == protowire.VarintType:
+			m.HasBody = fl.u != 0
+		case fl.typ != protowire.BytesType:
+		case fl.num == fReqMethod:
+			m.Method = fl.b
+		case fl.num == fReqURI:
+			m.URI = fl.b
+		case fl.num == fReqHeaders:
+			h, err := decodeHeader(fl.b)
+			if err != nil {
+				return err
+			}
+			m.Headers = append(m.Headers, h)
+		case fl.num == fReqMetadata:
+			if err := decodeMetadata(fl.b, &m.Metadata); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// DecodeBodyChunk decodes a request or response body chunk frame into m
+// (reset first).
+func (f *Frame) DecodeBodyChunk(m *protocol.BodyChunk) error {
+	m.Reset()
+	m.RequestID = f.RequestID
+	b := f.body
+	var fl field
+	for {
+		ok, err := nextField(&b, &fl)
+		if !ok {
+			return err
+		}
+		switch {
+		case fl.num == fChunkData && fl.typ == protowire.BytesType:
+			m.Data = fl.b
+		case fl.typ != protowire.VarintType:
+		case fl.num == fChunkIndex:
+			m.ChunkIndex = uint32(fl.u)
+		case fl.num == fChunkIsLast:
+			m.IsLast = fl.u != 0
+		case fl.num == fChunkTotal:
+			m.TotalSize = max(int64(fl.u), -1)
+		case fl.num == fChunkProgress:
+			m.Progress = max(int64(fl.u), -1)
+		}
+	}
+}
+
+// DecodeResponseHeaders decodes a PayloadResponseHeaders frame into m
+// (reset first).
+func (f *Frame) DecodeResponseHeaders(m *protocol.ResponseHeaders) error {
+	m.Reset()
+	m.RequestID = f.RequestID
+	b := f.body
+	var fl field
+	for {
+		ok, err := nextField(&b, &fl)
+		if !ok {
+			return err
+		}
+		switch {
+		case fl.num == fRespStatus && fl.typ == protowire.VarintType:
+			m.StatusCode = int(uint32(fl.u))
+		case fl.num == fRespHasBody && fl.typ == protowire.VarintType:
+			m.HasBody = fl.u != 0
+		case fl.num == fRespHeaders && fl.typ == protowire.BytesType:
+			h, err := decodeHeader(fl.b)
+			if err != nil {
+				return err
+			}
+			m.Headers = append(m.Headers, h)
+		}
+	}
+}
+
+func decodeHeaderOp(b []byte) (protocol.HeaderOp, error) {
+	var op protocol.HeaderOp
+	var code uint64
+	var f field
+	for {
+		ok, err := nextField(&b, &f)
+		if err != nil {
+			return op, err
+		}
+		if !ok {
+			break
+		}
+		switch {
+		case f.num == fOpOperation && f.typ == protowire.VarintType:
+			code = uint64(int32(f.u)) // enums are int32 on the wire
+		case f.typ != protowire.BytesType:
+		case f.num == fOpName:
+			op.Name = f.b
+		case f.num == fOpValue:
+			op.Value = f.b
+		}
+	}
+	switch code {
+	case opSet:
+		op.Op = protocol.HeaderSet
+	case opAdd:
+		op.Op = protocol.HeaderAdd
+	case opRemove:
+		op.Op, op.Value = protocol.HeaderRemove, nil
+	default:
+		return op, fmt.Errorf("%w: header operation %d", protocol.ErrProtocolField, int32(code))
+	}
+	if len(op.Name) == 0 {
+		return op, fmt.Errorf("%w: header operation without a name", protocol.ErrProtocolField)
+	}
+	return op, nil
+}
+
+func decodeBodyMutation(b []byte, m *protocol.BodyMutation) error {
+	var f field
+	var data []byte
+	var phase uint64
+	present := false
+	for {
+		ok, err := nextField(&b, &f)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			break
+		}
+		switch {
+		case f.num == fMutData && f.typ == protowire.BytesType:
+			data, present = f.b, true
+		case f.typ != protowire.VarintType:
+		case f.num == fMutPhase:
+			phase = uint64(int32(f.u))
+		case f.num == fMutChunkIndex:
+			m.ChunkIndex = uint32(f.u)
+		}
+	}
+	switch phase {
+	case 0:
+		m.Phase = protocol.PhaseRequest
+	case 1:
+		m.Phase = protocol.PhaseResponse
+	default:
+		return fmt.Errorf("%w: body mutation phase %d", protocol.ErrProtocolField, int32(phase))
+	}
+	switch {
+	case !present:
+		m.Action = protocol.MutationPass
+	case len(data) == 0:
+		m.Action = protocol.MutationDrop
+	default:
+		m.Action, m.Data = protocol.MutationReplace, data
+	}
+	return nil
+}
+
+// DecodeBodyMutation decodes a PayloadBodyMutation frame into m (reset first).
+func (f *Frame) DecodeBodyMutation(m *protocol.BodyMutation) error {
+	m.Reset()
+	m.RequestID = f.RequestID
+	return decodeBodyMutation(f.body, m)
+}
+
+func decodeAudit(b []byte, a *protocol.Audit) error {
+	var f field
+	for {
+		ok, err := nextField(&b, &f)
+		if !ok {
+			return err
+		}
+		switch {
+		case f.num == fAuditConfidence && f.typ == protowire.Fixed64Type:
+			a.Confidence, a.HasConf = math.Float64frombits(f.u), true
+		case f.typ != protowire.BytesType:
+		case f.num == fAuditTags:
+			a.Tags = append(a.Tags, bytesOf(f.b))
+		case f.num == fAuditRuleIDs:
+			a.RuleIDs = append(a.RuleIDs, bytesOf(f.b))
+		case f.num == fAuditReasonCodes:
+			a.ReasonCodes = append(a.ReasonCodes, bytesOf(f.b))
+		case f.num == fAuditCustom:
+			a.Custom = f.b
+		}
+	}
+}
+
+func decodeBlock(b []byte, m *protocol.Decision) error {
+	var f field
+	for {
+		ok, err := nextField(&b, &f)
+		if !ok {
+			return err
+		}
+		switch {
+		case f.num == fBlockStatus && f.typ == protowire.VarintType:
+			if s := uint32(f.u); s != 0 {
+				m.Status = int(s)
+			}
+		case f.num == fBlockBody && f.typ == protowire.BytesType:
+			m.Body = f.b
+		case f.num == fBlockHeaders && f.typ == protowire.BytesType:
+			h, err := decodeHeader(f.b)
+			if err != nil {
+				return err
+			}
+			m.BlockHeaders = append(m.BlockHeaders, h)
+		}
+	}
+}
+
+func decodeRedirect(b []byte, m *protocol.Decision) error {
+	var f field
+	for {
+		ok, err := nextField(&b, &f)
+		if !ok {
+			return err
+		}
+		switch {
+		case f.num == fRedirectStatus && f.typ == protowire.VarintType:
+			if s := uint32(f.u); s != 0 {
+				m.Status = int(s)
+			}
+		case f.num == fRedirectURL && f.typ == protowire.BytesType:
+			m.RedirectURL = f.b
+		}
+	}
+}
+
+// DecodeDecision decodes a PayloadDecision frame into m (reset first),
+// with the same rules as DecisionFromPB; m.RequestID is set even on error.
+func (f *Frame) DecodeDecision(m *protocol.Decision) error {
+	m.Reset()
+	m.RequestID = f.RequestID
+	b := f.body
+	var fl field
+	verdict := false
+	var last protowire.Number // the oneof member seen last
+	var err error
+	for {
+		var ok bool
+		if ok, err = nextField(&b, &fl); !ok {
+			break
+		}
+		if fl.typ == protowire.VarintType {
+			if fl.num == fDecNeedsMore {
+				m.NeedsMore = fl.u != 0
+			}
+			continue
+		}
+		if fl.typ != protowire.BytesType {
+			continue
+		}
+		merge := false
+		if fl.num >= fDecAllow && fl.num <= fDecNeedsMoreVerdict {
+			// As in a protobuf oneof: another member replaces the verdict,
+			// the same member again merges into it.
+			if merge = fl.num == last; !merge {
+				m.Body, m.BlockHeaders, m.RedirectURL, verdict = nil, m.BlockHeaders[:0], nil, true
+			}
+			last = fl.num
+		}
+		switch fl.num {
+		case fDecAllow:
+			m.Kind, m.Status = protocol.DecisionAllow, 0
+		case fDecBlock:
+			if !merge {
+				m.Kind, m.Status = protocol.DecisionBlock, 403
+			}
+			err = decodeBlock(fl.b, m)
+		case fDecRedirect:
+			if !merge {
+				m.Kind, m.Status = protocol.DecisionRedirect, 302
+			}
+			err = decodeRedirect(fl.b, m)
+		case fDecNeedsMoreVerdict:
+			m.Kind, m.Status = protocol.DecisionNeedsMore, 0
+		case fDecRequestOps, fDecResponseOps:
+			var op protocol.HeaderOp
+			if op, err = decodeHeaderOp(fl.b); err == nil {
+				if fl.num == fDecRequestOps {
+					m.RequestHeaderOps = append(m.RequestHeaderOps, op)
+				} else {
+					m.ResponseHeaderOps = append(m.ResponseHeaderOps, op)
+				}
+			}
+		case fDecRequestMutation:
+			m.HasRequestBodyMutation = true
+			m.RequestBodyMutation.RequestID = f.RequestID
+			err = decodeBodyMutation(fl.b, &m.RequestBodyMutation)
+			m.RequestBodyMutation.Phase = protocol.PhaseRequest
+		case fDecResponseMutation:
+			m.HasResponseBodyMutation = true
+			m.ResponseBodyMutation.RequestID = f.RequestID
+			err = decodeBodyMutation(fl.b, &m.ResponseBodyMutation)
+			m.ResponseBodyMutation.Phase = protocol.PhaseResponse
+		case fDecAudit:
+			err = decodeAudit(fl.b, &m.Audit)
+		}
+		if err != nil {
+			break
+		}
+	}
+	if err != nil {
+		return err
+	}
+	if !verdict {
+		return fmt.Errorf("%w: no verdict", protocol.ErrProtocolDecision)
+	}
+	if m.Kind == protocol.DecisionNeedsMore {
+		m.NeedsMore = true
+	}
+	if m.Kind == protocol.DecisionRedirect && len(m.RedirectURL) == 0 {
+		return fmt.Errorf("%w: redirect without url", protocol.ErrProtocolDecision)
+	}
+	return nil
+}
+
+// decodeText reads field 1 (a proto3 string) of a cancel or agent error.
+func decodeText(b []byte) ([]byte, error) {
+	var f field
+	var text []byte
+	for {
+		ok, err := nextField(&b, &f)
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			break
+		}
+		if f.num == fReason && f.typ == protowire.BytesType {
+			text = f.b
+		}
+	}
+	if !utf8.Valid(text) {
+		return nil, malformed("string field is not valid UTF-8")
+	}
+	return text, nil
+}
+
+// DecodeCancel decodes a PayloadCancel frame.
+func (f *Frame) DecodeCancel(m *protocol.CancelRequest) error {
+	reason, err := decodeText(f.body)
+	m.RequestID, m.Reason = f.RequestID, reason
+	return err
+}
+
+// DecodeCancelAll decodes a PayloadCancelAll frame.
+func (f *Frame) DecodeCancelAll(m *protocol.CancelAll) error {
+	reason, err := decodeText(f.body)
+	m.Reason = reason
+	return err
+}
+
+// AgentError returns the message of a PayloadAgentError frame.
+func (f *Frame) AgentError() (string, error) {
+	text, err := decodeText(f.body)
+	return string(text), err
+}
+
+// DecodePing decodes a PayloadPing or PayloadPong frame.
+func (f *Frame) DecodePing(m *protocol.Ping) error {
+	*m = protocol.Ping{}
+	b := f.body
+	var fl field
+	for {
+		ok, err := nextField(&b, &fl)
+		if !ok {
+			return err
+		}
+		if fl.typ != protowire.VarintType {
+			continue
+		}
+		switch fl.num {
+		case fPingSequence:
+			m.Sequence = fl.u
+		case fPingTimestamp:
+			m.TimestampMs = int64(fl.u)
+		}
+	}
+}

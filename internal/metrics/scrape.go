@@ -1,0 +1,156 @@
+package metrics
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/zentinelproxy/sidecar/internal/dataplane"
+	"github.com/zentinelproxy/sidecar/internal/reverse"
+)
+
+// Metrics read at scrape time, from agent pools, reverse listeners and the
+// dataplane's counters: they cost the request path nothing.
+var (
+	descAgentConns = prometheus.NewDesc(Namespace+"_agent_connections",
+		"Live connections per agent and transport.", []string{"agent", "transport"}, nil)
+	descAgentInFlight = prometheus.NewDesc(Namespace+"_agent_in_flight",
+		"Exchanges in flight per agent.", []string{"agent"}, nil)
+	descAgentReady = prometheus.NewDesc(Namespace+"_agent_ready",
+		"1 when the agent has at least one live connection, else 0.", []string{"agent"}, nil)
+	descAgentCompleted = prometheus.NewDesc(Namespace+"_agent_exchanges_completed_total",
+		"Exchanges completed per agent (totals of the agent's current instance).", []string{"agent"}, nil)
+	descInFlight = prometheus.NewDesc(Namespace+"_requests_in_flight",
+		"Requests being handled or streamed now.", nil, nil)
+	descAborted = prometheus.NewDesc(Namespace+"_responses_aborted_total",
+		"Responses cut off after their headers were sent (an agent's late block or failure, a broken upstream).", nil, nil)
+	descRevAccepted = prometheus.NewDesc(Namespace+"_reverse_registrations_accepted_total",
+		"Reverse-connection registrations accepted, per listener.", []string{"listener"}, nil)
+	descRevRejected = prometheus.NewDesc(Namespace+"_reverse_registrations_rejected_total",
+		"Reverse-connection registrations refused or failed, per listener and reason.", []string{"listener", "reason"}, nil)
+	descRevConns = prometheus.NewDesc(Namespace+"_reverse_connections",
+		"Reverse connections per listener: registering (pending) or registered (active).", []string{"listener", "state"}, nil)
+	descRevDelayed = prometheus.NewDesc(Namespace+"_reverse_registrations_delayed_total",
+		"Refused registrations answered late because of earlier failures of the same (peer, agent id), per listener.", []string{"listener"}, nil)
+	descRejected = prometheus.NewDesc(Namespace+"_requests_rejected_total",
+		"Request heads the sidecar answered itself with 400, 408, 414 or 431, by reason (target, host, framing, obs_fold, parse, uri_too_long, headers_too_large, timeout).", []string{"reason"}, nil)
+	descAbsolute = prometheus.NewDesc(Namespace+"_requests_absolute_form_total",
+		"Absolute-form request targets rewritten to origin-form with their authority as Host.", nil, nil)
+	descAcceptErrors = prometheus.NewDesc(Namespace+"_accept_errors_total",
+		"Accepts that failed for lack of file descriptors or memory; the listener backed off and kept serving.", nil, nil)
+	descClamped = prometheus.NewDesc(Namespace+"_listeners_clamped",
+		"Listeners whose max_connections was lowered to what the file descriptor limit allows.", nil, nil)
+	descUpRetries = prometheus.NewDesc(Namespace+"_upstream_retries_total",
+		"Requests replayed on another upstream connection after a stale keep-alive connection failed before any response byte.", nil, nil)
+	descUpFlushes = prometheus.NewDesc(Namespace+"_upstream_pool_flushes_total",
+		"Idle upstream pools dropped at a stale keep-alive connection (an upstream restart).", nil, nil)
+	descLimits = prometheus.NewDesc(Namespace+"_agent_limits_exceeded_total",
+		"Agent replies over their header limits (operations, bytes, value size, header block); the agent's failure mode applied.", nil, nil)
+
+	// descLate shares its family with the per-event agent errors counter.
+	descLate = prometheus.NewDesc(Namespace+"_agent_errors_total", agentErrorsHelp, []string{"agent", "kind"}, nil)
+)
+
+const agentErrorsHelp = "Agent errors by agent and kind (timeout, unavailable, overloaded, connection_lost, protocol_error, refused_mutation, late_reply)."
+
+type scrapeCollector struct{ m *Metrics }
+
+func (c *scrapeCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descAgentConns, descAgentInFlight, descAgentReady, descAgentCompleted,
+		descInFlight, descAborted, descRevAccepted, descRevRejected, descRevConns, descRevDelayed,
+		descRejected, descAbsolute, descAcceptErrors, descClamped, descUpRetries, descUpFlushes, descLimits} {
+		ch <- d
+	}
+}
+
+func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
+	if f := c.m.agents.Load(); f != nil {
+		for _, st := range (*f)() {
+			ch <- prometheus.MustNewConstMetric(descAgentConns, prometheus.GaugeValue, float64(st.Connections), st.Name, st.Transport)
+			ch <- prometheus.MustNewConstMetric(descAgentInFlight, prometheus.GaugeValue, float64(st.InFlight), st.Name)
+			ready := 0.0
+			if st.Ready {
+				ready = 1
+			}
+			ch <- prometheus.MustNewConstMetric(descAgentReady, prometheus.GaugeValue, ready, st.Name)
+			ch <- prometheus.MustNewConstMetric(descAgentCompleted, prometheus.CounterValue, float64(st.Completed), st.Name)
+		}
+	}
+	if f := c.m.stats.Load(); f != nil {
+		st := (*f)()
+		ch <- prometheus.MustNewConstMetric(descInFlight, prometheus.GaugeValue, float64(st.InFlight))
+		ch <- prometheus.MustNewConstMetric(descAborted, prometheus.CounterValue, float64(st.ResponseAborted))
+		for _, reason := range dataplane.RejectReasons {
+			ch <- prometheus.MustNewConstMetric(descRejected, prometheus.CounterValue, float64(st.Rejected[reason]), reason)
+		}
+		ch <- prometheus.MustNewConstMetric(descAbsolute, prometheus.CounterValue, float64(st.AbsoluteForm))
+		ch <- prometheus.MustNewConstMetric(descAcceptErrors, prometheus.CounterValue, float64(st.AcceptErrors))
+		ch <- prometheus.MustNewConstMetric(descClamped, prometheus.GaugeValue, float64(st.ListenersClamped))
+		ch <- prometheus.MustNewConstMetric(descUpRetries, prometheus.CounterValue, float64(st.UpstreamRetries))
+		ch <- prometheus.MustNewConstMetric(descUpFlushes, prometheus.CounterValue, float64(st.UpstreamStale))
+		ch <- prometheus.MustNewConstMetric(descLimits, prometheus.CounterValue, float64(st.LimitsExceeded))
+	}
+	if f := c.m.reverse.Load(); f != nil {
+		for _, l := range (*f)() {
+			name := listenerName(l)
+			st := l.Stats()
+			ch <- prometheus.MustNewConstMetric(descRevAccepted, prometheus.CounterValue, float64(st.Accepted), name)
+			for _, r := range rejectReasons(&st) {
+				ch <- prometheus.MustNewConstMetric(descRevRejected, prometheus.CounterValue, float64(r.n), name, r.reason)
+			}
+			ch <- prometheus.MustNewConstMetric(descRevConns, prometheus.GaugeValue, float64(st.Pending), name, "pending")
+			ch <- prometheus.MustNewConstMetric(descRevConns, prometheus.GaugeValue, float64(st.Active), name, "active")
+			ch <- prometheus.MustNewConstMetric(descRevDelayed, prometheus.CounterValue, float64(st.Delayed), name)
+		}
+	}
+}
+
+// listenerName labels a reverse listener by its address.
+func listenerName(l *reverse.Listener) string {
+	if p := l.UnixPath(); p != "" {
+		return "unix:" + p
+	}
+	if a := l.TCPAddr(); a != nil {
+		return a.String()
+	}
+	return "unbound"
+}
+
+type reasonCount struct {
+	reason string
+	n      uint64
+}
+
+// rejectReasons lists every way a registration fails, with stable
+// label values.
+func rejectReasons(st *reverse.Stats) []reasonCount {
+	return []reasonCount{
+		{"version", st.RejectedVersion},
+		{"invalid", st.RejectedInvalid},
+		{"unknown_agent", st.RejectedUnknown},
+		{"auth", st.RejectedAuth},
+		{"id_limit", st.RejectedIDLimit},
+		{"agent_limit", st.RejectedAgentLimit},
+		{"shutdown", st.RejectedShutdown},
+		{"timeout", st.Timeouts},
+		{"bad_frame", st.BadFrames},
+		{"tls_error", st.TLSErrors},
+		{"busy", st.Busy},
+	}
+}
+
+// lateCollector adds kind="late_reply" to sidecar_agent_errors_total from
+// the agents' session counters. It is unchecked (it describes nothing)
+// because the family's other kinds come from a registered CounterVec;
+// the registry merges the two at gather time.
+type lateCollector struct{ m *Metrics }
+
+func (c *lateCollector) Describe(chan<- *prometheus.Desc) {}
+
+func (c *lateCollector) Collect(ch chan<- prometheus.Metric) {
+	f := c.m.agents.Load()
+	if f == nil {
+		return
+	}
+	for _, st := range (*f)() {
+		ch <- prometheus.MustNewConstMetric(descLate, prometheus.CounterValue, float64(st.Late), st.Name, KindLateReply)
+	}
+}

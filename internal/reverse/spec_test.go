@@ -1,0 +1,155 @@
+package reverse
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/zentinelproxy/sidecar/internal/config"
+)
+
+func TestListenerConfigs(t *testing.T) {
+	specs := []AgentSpec{
+		{Name: "waf", Address: "unix:/tmp/rv.sock", MaxInFlight: 64, MessageTimeout: 2 * time.Second,
+			Options: map[string]string{"ids": "waf-*, edge-waf", "token_env": "WAF_TOKEN", "max_conns_per_id": "2", "ping_interval": "0"}},
+		{Name: "auth", Address: "127.0.0.1:0",
+			Options: map[string]string{"tokens": "a,b", "tls_cert_file": "c.pem", "tls_key_file": "k.pem", "tls_client_ca_file": "ca.pem"}},
+		{Name: "bot", Address: "unix:/tmp/rv.sock",
+			Options: map[string]string{"allow_no_token": "true", "max_conns_per_id": "2", "socket_mode": "600"}},
+	}
+	cfgs, err := ListenerConfigs(specs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cfgs) != 2 {
+		t.Fatalf("%d listeners, want 2", len(cfgs))
+	}
+	u, tcp := cfgs[0], cfgs[1]
+	if u.UnixPath != "/tmp/rv.sock" || len(u.Agents) != 2 || u.Agents[0].Name != "waf" || u.Agents[1].Name != "bot" {
+		t.Errorf("unix listener %+v", u)
+	}
+	if got := u.Agents[0].IDs; len(got) != 2 || got[0] != "waf-*" || got[1] != "edge-waf" {
+		t.Errorf("ids %q", got)
+	}
+	if u.MaxConnsPerID != 2 || !u.NoPing || u.UnixMode != 0o600 || u.Agents[0].MaxInFlight != 64 || u.Agents[0].MessageTimeout != 2*time.Second {
+		t.Errorf("unix listener options %+v", u)
+	}
+	if !u.Agents[1].AllowNoToken || u.Agents[0].TokenEnv != "WAF_TOKEN" {
+		t.Errorf("agent options %+v", u.Agents)
+	}
+	if tcp.TCPAddr != "127.0.0.1:0" || tcp.TLS == nil || tcp.TLS.ClientCAFile != "ca.pem" || len(tcp.Agents[0].Tokens) != 2 {
+		t.Errorf("tcp listener %+v", tcp)
+	}
+
+	bad := []struct {
+		name  string
+		specs []AgentSpec
+		want  string
+	}{
+		{"unknown key", []AgentSpec{{Name: "a", Address: "unix:/tmp/a", Options: map[string]string{"tokne_file": "x"}}}, "unknown option"},
+		{"conflict", []AgentSpec{
+			{Name: "a", Address: "unix:/tmp/a", Options: map[string]string{"tokens": "t", "max_conns_per_id": "2"}},
+			{Name: "b", Address: "unix:/tmp/a", Options: map[string]string{"tokens": "t", "max_conns_per_id": "3"}},
+		}, "differently"},
+		{"bad bool", []AgentSpec{{Name: "a", Address: "unix:/tmp/a", Options: map[string]string{"allow_no_token": "yes please"}}}, "allow_no_token"},
+		{"bad duration", []AgentSpec{{Name: "a", Address: "unix:/tmp/a", Options: map[string]string{"tokens": "t", "registration_timeout": "soon"}}}, "registration_timeout"},
+		{"bad mode", []AgentSpec{{Name: "a", Address: "unix:/tmp/a", Options: map[string]string{"tokens": "t", "socket_mode": "999"}}}, "socket_mode"},
+		{"no token", []AgentSpec{{Name: "a", Address: "unix:/tmp/a"}}, "no token"},
+		{"tls on unix", []AgentSpec{{Name: "a", Address: "unix:/tmp/a", Options: map[string]string{"tokens": "t", "tls_cert_file": "c", "tls_key_file": "k"}}}, "tls"},
+	}
+	for _, tc := range bad {
+		_, err := ListenerConfigs(tc.specs)
+		if !errors.Is(err, ErrReverseConfig) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v", tc.name, err)
+		}
+	}
+}
+
+func TestLogGate(t *testing.T) {
+	var g logGate
+	now := time.Unix(1000, 0)
+	for i := 0; i < logBurst; i++ {
+		if ok, _ := g.allow(now); !ok {
+			t.Fatalf("line %d gated", i)
+		}
+	}
+	for i := 0; i < 5; i++ {
+		if ok, _ := g.allow(now); ok {
+			t.Fatal("burst exceeded")
+		}
+	}
+	ok, suppressed := g.allow(now.Add(time.Second))
+	if !ok || suppressed != 5 {
+		t.Errorf("next second: %v, %d suppressed", ok, suppressed)
+	}
+}
+
+func TestGroup(t *testing.T) {
+	sock := shortDir(t) + "/g.sock"
+	specs := []AgentSpec{
+		{Name: "waf", Address: "unix:" + sock, Options: map[string]string{"tokens": testToken}},
+		{Name: "bot", Address: "unix:" + sock, Options: map[string]string{"tokens": "bot-token"}},
+		{Name: "auth", Address: "127.0.0.1:0", Options: map[string]string{"tokens": testToken, "ids": "auth-*"}},
+	}
+	g, err := NewGroup(specs, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(g.Listeners()) != 2 {
+		t.Fatalf("%d listeners", len(g.Listeners()))
+	}
+	served := make(chan error, 1)
+	go func() { served <- g.Serve(context.Background()) }()
+	runAgent(t, sock, "waf-1", testToken, newHandler("waf-1"), nil)
+	runAgent(t, sock, "bot", "bot-token", newHandler("bot"), nil)
+	runAgent(t, g.Listeners()[1].TCPAddr().String(), "auth-1", testToken, newHandler("auth-1"), nil)
+	for name, id := range map[string]string{"waf": "waf-1", "bot": "bot", "auth": "auth-1"} {
+		a, err := g.Agent(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, name, func() bool { return a.Snapshot().Connections == 1 })
+		if got, err := call(context.Background(), a); err != nil || got != id {
+			t.Errorf("%s: %q, %v", name, got, err)
+		}
+	}
+	if _, err := g.Agent("nope"); !errors.Is(err, ErrReverseConfig) {
+		t.Errorf("unknown agent: %v", err)
+	}
+	_ = g.Close()
+	if err := <-served; err != nil {
+		t.Fatalf("Serve: %v", err)
+	}
+	// A second group on the same socket path works once the first closed.
+	g2, err := NewGroup(specs[:1], testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = g2.Close()
+}
+
+// TestSampleConfig keeps testdata/reverse/sidecar.yaml valid for both the
+// configuration loader and ListenerConfigs.
+func TestSampleConfig(t *testing.T) {
+	c, err := config.Load("../../testdata/reverse/sidecar.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var specs []AgentSpec
+	for _, a := range c.Agents {
+		if a.Transport != config.TransportReverse {
+			continue
+		}
+		specs = append(specs, AgentSpec{Name: a.Name, Address: a.Address, MaxInFlight: a.MaxInFlight,
+			MaxQueue: a.MaxQueue, MessageTimeout: a.Timeouts.Message, Options: a.Options})
+	}
+	cfgs, err := ListenerConfigs(specs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cfgs) != 2 || len(cfgs[0].Agents) != 2 || cfgs[1].TLS == nil || cfgs[1].TLS.ClientCAFile == "" {
+		t.Errorf("listeners %+v", cfgs)
+	}
+}

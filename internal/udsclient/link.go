@@ -1,0 +1,227 @@
+package udsclient
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/zentinelproxy/sidecar/internal/agentmux"
+	"github.com/zentinelproxy/sidecar/internal/udswriter"
+	"github.com/zentinelproxy/sidecar/protocol"
+	"github.com/zentinelproxy/sidecar/uds"
+)
+
+// LinkConfig tunes one proxy-side connection.
+type LinkConfig struct {
+	// Name is the agent's name. Log lines get it from Logger, not from
+	// here.
+	Name string
+	// WriteTimeout bounds each batched write.
+	WriteTimeout time.Duration
+	// PingInterval is how long the link may be idle before it sends a Ping
+	// (0 disables pings).
+	PingInterval time.Duration
+	// PingTimeout closes the link when the agent sent nothing for this long.
+	PingTimeout time.Duration
+	// FrameTimeout bounds the time the rest of a frame may take once the
+	// agent has begun it (0: no bound); a stall closes the link with
+	// uds.ErrUDSFrameTimeout. See uds.FrameReader.SetFrameTimeout.
+	FrameTimeout time.Duration
+	// Reader continues a uds.FrameReader that already read the handshake or
+	// registration, so no buffered byte is lost. Nil: a new one.
+	Reader *uds.FrameReader
+	// Logger receives connection-level events. It carries the agent field
+	// (whoever builds the link adds it); the link does not add it.
+	Logger zerolog.Logger
+}
+
+// LinkStats are a link's connection-level counters.
+type LinkStats struct {
+	FramesIn     uint64
+	UnknownTypes uint64
+	PingsSent    uint64
+	// FrameTimeouts counts frames the agent began and did not finish in
+	// time (at most 1: the link closes).
+	FrameTimeouts uint64
+}
+
+// Link is the proxy side of one agent connection: it implements
+// agentmux.Link and runs the read loop that feeds an agentmux.Session.
+type Link struct {
+	nc  net.Conn
+	fr  *uds.FrameReader
+	w   *udswriter.Writer
+	cfg LinkConfig
+
+	framesIn      atomic.Uint64
+	unknown       atomic.Uint64
+	pingsSent     atomic.Uint64
+	frameTimeouts atomic.Uint64
+
+	closeOnce sync.Once
+	closed    chan struct{}
+	why       atomic.Pointer[error]
+}
+
+// NewLink wraps a connection whose handshake (or registration) is done.
+func NewLink(nc net.Conn, cfg LinkConfig) *Link {
+	l := &Link{nc: nc, cfg: cfg, fr: cfg.Reader, closed: make(chan struct{})}
+	if l.fr == nil {
+		l.fr = uds.NewFrameReader(nc)
+	}
+	l.fr.SetFrameTimeout(cfg.FrameTimeout)
+	l.w = udswriter.NewWriter(nc, cfg.WriteTimeout, func(err error) { l.closeWith(fmt.Errorf("%w: write: %v", udswriter.ErrClosed, err)) })
+	return l
+}
+
+// Send implements agentmux.Link.
+func (l *Link) Send(t protocol.MsgType, msg any) error { return l.w.Send(t, msg) }
+
+// Close implements agentmux.Link. Frames already queued (a CancelAll
+// before a shutdown) get a short, bounded chance to leave first.
+func (l *Link) Close() error {
+	l.w.Drain(drainTimeout)
+	l.closeWith(udswriter.ErrClosed)
+	return nil
+}
+
+// drainTimeout bounds how long a deliberate close waits for queued frames.
+const drainTimeout = 200 * time.Millisecond
+
+func (l *Link) closeWith(err error) {
+	l.closeOnce.Do(func() {
+		l.why.Store(&err)
+		l.w.Close()
+		close(l.closed)
+		_ = l.nc.Close()
+	})
+}
+
+// Stats returns the link's counters.
+func (l *Link) Stats() LinkStats {
+	return LinkStats{FramesIn: l.framesIn.Load(), UnknownTypes: l.unknown.Load(), PingsSent: l.pingsSent.Load(),
+		FrameTimeouts: l.frameTimeouts.Load()}
+}
+
+// RemoteAddr is the peer's address.
+func (l *Link) RemoteAddr() net.Addr { return l.nc.RemoteAddr() }
+
+// Serve runs the read loop until the connection ends, then fails sess with
+// the reason, which it also returns.
+func (l *Link) Serve(sess *agentmux.Session) error {
+	if l.cfg.PingInterval > 0 {
+		go l.pinger()
+	}
+	err := l.readLoop(sess)
+	if p := l.why.Load(); p != nil && (errors.Is(err, net.ErrClosed) || err == io.EOF) {
+		err = *p // a close we caused explains the read error better
+	}
+	l.closeWith(err)
+	sess.Fail(err)
+	return err
+}
+
+func (l *Link) readLoop(sess *agentmux.Session) error {
+	spare := new(agentmux.Reply)
+	for {
+		t, payload, err := l.fr.Next()
+		if err != nil {
+			if errors.Is(err, uds.ErrUDSFrameTimeout) {
+				// Every request on the connection would wait behind the
+				// stalled frame: drop the connection, which fails them now.
+				l.frameTimeouts.Add(1)
+				sess.CountProtocolError()
+				l.cfg.Logger.Warn().Err(err).Msg("agent stalled mid-frame; closing connection")
+			}
+			return err
+		}
+		l.framesIn.Add(1)
+		switch t {
+		case protocol.TypeDecision:
+			spare.Type, spare.Err = t, nil
+			if derr := spare.Decision.Decode(payload); derr != nil {
+				if spare, err = l.badReply(sess, spare, payload, derr); err != nil {
+					return err
+				}
+				continue
+			}
+			spare = sess.Deliver(spare)
+		case protocol.TypeBodyMutation:
+			spare.Type, spare.Err = t, nil
+			if derr := spare.Mutation.Decode(payload); derr != nil {
+				if spare, err = l.badReply(sess, spare, payload, derr); err != nil {
+					return err
+				}
+				continue
+			}
+			spare = sess.Deliver(spare)
+		case protocol.TypePing:
+			var p protocol.Ping
+			if p.Decode(payload) == nil {
+				_ = l.w.Send(protocol.TypePong, &p)
+			}
+		case protocol.TypePong:
+			// Any frame proves liveness; framesIn already counted it.
+		default:
+			// Forward compatibility: unknown (or misdirected) types are
+			// counted and skipped, never fatal after the handshake.
+			if l.unknown.Add(1) == 1 {
+				l.cfg.Logger.Warn().Uint8("type", uint8(t)).Msg("skipping frame of unexpected type from agent")
+			}
+		}
+	}
+}
+
+// badReply routes an undecodable reply to its request when its id can be
+// read, so that request fails with a protocol error and the others go on.
+// Without an id nobody can be told, so the connection is dropped: every
+// waiter then fails at once instead of waiting for its deadline.
+func (l *Link) badReply(sess *agentmux.Session, r *agentmux.Reply, payload []byte, derr error) (*agentmux.Reply, error) {
+	id, ok := protocol.PeekRequestID(payload)
+	l.cfg.Logger.Warn().Err(derr).Bool("request_known", ok).Msg("undecodable reply from agent")
+	if !ok {
+		sess.CountProtocolError()
+		return r, fmt.Errorf("%w: undecodable %s without request_id: %v", agentmux.ErrAgentProtocol, r.Type, derr)
+	}
+	r.Err = derr
+	r.Type = protocol.TypeDecision
+	r.Decision.RequestID = id
+	next := sess.Deliver(r)
+	next.Err = nil
+	return next, nil
+}
+
+func (l *Link) pinger() {
+	t := time.NewTicker(l.cfg.PingInterval)
+	defer t.Stop()
+	var seq uint64
+	last := l.framesIn.Load()
+	silentSince := time.Now()
+	for {
+		select {
+		case <-l.closed:
+			return
+		case now := <-t.C:
+			n := l.framesIn.Load()
+			if n != last {
+				last, silentSince = n, now
+				continue
+			}
+			if l.cfg.PingTimeout > 0 && now.Sub(silentSince) >= l.cfg.PingTimeout {
+				l.cfg.Logger.Warn().Dur("silent", now.Sub(silentSince)).Msg("agent silent past ping timeout; closing connection")
+				l.closeWith(fmt.Errorf("%w (%v)", ErrUDSPingTimeout, l.cfg.PingTimeout))
+				return
+			}
+			seq++
+			if l.w.Send(protocol.TypePing, &protocol.Ping{Sequence: seq, TimestampMs: now.UnixMilli()}) == nil {
+				l.pingsSent.Add(1)
+			}
+		}
+	}
+}

@@ -1,0 +1,88 @@
+package udsclient_test
+
+import (
+	"io"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/zentinelproxy/sidecar/internal/conformance"
+	"github.com/zentinelproxy/sidecar/internal/udsclient"
+	"github.com/zentinelproxy/sidecar/protocol"
+	"github.com/zentinelproxy/sidecar/sdk"
+	"github.com/zentinelproxy/sidecar/uds"
+)
+
+// benchHeaders is the request of every transport's benchmarks.
+func benchHeaders() *protocol.RequestHeaders { return conformance.TypicalRequestHeaders() }
+
+type allowHandler struct{ sdk.Base }
+
+func benchClient(b *testing.B, conns int) *udsclient.Client {
+	path := sockPath(b)
+	startAgent(b, path, &allowHandler{sdk.Base{Caps: allCaps}})
+	c := newClient(b, path, func(cfg *udsclient.Config) { cfg.Conns = conns })
+	for c.Len() < conns {
+		time.Sleep(time.Millisecond)
+	}
+	return c
+}
+
+// BenchmarkRoundTrip1 is one request in flight: RequestHeaders out, Decision
+// back, through the whole proxy-side stack and the Go SDK.
+func BenchmarkRoundTrip1(b *testing.B) { conformance.BenchRoundTrips(b, benchClient(b, 1), 1) }
+
+// BenchmarkRoundTrip64 keeps 64 requests in flight on one connection and
+// reports decisions per second.
+func BenchmarkRoundTrip64(b *testing.B) { conformance.BenchRoundTrips(b, benchClient(b, 1), 64) }
+
+// BenchmarkRoundTrip64Conns2 spreads them over two connections (the
+// measurement behind the default of one).
+func BenchmarkRoundTrip64Conns2(b *testing.B) { conformance.BenchRoundTrips(b, benchClient(b, 2), 64) }
+
+// BenchmarkRawPingPong moves the same bytes as BenchmarkRoundTrip1 (a
+// RequestHeaders frame out, an allow Decision frame back) over a bare Unix
+// socket with no framing logic: the floor the protocol stack is held to.
+func BenchmarkRawPingPong(b *testing.B) {
+	path := sockPath(b)
+	req, _ := uds.AppendFrame(nil, protocol.TypeRequestHeaders, benchHeaders())
+	resp, _ := uds.AppendFrame(nil, protocol.TypeDecision, &protocol.Decision{RequestID: 1})
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		nc, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer nc.Close()
+		buf := make([]byte, len(req))
+		for {
+			if _, err := io.ReadFull(nc, buf); err != nil {
+				return
+			}
+			if _, err := nc.Write(resp); err != nil {
+				return
+			}
+		}
+	}()
+	nc, err := net.Dial("unix", path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer nc.Close()
+	buf := make([]byte, len(resp))
+	b.SetBytes(int64(len(req)))
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if _, err := nc.Write(req); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := io.ReadFull(nc, buf); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
