@@ -17,8 +17,8 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/zentinelproxy/sidecar/internal/handshake"
-	"github.com/zentinelproxy/sidecar/protocol"
 	"github.com/zentinelproxy/sidecar/internal/redial"
+	"github.com/zentinelproxy/sidecar/protocol"
 	"github.com/zentinelproxy/sidecar/uds"
 )
 

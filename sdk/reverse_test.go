@@ -10,8 +10,8 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/zentinelproxy/sidecar/protocol"
 	"github.com/zentinelproxy/sidecar/internal/reverse"
+	"github.com/zentinelproxy/sidecar/protocol"
 	"github.com/zentinelproxy/sidecar/sdk"
 )
 

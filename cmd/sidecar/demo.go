@@ -187,7 +187,9 @@ func runDemo(ctx context.Context, o demoOptions, ready func(demoAddrs)) (err err
 			return err
 		}
 		agentAddr = aln.Addr().String()
-		runAgent(func() error { return grpcsdk.Serve(agentCtx, aln, h, &grpcsdk.Options{Name: agentOpts.Name, Logger: agentOpts.Logger}) })
+		runAgent(func() error {
+			return grpcsdk.Serve(agentCtx, aln, h, &grpcsdk.Options{Name: agentOpts.Name, Logger: agentOpts.Logger})
+		})
 		agentCfg.Transport, agentCfg.Address = config.TransportGRPC, agentAddr
 	case "reverse":
 		// The sidecar listens and the agent dials in (started below, once

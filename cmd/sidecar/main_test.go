@@ -14,8 +14,8 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/zentinelproxy/sidecar/internal/config"
 	"github.com/zentinelproxy/sidecar/examples/allowagent"
+	"github.com/zentinelproxy/sidecar/internal/config"
 	"github.com/zentinelproxy/sidecar/sdk"
 )
 

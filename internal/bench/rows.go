@@ -5,8 +5,8 @@ import (
 	"slices"
 	"sync"
 
-	"github.com/zentinelproxy/sidecar/internal/config"
 	"github.com/zentinelproxy/sidecar/examples/allowagent"
+	"github.com/zentinelproxy/sidecar/internal/config"
 )
 
 // Row is one line of the benchmark table: a setup that the same load

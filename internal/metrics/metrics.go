@@ -24,8 +24,8 @@ import (
 
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/internal/dataplane"
-	"github.com/zentinelproxy/sidecar/protocol"
 	"github.com/zentinelproxy/sidecar/internal/reverse"
+	"github.com/zentinelproxy/sidecar/protocol"
 )
 
 // ErrMetricsRegister is returned when the collectors cannot be registered
