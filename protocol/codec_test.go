@@ -31,6 +31,16 @@ func (c codec) decode(payload []byte) (any, error) {
 	return m, c.into(m, payload)
 }
 
+// read is what a receiver does with payload: decode it and, for a
+// Decision, Normalize it (the codec itself applies no schema rule).
+func (c codec) read(payload []byte) (any, error) {
+	m, err := c.decode(payload)
+	if d, ok := m.(*Decision); ok && err == nil {
+		err = d.Normalize()
+	}
+	return m, err
+}
+
 var codecs = []codec{
 	{"request_headers", func() any { return new(RequestHeaders) },
 		func(m any, p []byte) error { return m.(*RequestHeaders).Decode(p) },
@@ -181,7 +191,7 @@ func TestGoldenPayloadsRoundTripByteForByte(t *testing.T) {
 		t.Run(g.name, func(t *testing.T) {
 			c := codecFor(t, g.name)
 			in := bytes.Clone(g.payload)
-			m, err := c.decode(in)
+			m, err := c.read(in) // canonical payloads are normalized already
 			if err != nil {
 				t.Fatalf("decode: %v", err)
 			}
@@ -240,7 +250,7 @@ func TestCorruptedPayloadsNeverPanic(t *testing.T) {
 			for _, b := range subst {
 				p := bytes.Clone(g.payload)
 				p[i] = b
-				m, err := c.decode(p)
+				m, err := c.read(p)
 				if err != nil {
 					if !errors.Is(err, ErrProtocolSyntax) && !errors.Is(err, ErrProtocolField) && !errors.Is(err, ErrProtocolDecision) {
 						t.Fatalf("%s with [%d]=%q: error %v wraps no sentinel", g.name, i, b, err)
@@ -248,7 +258,7 @@ func TestCorruptedPayloadsNeverPanic(t *testing.T) {
 					continue
 				}
 				out := c.encode(nil, m)
-				if _, err := c.decode(out); err != nil {
+				if _, err := c.read(out); err != nil {
 					t.Fatalf("%s with [%d]=%q: re-encoded %s does not decode: %v", g.name, i, b, out, err)
 				}
 			}
@@ -558,7 +568,8 @@ func TestDecodeHandshakeResponseAcceptance(t *testing.T) {
 	}
 }
 
-// Liberal forms decode, and re-encode to the canonical form.
+// Liberal forms are read (decoded and, for a Decision, normalized), and
+// re-encode to the canonical form.
 func TestDecodeLiberalForms(t *testing.T) {
 	tests := []struct {
 		name, kind, in, want string
@@ -631,7 +642,7 @@ func TestDecodeLiberalForms(t *testing.T) {
 			`{"request_id":1,"decision":"allow","request_headers":[{"operation":"set","name":"x-a","value":"1"},{"operation":"add","name":"x-b","value":"2"},{"operation":"remove","name":"cookie"},{"operation":"remove","name":"x-c"}],"response_headers":[{"operation":"add","name":"n","value":"v"}]}`},
 		{"mutation in decision with default phases", "decision",
 			`{"request_id":3,"decision":"allow","response_body_mutation":{"chunk_index":2,"data":"eA=="},"request_body_mutation":null}`,
-			`{"request_id":3,"decision":"allow","request_headers":[],"response_headers":[],"response_body_mutation":{"request_id":0,"phase":"response","chunk_index":2,"data":"eA=="}}`},
+			`{"request_id":3,"decision":"allow","request_headers":[],"response_headers":[],"response_body_mutation":{"request_id":3,"phase":"response","chunk_index":2,"data":"eA=="}}`},
 		{"audit with numbers, nulls and raw custom", "decision",
 			`{"request_id":1,"decision":"allow","audit":{"tags":[null,"a"],"rule_ids":[942100,"x"],"confidence":1E2,"reason_codes":null,"custom":{ "k" : [ 1 , "\u00e9" ] }}}`,
 			`{"request_id":1,"decision":"allow","request_headers":[],"response_headers":[],"audit":{"tags":["a"],"rule_ids":["942100","x"],"confidence":100,"reason_codes":[],"custom":{ "k" : [ 1 , "\u00e9" ] }}}`},
@@ -654,7 +665,7 @@ func TestDecodeLiberalForms(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			c := codecFor(t, tt.kind)
-			m, err := c.decode([]byte(tt.in))
+			m, err := c.read([]byte(tt.in))
 			if err != nil {
 				t.Fatalf("decode: %v", err)
 			}
@@ -683,12 +694,19 @@ func TestDecisionNeedsMoreFlags(t *testing.T) {
 		if err := m.Decode([]byte(tt.in)); err != nil {
 			t.Fatalf("%s: %v", tt.in, err)
 		}
+		if err := m.Normalize(); err != nil {
+			t.Fatalf("%s: %v", tt.in, err)
+		}
 		if m.Kind != tt.kind || m.NeedsMore != tt.needsMore || m.Final() == tt.needsMore {
 			t.Fatalf("%s: kind=%v needsMore=%v final=%v", tt.in, m.Kind, m.NeedsMore, m.Final())
 		}
 	}
 }
 
+// TestDecodeErrors: what a receiver refuses, and with which sentinel. The
+// schema cases (no verdict, redirect without url, header operation
+// without operation or name) are refused by Normalize, not by the decoder:
+// TestNormalizeRejects checks that split.
 func TestDecodeErrors(t *testing.T) {
 	deep := strings.Repeat(`{"a":`, 70) + "1" + strings.Repeat("}", 70)
 	deepArr := `{"x":` + strings.Repeat("[", 100000) + strings.Repeat("]", 100000) + "}"
@@ -816,7 +834,7 @@ func TestDecodeErrors(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			c := codecFor(t, tt.kind)
-			_, err := c.decode([]byte(tt.in))
+			_, err := c.read([]byte(tt.in))
 			if !errors.Is(err, tt.want) {
 				t.Fatalf("got %v, want %v", err, tt.want)
 			}

@@ -19,6 +19,11 @@ import (
 //     the next Decode. Use PeekRequestID on the payload to route the error
 //     to its request.
 //   - Unknown keys are skipped; null reads as "absent" for every field.
+//   - Decoding is purely syntactic: a decoder reports malformed input
+//     (syntax, wrong types, numbers out of their type's range, unknown
+//     enum names, JSON shapes the schema does not have) and applies no
+//     default and no rule between fields. A decoded Decision gets those
+//     from Decision.Normalize (normalize.go), the one place for them.
 
 // maxRetainedRaw bounds the buffer a message keeps between decodes: after a
 // larger payload, the next smaller one drops the big buffer instead of
@@ -45,17 +50,7 @@ func (m *RequestHeaders) Decode(payload []byte) error {
 	m.Reset()
 	m.raw = loadRaw(m.raw, payload)
 	s := newScanner(m.raw)
-	if err := s.top(); err != nil {
-		return err
-	}
-	for n := 0; ; {
-		key, more, err := s.key(&n)
-		if err != nil {
-			return err
-		}
-		if !more {
-			break
-		}
+	return s.document(func(key []byte) (err error) {
 		switch string(key) {
 		case "request_id":
 			m.RequestID, _, err = s.u64("request_id", math.MaxUint64)
@@ -72,30 +67,13 @@ func (m *RequestHeaders) Decode(payload []byte) error {
 		default:
 			err = s.skip()
 		}
-		if err != nil {
-			return err
-		}
-	}
-	return s.end()
+		return err
+	})
 }
 
 func (s *scanner) metadata(md *Metadata) error {
 	*md = Metadata{}
-	if s.null() {
-		return nil
-	}
-	if err := s.object("metadata"); err != nil {
-		return err
-	}
-	s.ctx = ctxMetadata
-	for n := 0; ; {
-		key, more, err := s.key(&n)
-		if err != nil {
-			return err
-		}
-		if !more {
-			break
-		}
+	_, err := s.nested("metadata", ctxMetadata, func(key []byte) (err error) {
 		switch string(key) {
 		case "correlation_id":
 			md.CorrelationID, err = s.strVal("correlation_id")
@@ -120,12 +98,9 @@ func (s *scanner) metadata(md *Metadata) error {
 		default:
 			err = s.skip()
 		}
-		if err != nil {
-			return err
-		}
-	}
-	s.ctx = ctxTop
-	return nil
+		return err
+	})
+	return err
 }
 
 // headers reads a header collection in any accepted shape and appends it to
@@ -143,48 +118,36 @@ func (s *scanner) headers(h Headers, field string, lowerNames bool) (Headers, er
 		if err := s.enter(); err != nil {
 			return h, err
 		}
-		for n := 0; ; {
-			name, more, err := s.key(&n)
-			if err != nil {
-				return h, err
-			}
-			if !more {
-				return h, nil
-			}
+		err := s.members(func(name []byte) error {
 			if lowerNames {
 				lower(name)
 			}
 			if s.peek() != '[' {
 				v, err := s.text(field)
-				if err != nil {
-					return h, err
-				}
 				if v != nil {
 					h = append(h, Header{Name: name, Value: v})
 				}
-				continue
+				return err
 			}
 			s.i++
 			if err := s.enter(); err != nil {
-				return h, err
+				return err
 			}
 			for k := 0; ; {
 				more, err := s.elem(&k)
-				if err != nil {
-					return h, err
-				}
-				if !more {
-					break
+				if err != nil || !more {
+					return err
 				}
 				v, err := s.text(field)
 				if err != nil {
-					return h, err
+					return err
 				}
 				if v != nil {
 					h = append(h, Header{Name: name, Value: v})
 				}
 			}
-		}
+		})
+		return h, err
 	case '[':
 		s.i++
 		if err := s.enter(); err != nil {
@@ -203,7 +166,9 @@ func (s *scanner) headers(h Headers, field string, lowerNames bool) (Headers, er
 			case '[':
 				name, value, err = s.headerPair(field)
 			case '{':
-				name, value, err = s.headerObject(field)
+				if name, value, err = s.headerObject(field); err == nil && name == nil {
+					err = s.fieldErr(field, "header without name")
+				}
 			default:
 				err = s.typeErr(field, "[name, value] pair")
 			}
@@ -257,24 +222,17 @@ func (s *scanner) headerPair(field string) (name, value []byte, err error) {
 	}
 }
 
-// headerObject reads {"name":..,"value":..}.
+// headerObject reads {"name":..,"value":..}; name is nil when absent.
 func (s *scanner) headerObject(field string) (name, value []byte, err error) {
 	s.i++
 	if err = s.enter(); err != nil {
 		return nil, nil, err
 	}
-	for n := 0; ; {
-		key, more, err := s.key(&n)
-		if err != nil {
-			return nil, nil, err
-		}
-		if !more {
-			break
-		}
+	err = s.members(func(key []byte) (err error) {
 		switch string(key) {
 		case "name":
 			if s.peek() != '"' {
-				return nil, nil, s.typeErr(field, "header name string")
+				return s.typeErr(field, "header name string")
 			}
 			name, err = s.str()
 		case "value":
@@ -282,12 +240,10 @@ func (s *scanner) headerObject(field string) (name, value []byte, err error) {
 		default:
 			err = s.skip()
 		}
-		if err != nil {
-			return nil, nil, err
-		}
-	}
-	if name == nil {
-		return nil, nil, s.fieldErr(field, "header without name")
+		return err
+	})
+	if err != nil {
+		return nil, nil, err
 	}
 	return name, value, nil
 }
@@ -299,17 +255,7 @@ func (m *BodyChunk) Decode(payload []byte) error {
 	m.Reset()
 	m.raw = loadRaw(m.raw, payload)
 	s := newScanner(m.raw)
-	if err := s.top(); err != nil {
-		return err
-	}
-	for n := 0; ; {
-		key, more, err := s.key(&n)
-		if err != nil {
-			return err
-		}
-		if !more {
-			break
-		}
+	return s.document(func(key []byte) (err error) {
 		switch string(key) {
 		case "request_id":
 			m.RequestID, _, err = s.u64("request_id", math.MaxUint64)
@@ -330,11 +276,8 @@ func (m *BodyChunk) Decode(payload []byte) error {
 		default:
 			err = s.skip()
 		}
-		if err != nil {
-			return err
-		}
-	}
-	return s.end()
+		return err
+	})
 }
 
 // size reads a non-negative byte count; null reads as -1 (unknown).
@@ -388,17 +331,7 @@ func (m *ResponseHeaders) Decode(payload []byte) error {
 	m.Reset()
 	m.raw = loadRaw(m.raw, payload)
 	s := newScanner(m.raw)
-	if err := s.top(); err != nil {
-		return err
-	}
-	for n := 0; ; {
-		key, more, err := s.key(&n)
-		if err != nil {
-			return err
-		}
-		if !more {
-			break
-		}
+	return s.document(func(key []byte) (err error) {
 		switch string(key) {
 		case "request_id":
 			m.RequestID, _, err = s.u64("request_id", math.MaxUint64)
@@ -413,39 +346,26 @@ func (m *ResponseHeaders) Decode(payload []byte) error {
 		default:
 			err = s.skip()
 		}
-		if err != nil {
-			return err
-		}
-	}
-	return s.end()
+		return err
+	})
 }
 
-// Decode parses a BodyMutation payload into m. phase defaults to request.
+// Decode parses a BodyMutation payload into m. An absent phase is the zero
+// Phase, request; data absent or null is a pass, "" a drop, bytes a
+// replacement.
 func (m *BodyMutation) Decode(payload []byte) error {
 	m.Reset()
 	m.raw = loadRaw(m.raw, payload)
 	s := newScanner(m.raw)
-	if err := s.top(); err != nil {
-		return err
-	}
-	if err := s.bodyMutationFields(m); err != nil {
-		return err
-	}
-	return s.end()
+	return s.document(s.bodyMutationFields(m))
 }
 
-// bodyMutationFields reads the members of an already opened body mutation
-// object, up to and including its '}'. Decision uses it for its embedded
-// mutations so that they share the Decision's buffer.
-func (s *scanner) bodyMutationFields(m *BodyMutation) error {
-	for n := 0; ; {
-		key, more, err := s.key(&n)
-		if err != nil {
-			return err
-		}
-		if !more {
-			return nil
-		}
+// bodyMutationFields returns the member reader of a body mutation object
+// (for document, members or nested). Decision uses it for its embedded
+// mutations too, so that they share the Decision's buffer. It is inlined:
+// the closure stays on the caller's stack.
+func (s *scanner) bodyMutationFields(m *BodyMutation) func(key []byte) error {
+	return func(key []byte) (err error) {
 		switch string(key) {
 		case "request_id":
 			m.RequestID, _, err = s.u64("request_id", math.MaxUint64)
@@ -478,90 +398,56 @@ func (s *scanner) bodyMutationFields(m *BodyMutation) error {
 		default:
 			err = s.skip()
 		}
-		if err != nil {
-			return err
-		}
+		return err
 	}
 }
 
-// Decode parses a Decision payload into m. See PROTOCOL.md for the accepted
-// shapes: kind names in any letter case, needs_more as the decision or as a
-// top-level flag with allow, header operations in both shapes, embedded
-// body mutations. A missing or unknown decision kind, or invalid kind
-// parameters, wrap ErrProtocolDecision. The top-level needs_more flag is
-// honoured only with allow: a block or redirect is always final.
+// Decode parses a Decision payload into m. See docs/protocol.md for the
+// accepted shapes: kind names in any letter case, a verdict as a bare name
+// or as an object with exactly one member kind → parameters, needs_more as
+// the verdict or as a top-level flag, header operations in both shapes,
+// embedded body mutations.
+//
+// Decode is syntactic: it keeps what the payload says and nothing more. A
+// payload without a verdict (no "decision", null or {}) decodes with Kind
+// DecisionUnset, an operation without one with Op HeaderOpUnset; a status
+// that is absent or 0 stays 0; NeedsMore is the top-level flag as sent;
+// an embedded mutation keeps the phase and request id it carries.
+// Decision.Normalize applies the defaults and rules to that. An unknown
+// kind and invalid verdict parameters wrap ErrProtocolDecision.
 func (m *Decision) Decode(payload []byte) error {
 	m.Reset()
+	m.Kind = DecisionUnset
 	m.raw = loadRaw(m.raw, payload)
 	s := newScanner(m.raw)
-	if err := s.top(); err != nil {
-		return err
-	}
-	var haveKind, needsMore bool
-	for n := 0; ; {
-		key, more, err := s.key(&n)
-		if err != nil {
-			return err
-		}
-		if !more {
-			break
-		}
+	return s.document(func(key []byte) (err error) {
 		switch string(key) {
 		case "request_id":
 			m.RequestID, _, err = s.u64("request_id", math.MaxUint64)
 		case "decision":
 			err = s.decision(m)
-			haveKind = true
 		case "needs_more":
-			needsMore, err = s.boolVal("needs_more")
+			m.NeedsMore, err = s.boolVal("needs_more")
 		case "request_headers":
 			m.RequestHeaderOps, err = s.headerOps(m.RequestHeaderOps[:0], "request_headers")
 		case "response_headers":
 			m.ResponseHeaderOps, err = s.headerOps(m.ResponseHeaderOps[:0], "response_headers")
 		case "request_body_mutation":
-			m.HasRequestBodyMutation, err = s.embeddedMutation(&m.RequestBodyMutation, PhaseRequest, "request_body_mutation")
+			m.HasRequestBodyMutation, err = s.embeddedMutation(&m.RequestBodyMutation, ctxRequestMutation, "request_body_mutation")
 		case "response_body_mutation":
-			m.HasResponseBodyMutation, err = s.embeddedMutation(&m.ResponseBodyMutation, PhaseResponse, "response_body_mutation")
+			m.HasResponseBodyMutation, err = s.embeddedMutation(&m.ResponseBodyMutation, ctxResponseMutation, "response_body_mutation")
 		case "audit":
 			err = s.audit(&m.Audit)
 		default:
 			err = s.skip()
 		}
-		if err != nil {
-			return err
-		}
-	}
-	if err := s.end(); err != nil {
 		return err
-	}
-	if !haveKind {
-		s.ctx = ctxDecision
-		return s.fieldErr("kind", "missing")
-	}
-	switch m.Kind {
-	case DecisionNeedsMore:
-		m.NeedsMore = true
-	case DecisionAllow:
-		m.NeedsMore = needsMore
-	}
-	return nil
+	})
 }
 
-func (s *scanner) embeddedMutation(bm *BodyMutation, phase Phase, field string) (bool, error) {
-	*bm = BodyMutation{Phase: phase}
-	if s.null() {
-		return false, nil
-	}
-	if err := s.object(field); err != nil {
-		return false, err
-	}
-	s.ctx = ctxRequestMutation
-	if phase == PhaseResponse {
-		s.ctx = ctxResponseMutation
-	}
-	err := s.bodyMutationFields(bm)
-	s.ctx = ctxTop
-	return err == nil, err
+func (s *scanner) embeddedMutation(bm *BodyMutation, ctx errCtx, field string) (bool, error) {
+	*bm = BodyMutation{}
+	return s.nested(field, ctx, s.bodyMutationFields(bm))
 }
 
 // decisionKind matches a kind name in any letter case.
@@ -580,9 +466,10 @@ func decisionKind(name []byte) (DecisionKind, bool) {
 }
 
 // decision reads the "decision" value: a kind name, or an object with
-// exactly one member kind → parameters.
+// exactly one member kind → parameters; null or {} name no verdict. A
+// later "decision" replaces an earlier one.
 func (s *scanner) decision(m *Decision) error {
-	m.Kind, m.NeedsMore, m.Status, m.Body, m.RedirectURL = DecisionAllow, false, 0, nil, nil
+	m.Kind, m.Status, m.Body, m.RedirectURL = DecisionUnset, 0, nil, nil
 	m.BlockHeaders = m.BlockHeaders[:0]
 	s.ctx = ctxDecision
 	err := s.decisionValue(m)
@@ -601,100 +488,65 @@ func (s *scanner) decisionValue(m *Decision) error {
 		if !ok {
 			return s.fieldErr("kind", "unknown decision")
 		}
-		if kind == DecisionRedirect {
-			return s.fieldErr("redirect", "missing url")
-		}
 		m.Kind = kind
-		m.Status = defaultStatus(kind)
 		return nil
+	case 'n':
+		if s.null() {
+			return nil
+		}
 	case '{':
-	default:
-		return s.typeErr("kind", "string or object")
+		s.i++
+		if err := s.enter(); err != nil {
+			return err
+		}
+		n := 0
+		return s.members(func(key []byte) (err error) {
+			if n++; n > 1 {
+				return s.fieldErr("kind", "more than one decision")
+			}
+			kind, ok := decisionKind(key)
+			if !ok {
+				return s.fieldErr("kind", "unknown decision")
+			}
+			m.Kind = kind
+			switch kind {
+			case DecisionAllow:
+				err = s.skip() // {"allow":null} or {"allow":{}} (unit-like variants)
+			case DecisionNeedsMore:
+				err = s.needsMoreVerdict()
+			case DecisionBlock:
+				err = s.blockParams(m)
+			case DecisionRedirect:
+				err = s.redirectParams(m)
+			}
+			return err
+		})
 	}
-	s.i++
-	if err := s.enter(); err != nil {
+	return s.typeErr("kind", "string or object")
+}
+
+// needsMoreVerdict reads the value of the needs_more verdict: true or an
+// object ({"needs_more":false} says nothing and is not a verdict).
+func (s *scanner) needsMoreVerdict() error {
+	switch s.peek() {
+	case 't', 'f':
+		v, err := s.boolVal("needs_more")
+		if err == nil && !v {
+			err = s.fieldErr("needs_more", "false is not a decision")
+		}
 		return err
+	case '{':
+		return s.skip()
 	}
-	for n := 0; ; {
-		key, more, err := s.key(&n)
-		if err != nil {
-			return err
-		}
-		if !more {
-			if n == 0 {
-				return s.fieldErr("kind", "empty decision")
-			}
-			return nil
-		}
-		if n > 1 {
-			return s.fieldErr("kind", "more than one decision")
-		}
-		kind, ok := decisionKind(key)
-		if !ok {
-			return s.fieldErr("kind", "unknown decision")
-		}
-		m.Kind = kind
-		m.Status = defaultStatus(kind)
-		switch kind {
-		case DecisionAllow:
-			err = s.skip() // {"allow":null} or {"allow":{}} (unit-like variants)
-		case DecisionNeedsMore:
-			switch s.peek() {
-			case 't', 'f':
-				var v bool
-				if v, err = s.boolVal("needs_more"); err == nil && !v {
-					err = s.fieldErr("needs_more", "false is not a decision")
-				}
-			case '{':
-				err = s.skip()
-			default:
-				err = s.typeErr("needs_more", "true")
-			}
-		case DecisionBlock:
-			err = s.blockParams(m)
-		case DecisionRedirect:
-			err = s.redirectParams(m)
-		}
-		if err != nil {
-			return err
-		}
-	}
+	return s.typeErr("needs_more", "true")
 }
 
-func defaultStatus(k DecisionKind) int {
-	switch k {
-	case DecisionBlock:
-		return 403
-	case DecisionRedirect:
-		return 302
-	}
-	return 0
-}
-
+// blockParams reads the parameters of a block; null reads as none.
 func (s *scanner) blockParams(m *Decision) error {
-	if s.null() {
-		return nil
-	}
-	if err := s.object("block"); err != nil {
-		return err
-	}
-	s.ctx = ctxBlock
-	for n := 0; ; {
-		key, more, err := s.key(&n)
-		if err != nil {
-			return err
-		}
-		if !more {
-			return nil
-		}
+	_, err := s.nested("block", ctxBlock, func(key []byte) (err error) {
 		switch string(key) {
 		case "status":
-			var v int64
-			var ok bool
-			// 0 is "unset" (as for the encoders): the default stays.
-			if v, ok, err = s.i64("status", minInt32, maxInt32); ok && v != 0 {
-				m.Status = int(v)
-			}
+			err = s.status(&m.Status)
 		case "body":
 			m.Body, err = s.strVal("body")
 		case "headers":
@@ -702,48 +554,35 @@ func (s *scanner) blockParams(m *Decision) error {
 		default:
 			err = s.skip()
 		}
-		if err != nil {
-			return err
-		}
-	}
+		return err
+	})
+	return err
 }
 
+// redirectParams reads the parameters of a redirect; null reads as none.
 func (s *scanner) redirectParams(m *Decision) error {
-	if err := s.object("redirect"); err != nil {
-		return err
-	}
-	s.ctx = ctxRedirect
-	haveURL := false
-	for n := 0; ; {
-		key, more, err := s.key(&n)
-		if err != nil {
-			return err
-		}
-		if !more {
-			break
-		}
+	_, err := s.nested("redirect", ctxRedirect, func(key []byte) (err error) {
 		switch string(key) {
 		case "url":
 			m.RedirectURL, err = s.strVal("url")
-			haveURL = m.RedirectURL != nil
 		case "status":
-			var v int64
-			var ok bool
-			// 0 is "unset" (as for the encoders): the default stays.
-			if v, ok, err = s.i64("status", minInt32, maxInt32); ok && v != 0 {
-				m.Status = int(v)
-			}
+			err = s.status(&m.Status)
 		default:
 			err = s.skip()
 		}
-		if err != nil {
-			return err
-		}
+		return err
+	})
+	return err
+}
+
+// status reads a status into *st as sent, 0 (unset) included; null leaves
+// *st as it is.
+func (s *scanner) status(st *int) error {
+	v, ok, err := s.i64("status", minInt32, maxInt32)
+	if ok {
+		*st = int(v)
 	}
-	if !haveURL {
-		return s.fieldErr("url", "missing")
-	}
-	return nil
+	return err
 }
 
 // headerOpKind matches an operation name in any letter case, with the
@@ -762,6 +601,7 @@ func headerOpKind(name []byte) (HeaderOpKind, bool) {
 
 // headerOps reads a list of header operations, each either
 // {"operation":"set","name":..,"value":..} or {"set":{"name":..,"value":..}}.
+// An operation without one (or with null) keeps Op HeaderOpUnset.
 func (s *scanner) headerOps(ops []HeaderOp, field string) ([]HeaderOp, error) {
 	if s.null() {
 		return ops, nil
@@ -771,30 +611,20 @@ func (s *scanner) headerOps(ops []HeaderOp, field string) ([]HeaderOp, error) {
 	}
 	for n := 0; ; {
 		more, err := s.elem(&n)
-		if err != nil {
+		if err != nil || !more {
 			return ops, err
-		}
-		if !more {
-			return ops, nil
 		}
 		if err := s.object(field); err != nil {
 			return ops, err
 		}
-		var op HeaderOp
-		haveOp := false
-		for k := 0; ; {
-			key, more, err := s.key(&k)
-			if err != nil {
-				return ops, err
-			}
-			if !more {
-				break
-			}
+		op := HeaderOp{Op: HeaderOpUnset}
+		err = s.members(func(key []byte) (err error) {
 			switch string(key) {
 			case "operation", "op":
 				var name []byte
 				if name, err = s.strVal(field); err == nil && name != nil {
-					if op.Op, haveOp = headerOpKind(name); !haveOp {
+					var ok bool
+					if op.Op, ok = headerOpKind(name); !ok {
 						err = s.fieldErr(field, "unknown header operation")
 					}
 				}
@@ -805,24 +635,15 @@ func (s *scanner) headerOps(ops []HeaderOp, field string) ([]HeaderOp, error) {
 			default:
 				kind, ok := headerOpKind(key)
 				if !ok || s.peek() != '{' {
-					err = s.skip()
-					break
+					return s.skip()
 				}
-				op.Op, haveOp = kind, true
+				op.Op = kind
 				op.Name, op.Value, err = s.headerObject(field)
 			}
-			if err != nil {
-				return ops, err
-			}
-		}
-		if !haveOp {
-			return ops, s.fieldErr(field, "missing header operation")
-		}
-		if op.Name == nil {
-			return ops, s.fieldErr(field, "header operation without name")
-		}
-		if op.Op == HeaderRemove {
-			op.Value = nil
+			return err
+		})
+		if err != nil {
+			return ops, err
 		}
 		ops = append(ops, op)
 	}
@@ -832,21 +653,7 @@ func (s *scanner) headerOps(ops []HeaderOp, field string) ([]HeaderOp, error) {
 func (s *scanner) audit(a *Audit) error {
 	tags, rules, codes := a.Tags[:0], a.RuleIDs[:0], a.ReasonCodes[:0]
 	*a = Audit{Tags: tags, RuleIDs: rules, ReasonCodes: codes}
-	if s.null() {
-		return nil
-	}
-	if err := s.object("audit"); err != nil {
-		return err
-	}
-	s.ctx = ctxAudit
-	for n := 0; ; {
-		key, more, err := s.key(&n)
-		if err != nil {
-			return err
-		}
-		if !more {
-			break
-		}
+	_, err := s.nested("audit", ctxAudit, func(key []byte) (err error) {
 		switch string(key) {
 		case "tags":
 			a.Tags, err = s.textList(a.Tags[:0], "tags")
@@ -867,12 +674,9 @@ func (s *scanner) audit(a *Audit) error {
 		default:
 			err = s.skip()
 		}
-		if err != nil {
-			return err
-		}
-	}
-	s.ctx = ctxTop
-	return nil
+		return err
+	})
+	return err
 }
 
 // textList reads an array of strings (numbers kept as text, nulls dropped).
@@ -906,17 +710,7 @@ func (m *CancelRequest) Decode(payload []byte) error {
 	raw := loadRaw(m.raw, payload)
 	*m = CancelRequest{raw: raw}
 	s := newScanner(raw)
-	if err := s.top(); err != nil {
-		return err
-	}
-	for n := 0; ; {
-		key, more, err := s.key(&n)
-		if err != nil {
-			return err
-		}
-		if !more {
-			break
-		}
+	return s.document(func(key []byte) (err error) {
 		switch string(key) {
 		case "request_id":
 			m.RequestID, _, err = s.u64("request_id", math.MaxUint64)
@@ -925,11 +719,8 @@ func (m *CancelRequest) Decode(payload []byte) error {
 		default:
 			err = s.skip()
 		}
-		if err != nil {
-			return err
-		}
-	}
-	return s.end()
+		return err
+	})
 }
 
 // Decode parses a CancelAll payload into m (reason may be absent).
@@ -937,28 +728,13 @@ func (m *CancelAll) Decode(payload []byte) error {
 	raw := loadRaw(m.raw, payload)
 	*m = CancelAll{raw: raw}
 	s := newScanner(raw)
-	if err := s.top(); err != nil {
-		return err
-	}
-	for n := 0; ; {
-		key, more, err := s.key(&n)
-		if err != nil {
-			return err
-		}
-		if !more {
-			break
-		}
-		switch string(key) {
-		case "reason":
+	return s.document(func(key []byte) (err error) {
+		if string(key) == "reason" {
 			m.Reason, err = s.strVal("reason")
-		default:
-			err = s.skip()
-		}
-		if err != nil {
 			return err
 		}
-	}
-	return s.end()
+		return s.skip()
+	})
 }
 
 // Decode parses a Ping (or Pong) payload into m. Ping has no byte fields, so

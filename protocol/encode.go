@@ -14,7 +14,7 @@ import (
 
 // Encoders append one JSON payload (no frame header) to dst and return the
 // extended slice; with a dst of sufficient capacity they do not allocate.
-// Output is strict: the field order and shapes of PROTOCOL.md section 3,
+// Output is strict: the field order and shapes of docs/protocol.md section 4 (Messages),
 // snake_case keys, optional fields omitted when empty, strings escaped with
 // invalid UTF-8 replaced by \ufffd (as encoding/json does).
 
@@ -276,7 +276,7 @@ func AppendDecision(dst []byte, m *Decision) []byte {
 		dst = append(dst, `"allow"`...)
 	case DecisionBlock:
 		dst = append(dst, `{"block":{"status":`...)
-		dst = strconv.AppendInt(dst, int64(statusOr(m.Status, 403)), 10)
+		dst = strconv.AppendInt(dst, int64(statusOr(m.Status, defaultBlockStatus)), 10)
 		dst = append(dst, `,"body":`...)
 		if m.Body == nil {
 			dst = append(dst, `null`...)
@@ -290,7 +290,7 @@ func AppendDecision(dst []byte, m *Decision) []byte {
 		dst = append(dst, `{"redirect":{"url":`...)
 		dst = appendString(dst, m.RedirectURL)
 		dst = append(dst, `,"status":`...)
-		dst = strconv.AppendInt(dst, int64(statusOr(m.Status, 302)), 10)
+		dst = strconv.AppendInt(dst, int64(statusOr(m.Status, defaultRedirectStatus)), 10)
 		dst = append(dst, `}}`...)
 	case DecisionNeedsMore:
 		dst = append(dst, `{"needs_more":true}`...)

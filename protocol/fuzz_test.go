@@ -9,11 +9,14 @@ import (
 )
 
 // Each target checks, for any input: no panic; the input is not modified;
-// a failure wraps one of the sentinels; a success re-encodes to valid JSON
-// that decodes to the same message (up to the documented normalisations:
-// header grouping, last-wins block headers) and re-encodes byte for byte
-// (the canonical form is a fixed point); decoding into a message that held
-// another payload gives the same result as decoding into a fresh one.
+// a failure wraps one of the sentinels; decoding into a message that held
+// another payload gives the same result as decoding into a fresh one; a
+// decoded Decision survives Normalize without panicking, and Normalize
+// either fails with a sentinel or is idempotent; what is read (decoded,
+// normalized) re-encodes to valid JSON that reads back as the same message
+// (up to the documented normalisations: header grouping, last-wins block
+// headers) and re-encodes byte for byte (the canonical form is a fixed
+// point).
 
 // addGoldenSeeds adds the golden payloads whose names start with one of
 // prefixes; Go adds testdata/fuzz/<FuzzName>/ itself.
@@ -60,8 +63,8 @@ func lastWins(h Headers) Headers {
 	return out
 }
 
-// normalize returns what m should read back as after an encode.
-func normalize(m any) any {
+// readBack returns what m should read back as after an encode.
+func readBack(m any) any {
 	switch m := m.(type) {
 	case *RequestHeaders:
 		c := *m
@@ -111,27 +114,42 @@ func checkIdempotent(t *testing.T, c codec, payload []byte) {
 		t.Fatalf("%s: fresh decode error %v, reused decode error %v", c.prefix, err, err0)
 	}
 	if err != nil {
-		if !errors.Is(err, ErrProtocolSyntax) && !errors.Is(err, ErrProtocolField) && !errors.Is(err, ErrProtocolDecision) {
-			t.Fatalf("%s: error %v wraps no sentinel", c.prefix, err)
-		}
+		checkSentinel(t, c, err)
 		return
 	}
 	if show(m0) != show(m1) {
 		t.Fatalf("%s: reused message decodes differently\nfresh:  %s\nreused: %s", c.prefix, show(m1), show(m0))
 	}
+	if d, ok := m1.(*Decision); ok {
+		if err := d.Normalize(); err != nil {
+			checkSentinel(t, c, err)
+			return
+		}
+		once := show(d)
+		if err := d.Normalize(); err != nil || show(d) != once {
+			t.Fatalf("%s: Normalize is not idempotent (%v)\nonce:  %s\ntwice: %s", c.prefix, err, once, show(d))
+		}
+	}
 	e1 := c.encode(nil, m1)
 	if !json.Valid(e1) {
 		t.Fatalf("%s: encoded invalid JSON %q", c.prefix, e1)
 	}
-	m2, err := c.decode(e1)
+	m2, err := c.read(e1)
 	if err != nil {
-		t.Fatalf("%s: re-encoded %q does not decode: %v", c.prefix, e1, err)
+		t.Fatalf("%s: re-encoded %q does not read back: %v", c.prefix, e1, err)
 	}
-	if want := normalize(m1); show(m2) != show(want) {
+	if want := readBack(m1); show(m2) != show(want) {
 		t.Fatalf("%s: round trip changed the message\n got: %s\nwant: %s\nvia %q", c.prefix, show(m2), show(want), e1)
 	}
 	if e2 := c.encode(nil, m2); !bytes.Equal(e1, e2) {
 		t.Fatalf("%s: canonical form is not a fixed point\n%q\n%q", c.prefix, e1, e2)
+	}
+}
+
+func checkSentinel(t *testing.T, c codec, err error) {
+	t.Helper()
+	if !errors.Is(err, ErrProtocolSyntax) && !errors.Is(err, ErrProtocolField) && !errors.Is(err, ErrProtocolDecision) {
+		t.Fatalf("%s: error %v wraps no sentinel", c.prefix, err)
 	}
 }
 

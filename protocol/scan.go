@@ -183,6 +183,51 @@ func (s *scanner) key(n *int) (key []byte, more bool, err error) {
 	return key, true, s.colon()
 }
 
+// document reads a whole payload: the top-level object, each of its
+// members through field, and nothing but whitespace after it.
+func (s *scanner) document(field func(key []byte) error) error {
+	if err := s.top(); err != nil {
+		return err
+	}
+	if err := s.members(field); err != nil {
+		return err
+	}
+	return s.end()
+}
+
+// members reads the members of the object just opened, up to and including
+// its '}'. field gets each key (unescaped in place) and must consume the
+// member's value; its first error ends the object. The func value does not
+// escape, so a closure passed here stays on the caller's stack.
+func (s *scanner) members(field func(key []byte) error) error {
+	for n := 0; ; {
+		key, more, err := s.key(&n)
+		if err != nil || !more {
+			return err
+		}
+		if err := field(key); err != nil {
+			return err
+		}
+	}
+}
+
+// nested reads the value of field, an object whose members go through fn
+// as for members; null reads as absent (present is false). Errors inside
+// name ctx; the scanner's context is restored after it.
+func (s *scanner) nested(field string, ctx errCtx, fn func(key []byte) error) (present bool, err error) {
+	if s.null() {
+		return false, nil
+	}
+	if err := s.object(field); err != nil {
+		return false, err
+	}
+	outer := s.ctx
+	s.ctx = ctx
+	err = s.members(fn)
+	s.ctx = outer
+	return err == nil, err
+}
+
 // keyRO is key for a buffer that must not be written: a key with escapes is
 // unescaped into buf instead (a key too long for buf cannot be one we look
 // for, and reads as ""). buf is a parameter, not a scanner field, so that
@@ -638,30 +683,17 @@ func (s *scanner) skip() error {
 		if err := s.enter(); err != nil {
 			return err
 		}
-		for n := 0; ; n++ {
-			c := s.peek()
-			if c == '}' {
-				s.i++
-				s.depth--
-				return nil
-			}
-			if n > 0 {
-				if c != ',' {
-					return s.synErr("expected ',' or '}'")
-				}
-				s.i++
-				c = s.peek()
-			}
-			if c != '"' {
-				return s.synErr("expected object key")
+		for n := 0; ; {
+			more, err := s.member(&n)
+			if err != nil || !more {
+				return err
 			}
 			if err := s.skipString(); err != nil {
 				return err
 			}
-			if s.peek() != ':' {
-				return s.synErr("expected ':'")
+			if err := s.colon(); err != nil {
+				return err
 			}
-			s.i++
 			if err := s.skip(); err != nil {
 				return err
 			}
@@ -671,18 +703,10 @@ func (s *scanner) skip() error {
 		if err := s.enter(); err != nil {
 			return err
 		}
-		for n := 0; ; n++ {
-			c := s.peek()
-			if c == ']' {
-				s.i++
-				s.depth--
-				return nil
-			}
-			if n > 0 {
-				if c != ',' {
-					return s.synErr("expected ',' or ']'")
-				}
-				s.i++
+		for n := 0; ; {
+			more, err := s.elem(&n)
+			if err != nil || !more {
+				return err
 			}
 			if err := s.skip(); err != nil {
 				return err

@@ -25,7 +25,7 @@ const (
 // MsgType is the type byte of a frame.
 type MsgType uint8
 
-// Frame types of PROTOCOL.md section 2.
+// Frame types of docs/protocol.md section 2.5 (Frame types).
 const (
 	TypeHandshakeRequest     MsgType = 0x01
 	TypeHandshakeResponse    MsgType = 0x02
@@ -247,6 +247,8 @@ func (k DecisionKind) String() string {
 		return "redirect"
 	case DecisionNeedsMore:
 		return "needs_more"
+	case DecisionUnset:
+		return "unset"
 	}
 	return "unknown"
 }
@@ -268,6 +270,8 @@ func (k HeaderOpKind) String() string {
 		return "add"
 	case HeaderRemove:
 		return "remove"
+	case HeaderOpUnset:
+		return "unset"
 	}
 	return "set"
 }
@@ -328,10 +332,11 @@ type Decision struct {
 	Kind      DecisionKind
 	// NeedsMore is set for DecisionNeedsMore and for an allow that carries
 	// the top-level "needs_more": true; both mean "send the next chunk".
+	// (A decoder keeps the flag as sent; Normalize makes this hold.)
 	NeedsMore bool
 
 	// Block parameters.
-	Status       int // block: 100–599 (default 403); redirect: 3xx (default 302)
+	Status       int // block: 100–599 (0: 403); redirect: 3xx (0: 302), applied by Normalize
 	Body         []byte
 	BlockHeaders Headers
 	// Redirect parameter.

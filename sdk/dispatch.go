@@ -9,13 +9,16 @@ import (
 )
 
 // Sender is how a Dispatcher answers: one per connection, owned by the
-// transport. Both methods must encode before returning and never block on
-// the network.
+// transport. Both methods must encode before returning and never write to
+// the network themselves (a transport has one writer per connection).
 type Sender interface {
-	// Send queues a Decision or BodyMutation (msg is a pointer to it).
-	Send(t protocol.MsgType, msg any) error
+	// Send queues a reply (a Decision or a BodyMutation) of the request
+	// whose handler context is ctx. When the connection is backed up it may
+	// wait for room, at most until ctx ends.
+	Send(ctx context.Context, m protocol.Message) error
 	// SendError answers requestID with an agent error: a decision the proxy
-	// cannot accept, so that its failure policy decides.
+	// cannot accept, so that its failure policy decides. It never waits
+	// (a transport's read loop uses it).
 	SendError(requestID uint64, reason string) error
 }
 
@@ -64,33 +67,43 @@ func AcquireEvent() *Event { return eventPool.Get().(*Event) }
 // ReleaseEvent returns ev to the pool.
 func ReleaseEvent(ev *Event) { ev.next = nil; eventPool.Put(ev) }
 
-// reqState serializes the events of one request and is the context its
-// handler sees. It is a hand-rolled context so that a request costs no
-// allocation in steady state: context.WithCancel would allocate and
+// reqState serializes the events of a request while its handler runs and
+// is the context that handler sees. It is allocated fresh each time a
+// handler starts for a request and never reused, so it keeps the
+// context.Context contract for as long as anything holds it: Done returns
+// the same channel on every call, and once canceled it stays canceled.
+// That single small allocation (Done's channel is made only when asked
+// for) is the whole cost: context.WithCancel would allocate more and
 // register with the connection's context on every request; here the
-// Dispatcher cancels its requests itself when the connection ends.
+// Dispatcher cancels its requests itself.
+//
+// It is canceled when the handler returns with nothing queued behind it,
+// on a CancelRequest for its request, on CancelAll and when the connection
+// ends.
 type reqState struct {
-	parent context.Context
-	mu     sync.Mutex
-	done   chan struct{} // made on first Done() or cancel
-	err    error
-	head   *Event // queued behind the running one (only with pipelining proxies)
-	tail   *Event
+	d    *Dispatcher // values and deadline come from its context
+	mu   sync.Mutex
+	done chan struct{} // made on first Done() or cancel
+	err  error
+	head *Event // queued behind the running one (only with pipelining proxies); guarded by d.mu
+	tail *Event
 }
 
 var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
-func (r *reqState) Deadline() (time.Time, bool) { return r.parent.Deadline() }
-func (r *reqState) Value(key any) any           { return r.parent.Value(key) }
+// Deadline and Value are the connection context's.
+func (r *reqState) Deadline() (time.Time, bool) { return r.d.base.Deadline() }
+func (r *reqState) Value(key any) any           { return r.d.base.Value(key) }
 
 func (r *reqState) Done() <-chan struct{} {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.done == nil {
 		if r.err != nil {
-			return closedChan
+			r.done = closedChan
+		} else {
+			r.done = make(chan struct{})
 		}
-		r.done = make(chan struct{})
 	}
 	return r.done
 }
@@ -112,15 +125,14 @@ func (r *reqState) cancel() {
 	r.mu.Unlock()
 }
 
-var reqPool = sync.Pool{New: func() any { return new(reqState) }}
-
 // Dispatcher runs a Handler for one connection: a goroutine per request
 // with events in flight (not per connection), cancellation by request id.
 type Dispatcher struct {
-	h    Handler
-	out  Sender
-	base context.Context
-	stop context.CancelFunc
+	h      Handler
+	out    Sender
+	base   context.Context
+	stop   context.CancelFunc
+	unhook func() bool // stops the CancelAll registered on base
 
 	mu      sync.Mutex
 	reqs    map[uint64]*reqState
@@ -131,7 +143,10 @@ type Dispatcher struct {
 // NewDispatcher serves h on one connection whose replies go to out.
 func NewDispatcher(parent context.Context, h Handler, out Sender) *Dispatcher {
 	ctx, cancel := context.WithCancel(parent)
-	return &Dispatcher{h: h, out: out, base: ctx, stop: cancel, reqs: make(map[uint64]*reqState), workers: sharedWorkers}
+	d := &Dispatcher{h: h, out: out, base: ctx, stop: cancel, reqs: make(map[uint64]*reqState), workers: sharedWorkers}
+	// A request context is done when the connection's is.
+	d.unhook = context.AfterFunc(ctx, d.CancelAll)
+	return d
 }
 
 // Dispatch hands ev to the handler. The dispatcher owns ev afterwards.
@@ -154,8 +169,7 @@ func (d *Dispatcher) Dispatch(ev *Event) {
 		ReleaseEvent(ev)
 		return
 	}
-	st := reqPool.Get().(*reqState)
-	st.parent, st.done, st.err = d.base, nil, nil
+	st := &reqState{d: d} // the handler's context: fresh, never reused
 	d.reqs[id] = st
 	d.wg.Add(1)
 	d.mu.Unlock()
@@ -180,9 +194,9 @@ func (d *Dispatcher) run(id uint64, st *reqState, ev *Event) {
 		}
 		d.mu.Unlock()
 	}
+	// Expired for good: whatever still holds the context (a derived
+	// context, an AfterFunc, a goroutine the handler started) sees it done.
 	st.cancel()
-	st.parent = nil
-	reqPool.Put(st)
 }
 
 func (d *Dispatcher) handle(ctx context.Context, ev *Event) {
@@ -199,7 +213,7 @@ func (d *Dispatcher) handle(ctx context.Context, ev *Event) {
 		}
 		if err == nil && ctx.Err() == nil {
 			ev.decision.RequestID = id
-			err = d.out.Send(protocol.TypeDecision, &ev.decision)
+			err = d.out.Send(ctx, &ev.decision)
 		}
 	case protocol.TypeRequestBodyChunk, protocol.TypeResponseBodyChunk:
 		r := &ev.body
@@ -219,10 +233,10 @@ func (d *Dispatcher) handle(ctx context.Context, ev *Event) {
 				if ev.Type == protocol.TypeResponseBodyChunk {
 					r.Mutation.Phase = protocol.PhaseResponse
 				}
-				err = d.out.Send(protocol.TypeBodyMutation, &r.Mutation)
+				err = d.out.Send(ctx, &r.Mutation)
 			} else {
 				r.Decision.RequestID = id
-				err = d.out.Send(protocol.TypeDecision, &r.Decision)
+				err = d.out.Send(ctx, &r.Decision)
 			}
 		}
 	}
@@ -267,6 +281,7 @@ func (d *Dispatcher) Close() {
 	d.mu.Lock()
 	d.stop()
 	d.mu.Unlock()
+	d.unhook()
 	d.CancelAll()
 	d.wg.Wait()
 }

@@ -115,7 +115,7 @@ func TestReverseStalledFrameFromProxy(t *testing.T) {
 		if typ, _, err := fr.Next(); err != nil || typ != protocol.TypeRegistrationRequest {
 			t.Fatalf("registration: %v %v", typ, err)
 		}
-		if err := uds.WriteFrame(nc, protocol.TypeRegistrationResponse, &protocol.RegistrationResponse{Accepted: true, AssignedID: "c1"}); err != nil {
+		if err := uds.WriteFrame(nc, &protocol.RegistrationResponse{Accepted: true, AssignedID: "c1"}); err != nil {
 			t.Fatal(err)
 		}
 		if i == 1 {

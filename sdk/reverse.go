@@ -73,6 +73,9 @@ type ReverseConfig struct {
 	IdleTimeout time.Duration
 	// WriteTimeout bounds each batched write (default 5s).
 	WriteTimeout time.Duration
+	// MaxPendingBytes caps the bytes of a connection queued or being written
+	// (default 4 MiB); see Options.MaxPendingBytes.
+	MaxPendingBytes int
 	// FrameTimeout bounds the time the rest of a frame may take once the
 	// proxy has begun it (default uds.DefaultFrameTimeout, 5s; negative:
 	// no bound); a stall ends the connection, which is then redialed.
@@ -200,7 +203,7 @@ func DialAndServe(ctx context.Context, cfg ReverseConfig, h Handler) error {
 
 func reverseLoop(ctx context.Context, cfg *ReverseConfig, h Handler, slot int) {
 	log := cfg.Logger.With().Str("proxy", cfg.Address).Str("agent_id", cfg.AgentID).Int("conn", slot).Logger()
-	o := Options{Name: cfg.AgentID, WriteTimeout: cfg.WriteTimeout, FrameTimeout: cfg.FrameTimeout, Logger: &log}
+	o := Options{Name: cfg.AgentID, WriteTimeout: cfg.WriteTimeout, MaxPendingBytes: cfg.MaxPendingBytes, FrameTimeout: cfg.FrameTimeout, Logger: &log}
 	redial.Loop(ctx, redial.Config{Min: cfg.BackoffMin, Max: cfg.BackoffMax, What: "reverse connection", Logger: log},
 		func(ctx context.Context) (func() error, error) {
 			nc, fr, assigned, err := dialRegister(ctx, cfg, h)
@@ -256,7 +259,7 @@ func dialRegister(ctx context.Context, cfg *ReverseConfig, h Handler) (*idleConn
 		AuthToken:       token,
 		Metadata:        cfg.Metadata,
 	}
-	if err := uds.WriteFrame(nc, protocol.TypeRegistrationRequest, &req); err != nil {
+	if err := uds.WriteFrame(nc, &req); err != nil {
 		_ = nc.Close()
 		return nil, nil, "", fmt.Errorf("%w: send: %v", ErrSDKRegistration, err)
 	}

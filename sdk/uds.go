@@ -38,6 +38,11 @@ type Options struct {
 	HandshakeTimeout time.Duration
 	// WriteTimeout bounds each batched write (default 5s).
 	WriteTimeout time.Duration
+	// MaxPendingBytes caps the bytes of a connection queued or being written
+	// (default 4 MiB, udswriter.DefaultMaxPendingBytes). A reply that does not
+	// fit waits for room until its request's context ends; the read
+	// loop's own frames (Pong, errors for undecodable events) never wait.
+	MaxPendingBytes int
 	// FrameTimeout bounds the time the rest of a frame may take once the
 	// proxy has begun it (default uds.DefaultFrameTimeout, 5s; negative:
 	// no bound). A proxy that stalls mid-frame loses the connection instead
@@ -154,7 +159,7 @@ func ServeConn(ctx context.Context, nc net.Conn, h Handler, opts *Options) error
 	}
 	resp, herr := handshake.Answer(&req, o.Name, h.Capabilities())
 	_ = nc.SetWriteDeadline(time.Now().Add(o.WriteTimeout))
-	werr := uds.WriteFrame(nc, protocol.TypeHandshakeResponse, &resp)
+	werr := uds.WriteFrame(nc, &resp)
 	_ = nc.SetDeadline(time.Time{})
 	if herr != nil || werr != nil {
 		_ = nc.Close()
@@ -163,10 +168,14 @@ func ServeConn(ctx context.Context, nc net.Conn, h Handler, opts *Options) error
 	return serveFrames(ctx, nc, fr, h, &o)
 }
 
-// udsSender answers over a udswriter.Writer.
+// udsSender answers over a udswriter.Writer: replies are data frames that
+// wait for room (bounded by their request's context), agent errors are
+// control frames that never wait.
 type udsSender struct{ w *udswriter.Writer }
 
-func (s udsSender) Send(t protocol.MsgType, msg any) error { return s.w.Send(t, msg) }
+func (s udsSender) Send(ctx context.Context, m protocol.Message) error {
+	return s.w.SendContext(ctx, m)
+}
 
 func (s udsSender) SendError(id uint64, reason string) error {
 	// "error" is not a decision kind the proxy accepts, so its failure
@@ -184,7 +193,7 @@ func (s udsSender) SendError(id uint64, reason string) error {
 func serveFrames(ctx context.Context, nc net.Conn, fr *uds.FrameReader, h Handler, o *Options) error {
 	var once sync.Once
 	closeConn := func() { once.Do(func() { _ = nc.Close() }) }
-	w := udswriter.NewWriter(nc, o.WriteTimeout, func(error) { closeConn() })
+	w := udswriter.NewWriter(nc, udswriter.Config{WriteTimeout: o.WriteTimeout, MaxPendingBytes: o.MaxPendingBytes}, func(error) { closeConn() })
 	out := udsSender{w: w}
 	d := NewDispatcher(ctx, h, out)
 	stop := context.AfterFunc(ctx, closeConn)
@@ -196,6 +205,7 @@ func serveFrames(ctx context.Context, nc net.Conn, fr *uds.FrameReader, h Handle
 	}()
 	// The handshake's read deadline is over: frames are bounded from here.
 	fr.SetFrameTimeout(o.FrameTimeout)
+	pong := new(protocol.Pong) // encoded before Send returns: reused
 	for {
 		t, payload, err := fr.Next()
 		if err != nil {
@@ -226,9 +236,9 @@ func serveFrames(ctx context.Context, nc net.Conn, fr *uds.FrameReader, h Handle
 		case protocol.TypeCancelAll:
 			d.CancelAll()
 		case protocol.TypePing:
-			var p protocol.Ping
-			if p.Decode(payload) == nil {
-				_ = w.Send(protocol.TypePong, &p)
+			// Queued for the writer goroutine, never written here.
+			if (*protocol.Ping)(pong).Decode(payload) == nil {
+				_ = w.Send(pong)
 			}
 		case protocol.TypePong:
 		default:

@@ -26,7 +26,7 @@ func (l *loopReader) Read(p []byte) (int, error) {
 
 func hotMessages() []struct {
 	t   protocol.MsgType
-	msg any
+	msg protocol.Message
 } {
 	rh := &protocol.RequestHeaders{RequestID: 42, Method: []byte("POST"), URI: []byte("/api/users?id=7"), HasBody: true}
 	for _, h := range [][2]string{{"host", "example.com"}, {"accept", "*/*"}, {"accept", "text/html"}, {"user-agent", "curl/8"}, {"content-type", "application/json"}} {
@@ -39,10 +39,10 @@ func hotMessages() []struct {
 	mut := &protocol.BodyMutation{RequestID: 42, ChunkIndex: 3, Action: protocol.MutationReplace, Data: []byte("redacted")}
 	return []struct {
 		t   protocol.MsgType
-		msg any
+		msg protocol.Message
 	}{
 		{protocol.TypeRequestHeaders, rh},
-		{protocol.TypeRequestBodyChunk, chunk},
+		{protocol.TypeRequestBodyChunk, chunk.As(protocol.PhaseRequest)},
 		{protocol.TypeDecision, dec},
 		{protocol.TypeBodyMutation, mut},
 	}
@@ -56,7 +56,7 @@ func TestAllocsFrameEncode(t *testing.T) {
 		buf := make([]byte, 0, 64<<10)
 		allocs := testing.AllocsPerRun(200, func() {
 			var err error
-			buf, err = AppendFrame(buf[:0], hm.t, hm.msg)
+			buf, err = AppendFrame(buf[:0], hm.msg)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -94,7 +94,7 @@ func TestAllocsFrameReadDecode(t *testing.T) {
 	}
 	var stream []byte
 	for _, hm := range hotMessages() {
-		stream, _ = AppendFrame(stream, hm.t, hm.msg)
+		stream, _ = AppendFrame(stream, hm.msg)
 	}
 	t.Run("no frame timeout", func(t *testing.T) {
 		allocsReadDecode(t, NewFrameReader(&loopReader{data: stream}))

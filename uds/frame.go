@@ -34,7 +34,8 @@ var (
 	ErrUDSFrameEmpty = errors.New("uds: zero-length frame")
 	// ErrUDSFrameTooLarge: a frame announced more than the 16 MiB limit.
 	ErrUDSFrameTooLarge = errors.New("uds: frame exceeds 16 MiB")
-	// ErrUDSUnknownMessage: AppendFrame was given a message it cannot encode.
+	// ErrUDSUnknownMessage: AppendFrame was given no message, or one that
+	// failed to encode.
 	ErrUDSUnknownMessage = errors.New("uds: cannot encode message")
 	// ErrUDSFrameTimeout: the peer started a frame and did not finish it
 	// within the frame timeout.
@@ -42,38 +43,16 @@ var (
 )
 
 // AppendFrame appends one whole frame (header and JSON payload) carrying
-// msg, a pointer to the protocol message of type t. It does not allocate
-// when dst has room.
-func AppendFrame(dst []byte, t protocol.MsgType, msg any) ([]byte, error) {
+// m; the frame's type is m's. It does not allocate when dst has room.
+func AppendFrame(dst []byte, m protocol.Message) ([]byte, error) {
+	if m == nil {
+		return dst, fmt.Errorf("%w: nil message", ErrUDSUnknownMessage)
+	}
 	start := len(dst)
-	dst = append(dst, 0, 0, 0, 0, byte(t))
-	switch m := msg.(type) {
-	case *protocol.RequestHeaders:
-		dst = protocol.AppendRequestHeaders(dst, m)
-	case *protocol.BodyChunk:
-		dst = protocol.AppendBodyChunk(dst, m, t)
-	case *protocol.ResponseHeaders:
-		dst = protocol.AppendResponseHeaders(dst, m)
-	case *protocol.Decision:
-		dst = protocol.AppendDecision(dst, m)
-	case *protocol.BodyMutation:
-		dst = protocol.AppendBodyMutation(dst, m)
-	case *protocol.CancelRequest:
-		dst = protocol.AppendCancelRequest(dst, m)
-	case *protocol.CancelAll:
-		dst = protocol.AppendCancelAll(dst, m)
-	case *protocol.Ping:
-		dst = protocol.AppendPing(dst, m)
-	case *protocol.HandshakeRequest:
-		dst = protocol.AppendHandshakeRequest(dst, m)
-	case *protocol.HandshakeResponse:
-		dst = protocol.AppendHandshakeResponse(dst, m)
-	case *protocol.RegistrationRequest:
-		dst = protocol.AppendRegistrationRequest(dst, m)
-	case *protocol.RegistrationResponse:
-		dst = protocol.AppendRegistrationResponse(dst, m)
-	default:
-		return dst[:start], fmt.Errorf("%w: %T as %s", ErrUDSUnknownMessage, msg, t)
+	dst = append(dst, 0, 0, 0, 0, byte(m.MsgType()))
+	dst, err := m.AppendJSON(dst)
+	if err != nil {
+		return dst[:start], fmt.Errorf("%w: %s: %v", ErrUDSUnknownMessage, m.MsgType(), err)
 	}
 	return finishFrame(dst, start)
 }
@@ -95,10 +74,10 @@ func finishFrame(dst []byte, start int) ([]byte, error) {
 	return dst, nil
 }
 
-// WriteFrame encodes msg and writes it with one Write call. It allocates
+// WriteFrame encodes m and writes it with one Write call. It allocates
 // and is meant for cold paths (handshake, registration).
-func WriteFrame(w io.Writer, t protocol.MsgType, msg any) error {
-	b, err := AppendFrame(make([]byte, 0, 256), t, msg)
+func WriteFrame(w io.Writer, m protocol.Message) error {
+	b, err := AppendFrame(make([]byte, 0, 256), m)
 	if err != nil {
 		return err
 	}

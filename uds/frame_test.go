@@ -37,15 +37,18 @@ func loadGolden(t testing.TB) map[string][]byte {
 	return out
 }
 
-// decodeAny decodes a payload of type t into a fresh message.
-func decodeAny(t protocol.MsgType, p []byte) (any, error) {
+// decodeAny decodes a payload of type t into a fresh message of that type.
+func decodeAny(t protocol.MsgType, p []byte) (protocol.Message, error) {
 	switch t {
 	case protocol.TypeRequestHeaders:
 		m := new(protocol.RequestHeaders)
 		return m, m.Decode(p)
-	case protocol.TypeRequestBodyChunk, protocol.TypeResponseBodyChunk:
+	case protocol.TypeRequestBodyChunk:
 		m := new(protocol.BodyChunk)
-		return m, m.Decode(p)
+		return m.As(protocol.PhaseRequest), m.Decode(p)
+	case protocol.TypeResponseBodyChunk:
+		m := new(protocol.BodyChunk)
+		return m.As(protocol.PhaseResponse), m.Decode(p)
 	case protocol.TypeResponseHeaders:
 		m := new(protocol.ResponseHeaders)
 		return m, m.Decode(p)
@@ -61,15 +64,24 @@ func decodeAny(t protocol.MsgType, p []byte) (any, error) {
 	case protocol.TypeCancelAll:
 		m := new(protocol.CancelAll)
 		return m, m.Decode(p)
-	case protocol.TypePing, protocol.TypePong:
+	case protocol.TypePing:
 		m := new(protocol.Ping)
 		return m, m.Decode(p)
+	case protocol.TypePong:
+		m := new(protocol.Ping)
+		return (*protocol.Pong)(m), m.Decode(p)
 	case protocol.TypeHandshakeRequest:
 		m := new(protocol.HandshakeRequest)
 		return m, protocol.DecodeHandshakeRequest(p, m)
 	case protocol.TypeHandshakeResponse:
 		m := new(protocol.HandshakeResponse)
 		return m, protocol.DecodeHandshakeResponse(p, m)
+	case protocol.TypeRegistrationRequest:
+		m := new(protocol.RegistrationRequest)
+		return m, protocol.DecodeRegistrationRequest(p, m)
+	case protocol.TypeRegistrationResponse:
+		m := new(protocol.RegistrationResponse)
+		return m, protocol.DecodeRegistrationResponse(p, m)
 	}
 	return nil, errors.New("no decoder")
 }
@@ -91,7 +103,7 @@ func TestGoldenFramesRoundTrip(t *testing.T) {
 			if err != nil {
 				t.Fatalf("decode %s: %v", typ, err)
 			}
-			got, err := AppendFrame(nil, typ, msg)
+			got, err := AppendFrame(nil, msg)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -125,7 +137,7 @@ func TestSeedExampleFrame(t *testing.T) {
 		t.Fatalf("decoded %+v", m)
 	}
 	// Re-encoded canonically, the length prefix still counts type + payload.
-	out, err := AppendFrame(nil, protocol.TypeRequestHeaders, &m)
+	out, err := AppendFrame(nil, &m)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -206,14 +218,14 @@ func TestFrameReaderSplitAtEveryOffset(t *testing.T) {
 func TestAppendFrameRejectsOversized(t *testing.T) {
 	m := &protocol.BodyChunk{Data: make([]byte, protocol.MaxFrameSize), TotalSize: -1, Progress: -1}
 	dst := []byte("keep")
-	out, err := AppendFrame(dst, protocol.TypeRequestBodyChunk, m)
+	out, err := AppendFrame(dst, m.As(protocol.PhaseRequest))
 	if !errors.Is(err, ErrUDSFrameTooLarge) {
 		t.Fatalf("err = %v", err)
 	}
 	if string(out) != "keep" {
 		t.Fatalf("dst not restored: %d bytes", len(out))
 	}
-	if _, err := AppendFrame(nil, protocol.TypeDecision, "not a message"); !errors.Is(err, ErrUDSUnknownMessage) {
+	if _, err := AppendFrame(nil, nil); !errors.Is(err, ErrUDSUnknownMessage) {
 		t.Fatalf("err = %v", err)
 	}
 }

@@ -18,7 +18,7 @@ var update = flag.Bool("update", false, "rewrite testdata/uds golden frames from
 // that each decodes and re-encodes byte for byte.
 func goldenMessages() map[string]struct {
 	t   protocol.MsgType
-	msg any
+	msg protocol.Message
 } {
 	rh := &protocol.RequestHeaders{RequestID: 1, Method: []byte("GET"), URI: []byte("/api/users?id=7"),
 		Headers: protocol.Headers{{Name: []byte("host"), Value: []byte("example.com")}, {Name: []byte("accept"), Value: []byte("*/*")}, {Name: []byte("accept"), Value: []byte("text/html")}},
@@ -26,12 +26,12 @@ func goldenMessages() map[string]struct {
 			ServerName: []byte("example.com"), RouteID: []byte("default"), UpstreamID: []byte("app"), Traceparent: []byte("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"), Timestamp: []byte("2026-11-21T10:00:00Z")}}
 	type gm = struct {
 		t   protocol.MsgType
-		msg any
+		msg protocol.Message
 	}
 	return map[string]gm{
 		"request_headers.hex":     {protocol.TypeRequestHeaders, rh},
-		"request_body_chunk.hex":  {protocol.TypeRequestBodyChunk, &protocol.BodyChunk{RequestID: 1, ChunkIndex: 0, Data: []byte("hello"), IsLast: false, TotalSize: 11, Progress: 5}},
-		"response_body_chunk.hex": {protocol.TypeResponseBodyChunk, &protocol.BodyChunk{RequestID: 1, ChunkIndex: 2, Data: []byte("world"), IsLast: true, TotalSize: -1, Progress: -1}},
+		"request_body_chunk.hex":  {protocol.TypeRequestBodyChunk, (&protocol.BodyChunk{RequestID: 1, ChunkIndex: 0, Data: []byte("hello"), IsLast: false, TotalSize: 11, Progress: 5}).As(protocol.PhaseRequest)},
+		"response_body_chunk.hex": {protocol.TypeResponseBodyChunk, (&protocol.BodyChunk{RequestID: 1, ChunkIndex: 2, Data: []byte("world"), IsLast: true, TotalSize: -1, Progress: -1}).As(protocol.PhaseResponse)},
 		"response_headers.hex": {protocol.TypeResponseHeaders, &protocol.ResponseHeaders{RequestID: 1, StatusCode: 200, HasBody: true,
 			Headers: protocol.Headers{{Name: []byte("content-type"), Value: []byte("text/html")}}}},
 		"decision_allow.hex": {protocol.TypeDecision, &protocol.Decision{RequestID: 1,
@@ -58,9 +58,12 @@ func TestUpdateGoldenFrames(t *testing.T) {
 		t.Skip("run with -update to rewrite golden frames")
 	}
 	for name, g := range goldenMessages() {
-		b, err := AppendFrame(nil, g.t, g.msg)
+		b, err := AppendFrame(nil, g.msg)
 		if err != nil {
 			t.Fatal(err)
+		}
+		if protocol.MsgType(b[4]) != g.t {
+			t.Fatalf("%s: frame type %s, want %s", name, protocol.MsgType(b[4]), g.t)
 		}
 		out := hex.EncodeToString(b[:HeaderSize]) + "\n" + hexLines(b[HeaderSize:])
 		if err := os.WriteFile(filepath.Join("../testdata/uds", name), []byte(out), 0o644); err != nil {

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"io"
 
-	"github.com/zentinelproxy/sidecar/internal/config"
+	"github.com/zentinelproxy/sidecar/internal/supervisor"
 )
 
 func checkConfigCmd(args []string, stdout, stderr io.Writer) error {
@@ -17,10 +17,7 @@ func checkConfigCmd(args []string, stdout, stderr io.Writer) error {
 		return errUsage
 	}
 	path := fs.Arg(0)
-	cfg, err := config.Load(path)
-	if err == nil {
-		err = checkTransports(cfg)
-	}
+	cfg, err := supervisor.Load(path, nil)
 	if err != nil {
 		return fmt.Errorf("%s: %w", path, err)
 	}

@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"strings"
 	"syscall"
 	"text/template"
 	"time"
@@ -19,7 +18,7 @@ import (
 
 	"github.com/zentinelproxy/sidecar/examples/demoagent"
 	"github.com/zentinelproxy/sidecar/internal/config"
-	"github.com/zentinelproxy/sidecar/internal/dataplane"
+	"github.com/zentinelproxy/sidecar/internal/supervisor"
 	"github.com/zentinelproxy/sidecar/sdk"
 	"github.com/zentinelproxy/sidecar/sdk/grpcsdk"
 )
@@ -32,6 +31,9 @@ var demoConfig []byte
 
 // demoAgentName is the agent's name in demo.yaml.
 const demoAgentName = "demoagent"
+
+// demoAgentWait bounds the wait for the demo agent to connect.
+const demoAgentWait = 10 * time.Second
 
 // Errors of the demo.
 var (
@@ -143,6 +145,9 @@ func runDemo(ctx context.Context, o demoOptions, ready func(demoAddrs)) (err err
 	}
 	cfg.Listeners[0].Address = ln.Addr().String()
 	cfg.Upstreams[0].Address = upAddr.String()
+	// No admin listener (a second demo would collide on its port), and so
+	// no metrics.
+	cfg.Admin.Enabled = new(false)
 	if o.LogLevel != "" {
 		cfg.Logging.Level = o.LogLevel
 	}
@@ -192,14 +197,18 @@ func runDemo(ctx context.Context, o demoOptions, ready func(demoAddrs)) (err err
 		})
 		agentCfg.Transport, agentCfg.Address = config.TransportGRPC, agentAddr
 	case "reverse":
-		// The sidecar listens and the agent dials in (started below, once
-		// the listener is bound). The socket file's mode (0660) decides
-		// who may connect, so the demo needs no token.
+		// The sidecar listens and the agent dials in (started below). The
+		// socket file's mode (0660) decides who may connect, so the demo
+		// needs no token.
 		agentAddr = filepath.Join(dir, "reverse.sock")
 		agentCfg.Transport, agentCfg.Address = config.TransportReverse, "unix:"+agentAddr
 		agentCfg.Options = map[string]string{"allow_no_token": "true"}
 	}
 	if err := cfg.Validate(); err != nil {
+		stopAgent()
+		return fmt.Errorf("demo: config: %w", err)
+	}
+	if err := supervisor.Check(cfg); err != nil {
 		stopAgent()
 		return fmt.Errorf("demo: config: %w", err)
 	}
@@ -209,57 +218,36 @@ func runDemo(ctx context.Context, o demoOptions, ready func(demoAddrs)) (err err
 	if lv, err := zerolog.ParseLevel(cfg.Logging.Level); err == nil {
 		sideLog = sideLog.Level(lv)
 	}
-	set, err := buildAgents(cfg, sideLog)
-	if err != nil {
-		stopAgent()
-		return err
-	}
-	revCtx, stopRev := context.WithCancel(context.Background())
-	revErr := set.serveReverse(revCtx)
-	stops = append(stops, func() { stopRev(); set.closeListeners() })
-	go func() {
-		if err, ok := <-revErr; ok {
-			failed <- err
-		}
-	}()
 	if o.Transport == "reverse" {
+		// It dials until the sidecar's reverse listener, bound by Start,
+		// takes it.
 		runAgent(func() error {
 			return sdk.DialAndServe(agentCtx, sdk.ReverseConfig{
 				Address: agentAddr, AgentID: demoAgentName, Logger: &agentLog,
-				BackoffMin: 20 * time.Millisecond, BackoffMax: time.Second,
+				BackoffMin: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond,
 			}, h)
 		})
 	}
-
-	wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
-	missing := waitAgents(wctx, set.agents)
-	wcancel()
-	if len(missing) > 0 {
-		last := set.agents[missing[0]].Snapshot().LastError
-		set.close()
+	so := supervisor.DefaultOptions()
+	so.Log, so.Version, so.AgentWait, so.Drain, so.Listener = sideLog, version(), demoAgentWait, 5*time.Second, ln
+	s, err := supervisor.Start(ctx, cfg, so)
+	if err != nil {
+		stopAgent()
 		if ctx.Err() != nil {
 			return nil
 		}
-		return fmt.Errorf("demo: agent %s did not connect: %s", strings.Join(missing, ", "), last)
+		return fmt.Errorf("demo: sidecar: %w", err)
 	}
-	srv, err := dataplane.New(dataplane.Config{File: cfg}, set.agents, sideLog)
-	if err != nil {
-		set.close()
-		return err
-	}
-	servedDone := make(chan struct{})
-	go func() {
-		defer close(servedDone)
-		if err := srv.Serve(ln); err != nil {
-			failed <- fmt.Errorf("demo: sidecar: %w", err)
-		}
-	}()
 	stops = append(stops, func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		sctx, cancel := context.WithTimeout(context.Background(), so.Drain)
 		defer cancel()
-		_ = srv.Shutdown(sctx)
-		<-servedDone
+		_ = s.Shutdown(sctx)
 	})
+	for _, st := range s.Agents() {
+		if !st.Ready {
+			return fmt.Errorf("demo: agent %s did not connect: %s", st.Name, st.LastError)
+		}
+	}
 
 	if ready != nil {
 		ready(demoAddrs{Sidecar: ln.Addr().String(), Upstream: upAddr.String(), Transport: o.Transport, Agent: agentAddr})
@@ -270,6 +258,8 @@ func runDemo(ctx context.Context, o demoOptions, ready func(demoAddrs)) (err err
 		return nil
 	case err := <-failed:
 		return err
+	case err := <-s.Failed():
+		return fmt.Errorf("demo: sidecar: %w", err)
 	}
 }
 

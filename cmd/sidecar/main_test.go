@@ -2,21 +2,10 @@ package main
 
 import (
 	"bytes"
-	"context"
-	"io"
-	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
-
-	"github.com/rs/zerolog"
-
-	"github.com/zentinelproxy/sidecar/examples/allowagent"
-	"github.com/zentinelproxy/sidecar/internal/config"
-	"github.com/zentinelproxy/sidecar/sdk"
 )
 
 func runMain(args ...string) (code int, stdout, stderr string) {
@@ -150,80 +139,5 @@ func TestUsage(t *testing.T) {
 		if code != tc.code || !strings.Contains(stdout+stderr, tc.want) {
 			t.Errorf("%q: exit %d (want %d), output lacks %q:\n%s%s", tc.args, code, tc.code, tc.want, stdout, stderr)
 		}
-	}
-}
-
-// TestServe runs `sidecar run`'s serve on a config file with a Unix
-// socket listener (no port to race for), an upstream and a UDS agent.
-func TestServe(t *testing.T) {
-	dir, err := os.MkdirTemp("", "sctest")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(dir)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-
-	upCtx, stopUp := context.WithCancel(context.Background())
-	defer stopUp()
-	up, _, err := startUpstream(upCtx, "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	agentSock := filepath.Join(dir, "allow.sock")
-	aln, err := sdk.ListenUDS(agentSock, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	agentCtx, stopAgent := context.WithCancel(context.Background())
-	defer stopAgent()
-	go func() { _ = sdk.Serve(agentCtx, aln, allowagent.New(false), nil) }()
-
-	front := filepath.Join(dir, "front.sock")
-	path := writeFile(t, "sidecar.yaml", `
-listeners: [{address: "unix:`+front+`"}]
-upstreams: [{name: app, address: "`+up.String()+`"}]
-agents: [{name: allow, transport: uds, address: "`+agentSock+`"}]
-routes: [{upstream: app, agents: [allow]}]
-admin: {address: "127.0.0.1:0"}
-`)
-	cfg, err := config.Load(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() {
-		done <- serve(ctx, cfg, zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel), 5*time.Second)
-	}()
-
-	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, "unix", front)
-		},
-	}}
-	var resp *http.Response
-	for i := 0; ; i++ {
-		resp, err = client.Get("http://sidecar.test/x")
-		if err == nil || i == 200 {
-			break
-		}
-		time.Sleep(25 * time.Millisecond) // the listener is still coming up
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != 200 || !strings.Contains(string(body), `"uri": "/x"`) {
-		t.Fatalf("%d %s", resp.StatusCode, body)
-	}
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("serve: %v", err)
-		}
-	case <-time.After(15 * time.Second):
-		t.Fatal("serve did not stop")
 	}
 }

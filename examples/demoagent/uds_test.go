@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/internal/udsclient"
 	"github.com/zentinelproxy/sidecar/protocol"
 	"github.com/zentinelproxy/sidecar/sdk"
@@ -42,11 +43,11 @@ func TestOverUDS(t *testing.T) {
 	}
 
 	// Blocked.
-	ex, err := c.Begin(ctx)
+	ex, err := c.Begin(agentmux.WaitFor(ctx))
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := ex.RequestHeaders(ctx, &protocol.RequestHeaders{Method: []byte("GET"), URI: []byte("/admin/x")})
+	r, err := ex.RequestHeaders(agentmux.WaitFor(ctx), &protocol.RequestHeaders{Method: []byte("GET"), URI: []byte("/admin/x")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,14 +58,14 @@ func TestOverUDS(t *testing.T) {
 	ex.Finish()
 
 	// Allowed, then a response whose body is redacted across chunks.
-	ex, err = c.Begin(ctx)
+	ex, err = c.Begin(agentmux.WaitFor(ctx))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ex.Finish()
 	rh := &protocol.RequestHeaders{Method: []byte("GET"), URI: []byte("/")}
 	rh.Headers = rh.Headers.Add([]byte("user-agent"), []byte("curl/8"))
-	if r, err = ex.RequestHeaders(ctx, rh); err != nil {
+	if r, err = ex.RequestHeaders(agentmux.WaitFor(ctx), rh); err != nil {
 		t.Fatal(err)
 	}
 	if r.Decision.Kind != protocol.DecisionAllow || len(r.Decision.RequestHeaderOps) != 2 {
@@ -72,14 +73,14 @@ func TestOverUDS(t *testing.T) {
 	}
 	resp := &protocol.ResponseHeaders{StatusCode: 200, HasBody: true}
 	resp.Headers = resp.Headers.Add([]byte("content-type"), []byte("text/plain"))
-	if r, err = ex.ResponseHeaders(ctx, resp); err != nil {
+	if r, err = ex.ResponseHeaders(agentmux.WaitFor(ctx), resp); err != nil {
 		t.Fatal(err)
 	}
 	chunks := []string{"top sec", "ret, ", "nothing here, ", "SECRET"}
 	var out bytes.Buffer
 	for i, s := range chunks {
 		m := &protocol.BodyChunk{ChunkIndex: uint32(i), Data: []byte(s), IsLast: i == len(chunks)-1, TotalSize: -1, Progress: -1}
-		r, err := ex.BodyChunk(ctx, protocol.PhaseResponse, m)
+		r, err := ex.BodyChunk(agentmux.WaitFor(ctx), protocol.PhaseResponse, m)
 		if err != nil {
 			t.Fatal(err)
 		}

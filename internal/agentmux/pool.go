@@ -15,9 +15,10 @@ import (
 type Agent interface {
 	// Name is the agent's configured name.
 	Name() string
-	// Begin opens an exchange on the least loaded live connection.
-	// It fails with ErrAgentUnavailable when there is none.
-	Begin(ctx context.Context) (*Exchange, error)
+	// Begin opens an exchange on the least loaded live connection, waiting
+	// for an in-flight slot at most as w allows. It fails with
+	// ErrAgentUnavailable when there is none.
+	Begin(w Wait) (*Exchange, error)
 	// Capabilities are the declared capabilities of a live connection (the
 	// zero value while none is live).
 	Capabilities() protocol.Capabilities
@@ -119,7 +120,7 @@ func (p *Pool) SetLastError(err error) {
 }
 
 // Begin implements Agent.
-func (p *Pool) Begin(ctx context.Context) (*Exchange, error) {
+func (p *Pool) Begin(w Wait) (*Exchange, error) {
 	ss := *p.sessions.Load()
 	var best *Session
 	var bestLoad int64 = -1
@@ -145,7 +146,7 @@ func (p *Pool) Begin(ctx context.Context) (*Exchange, error) {
 		}
 		return nil, fmt.Errorf("%w: %s: %s", ErrAgentUnavailable, p.name, msg)
 	}
-	return best.Begin(ctx)
+	return best.Begin(w)
 }
 
 // WaitReady blocks until at least one session is live or ctx ends.

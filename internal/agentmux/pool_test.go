@@ -1,7 +1,6 @@
 package agentmux
 
 import (
-	"context"
 	"errors"
 	"testing"
 
@@ -12,12 +11,13 @@ import (
 // accounting and selection, which happen before anything is sent.
 type nopLink struct{ closed bool }
 
-func (l *nopLink) Send(protocol.MsgType, any) error { return nil }
-func (l *nopLink) Close() error                     { l.closed = true; return nil }
+func (l *nopLink) Send(protocol.Message, Wait) error  { return nil }
+func (l *nopLink) SendControl(protocol.Message) error { return nil }
+func (l *nopLink) Close() error                       { l.closed = true; return nil }
 
 func TestPoolPicksLeastInFlight(t *testing.T) {
 	p := NewPool("a", "test")
-	if _, err := p.Begin(context.Background()); !errors.Is(err, ErrAgentUnavailable) {
+	if _, err := p.Begin(Wait{}); !errors.Is(err, ErrAgentUnavailable) {
 		t.Fatalf("empty pool: err = %v", err)
 	}
 	s1 := NewSession(&nopLink{}, protocol.Capabilities{}, SessionConfig{Name: "a", MaxInFlight: 10})
@@ -29,7 +29,7 @@ func TestPoolPicksLeastInFlight(t *testing.T) {
 	}
 	var open []*Exchange
 	for i := 0; i < 8; i++ {
-		e, err := p.Begin(context.Background())
+		e, err := p.Begin(Wait{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -51,7 +51,7 @@ func TestPoolPicksLeastInFlight(t *testing.T) {
 		t.Fatal("slots not released")
 	}
 	s1.Fail(errors.New("gone"))
-	e, err := p.Begin(context.Background())
+	e, err := p.Begin(Wait{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,13 +68,13 @@ func TestPoolPicksLeastInFlight(t *testing.T) {
 
 func TestSessionFailWakesWaiters(t *testing.T) {
 	s := NewSession(&nopLink{}, protocol.Capabilities{}, SessionConfig{Name: "a", MaxInFlight: 4})
-	e, err := s.Begin(context.Background())
+	e, err := s.Begin(Wait{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	errc := make(chan error, 1)
 	go func() {
-		_, err := e.RequestHeaders(context.Background(), &protocol.RequestHeaders{})
+		_, err := e.RequestHeaders(Wait{}, &protocol.RequestHeaders{})
 		errc <- err
 	}()
 	for {
@@ -90,7 +90,7 @@ func TestSessionFailWakesWaiters(t *testing.T) {
 		t.Fatalf("err = %v", err)
 	}
 	e.Finish()
-	if _, err := s.Begin(context.Background()); !errors.Is(err, ErrAgentConnLost) {
+	if _, err := s.Begin(Wait{}); !errors.Is(err, ErrAgentConnLost) {
 		t.Fatalf("begin after fail: %v", err)
 	}
 }

@@ -37,16 +37,46 @@ var (
 	ErrAgentConnLost = errors.New("agentmux: agent connection lost")
 	// ErrAgentProtocol: the agent answered with a reply that breaks the protocol.
 	ErrAgentProtocol = errors.New("agentmux: agent protocol error")
-	// ErrAgentCanceled: the caller's context ended (client went away).
+	// ErrAgentCanceled: the caller's cancel channel was closed (client went away).
 	ErrAgentCanceled = errors.New("agentmux: request canceled")
 )
 
+// Wait bounds how long one call (Begin, or one event of an Exchange) may
+// wait: for an in-flight slot, for room to queue its frame and for the
+// reply. It is a plain value, so passing one costs nothing.
+type Wait struct {
+	// Deadline ends the wait with ErrAgentTimeout (zero: none; the
+	// session's MessageTimeout still bounds each reply).
+	Deadline time.Time
+	// Cancel, once closed, ends the wait with ErrAgentCanceled (nil:
+	// never). A close at or after Deadline counts as the deadline.
+	Cancel <-chan struct{}
+}
+
+// WaitFor is the Wait of a context: its deadline and its Done channel. For
+// callers that have a real context; the dataplane passes its own values.
+func WaitFor(ctx context.Context) Wait {
+	d, _ := ctx.Deadline()
+	return Wait{Deadline: d, Cancel: ctx.Done()}
+}
+
+// expired reports whether w's deadline has passed at now.
+func (w Wait) expired(now time.Time) bool {
+	return !w.Deadline.IsZero() && !now.Before(w.Deadline)
+}
+
 // Link is the transport under a Session.
 type Link interface {
-	// Send queues one event for the agent. msg is a pointer to the protocol
-	// message of type t; Send must encode it before returning (the caller
-	// reuses it) and must not block on the network.
-	Send(t protocol.MsgType, msg any) error
+	// Send queues one event for the agent. It must encode m before
+	// returning (the caller reuses it) and must never write to or wait on
+	// the network itself. When the connection's pending bytes are at their
+	// cap it may wait for room until w's deadline or cancel, failing with
+	// an error that wraps ErrAgentTimeout or ErrAgentCanceled.
+	Send(m protocol.Message, w Wait) error
+	// SendControl queues a control frame (CancelRequest, CancelAll). It
+	// never waits; on a connection too backed up for it the frame may be
+	// dropped with an error.
+	SendControl(m protocol.Message) error
 	// Close tears the connection down. The transport then calls Session.Fail.
 	Close() error
 }
@@ -57,7 +87,8 @@ type Reply struct {
 	Decision protocol.Decision
 	Mutation protocol.BodyMutation
 	// Err is set by a transport that could tell which request a malformed
-	// reply belonged to; the waiter gets ErrAgentProtocol.
+	// reply belonged to, or by Deliver for a decision that breaks the
+	// schema; the waiter gets ErrAgentProtocol.
 	Err error
 }
 
@@ -85,7 +116,8 @@ type SessionConfig struct {
 	// MaxQueue is how many Begin calls may wait for a slot; more fail at once
 	// with ErrAgentOverloaded.
 	MaxQueue int
-	// MessageTimeout bounds the wait for each reply (0: only the context).
+	// MessageTimeout bounds the wait for each reply (0: only the Wait of
+	// the call).
 	MessageTimeout time.Duration
 }
 
@@ -184,9 +216,9 @@ var exchangePool = sync.Pool{New: func() any {
 }}
 
 // Begin opens an exchange for one HTTP request: it waits for an in-flight
-// slot (bounded by ctx and the queue limit) and assigns a request id.
-// The caller must call Finish exactly once.
-func (s *Session) Begin(ctx context.Context) (*Exchange, error) {
+// slot (bounded by w, MessageTimeout and the queue limit) and assigns a
+// request id. The caller must call Finish exactly once.
+func (s *Session) Begin(w Wait) (*Exchange, error) {
 	select {
 	case s.sem <- struct{}{}:
 	default:
@@ -194,7 +226,7 @@ func (s *Session) Begin(ctx context.Context) (*Exchange, error) {
 			s.waiting.Add(-1)
 			return nil, fmt.Errorf("%w: %s: %d in flight and %d waiting", ErrAgentOverloaded, s.cfg.Name, cap(s.sem), s.cfg.MaxQueue)
 		}
-		err := s.waitSlot(ctx)
+		err := s.waitSlot(w)
 		s.waiting.Add(-1)
 		if err != nil {
 			return nil, err
@@ -220,31 +252,61 @@ func (s *Session) Begin(ctx context.Context) (*Exchange, error) {
 	return e, nil
 }
 
-func (s *Session) waitSlot(ctx context.Context) error {
+func (s *Session) waitSlot(w Wait) error {
+	// The slot wait is cold (the fast path above took no timer).
+	now := time.Now()
+	dl, byMsg := s.deadline(w, now)
 	var tc <-chan time.Time
-	if s.cfg.MessageTimeout > 0 {
-		// The slot wait is cold (the fast path above took no timer).
-		t := time.NewTimer(s.cfg.MessageTimeout)
+	if !dl.IsZero() {
+		t := time.NewTimer(dl.Sub(now))
 		defer t.Stop()
 		tc = t.C
 	}
 	select {
 	case s.sem <- struct{}{}:
 		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("%w: %s: waiting for a slot: %v", ErrAgentCanceled, s.cfg.Name, context.Cause(ctx))
+	case <-w.Cancel:
+		if w.expired(time.Now()) {
+			s.timeouts.Add(1)
+			return fmt.Errorf("%w: %s: no free slot before the request deadline", ErrAgentTimeout, s.cfg.Name)
+		}
+		return fmt.Errorf("%w: %s: waiting for a slot", ErrAgentCanceled, s.cfg.Name)
 	case <-tc:
 		s.timeouts.Add(1)
-		return fmt.Errorf("%w: %s: no free slot within %v", ErrAgentTimeout, s.cfg.Name, s.cfg.MessageTimeout)
+		if byMsg {
+			return fmt.Errorf("%w: %s: no free slot within %v", ErrAgentTimeout, s.cfg.Name, s.cfg.MessageTimeout)
+		}
+		return fmt.Errorf("%w: %s: no free slot before the request deadline", ErrAgentTimeout, s.cfg.Name)
 	case <-s.done:
 		return fmt.Errorf("%w: %s", ErrAgentConnLost, s.cfg.Name)
 	}
 }
 
+// deadline is the earlier of w's deadline and MessageTimeout from now
+// (zero: neither); byMsg says MessageTimeout is the earlier.
+func (s *Session) deadline(w Wait, now time.Time) (dl time.Time, byMsg bool) {
+	dl = w.Deadline
+	if s.cfg.MessageTimeout > 0 {
+		if m := now.Add(s.cfg.MessageTimeout); dl.IsZero() || m.Before(dl) {
+			return m, true
+		}
+	}
+	return dl, false
+}
+
 // Deliver hands a decoded reply to the exchange waiting for it and returns
 // a Reply for the transport to decode the next frame into. A reply nobody
 // waits for is counted as late and its buffer handed back.
+//
+// Every transport's decisions come through here, so this is where the
+// protocol schema is applied to them, once (protocol.Decision.Normalize:
+// the codecs are syntactic). A decision that breaks it fails its own
+// request with ErrAgentProtocol, like an undecodable one; the connection
+// and the other requests go on.
 func (s *Session) Deliver(r *Reply) *Reply {
+	if r.Err == nil && r.Type == protocol.TypeDecision {
+		r.Err = r.Decision.Normalize()
+	}
 	id := r.RequestID()
 	s.mu.Lock()
 	e := s.pending[id]
@@ -292,7 +354,7 @@ func (s *Session) Close() error {
 
 // SendCancelAll tells the agent to stop all work (on shutdown or drain).
 func (s *Session) SendCancelAll(reason string) error {
-	return s.link.Send(protocol.TypeCancelAll, &protocol.CancelAll{Reason: []byte(reason)})
+	return s.link.SendControl(&protocol.CancelAll{Reason: []byte(reason)})
 }
 
 type exchangeState uint8
@@ -306,8 +368,8 @@ const (
 )
 
 // Exchange is one HTTP request's conversation with one agent.
-// It is not safe for concurrent use; Cancel may be called from any goroutine
-// only through the context passed to the event methods.
+// It is not safe for concurrent use; another goroutine ends a waiting
+// event only through the Wait passed to it (closing its Cancel channel).
 type Exchange struct {
 	s     *Session
 	id    uint64
@@ -316,6 +378,8 @@ type Exchange struct {
 	ch    chan struct{}
 	timer *time.Timer
 	err   error
+
+	cancelMsg protocol.CancelRequest
 }
 
 // RequestID is the id this request has on the wire.
@@ -324,34 +388,33 @@ func (e *Exchange) RequestID() uint64 { return e.id }
 // Capabilities of the agent behind this exchange.
 func (e *Exchange) Capabilities() protocol.Capabilities { return e.s.caps }
 
-// RequestHeaders sends m (its RequestID is set here) and waits for the Decision.
-func (e *Exchange) RequestHeaders(ctx context.Context, m *protocol.RequestHeaders) (*Reply, error) {
+// RequestHeaders sends m (its RequestID is set here) and waits for the
+// Decision, bounded by w and MessageTimeout.
+func (e *Exchange) RequestHeaders(w Wait, m *protocol.RequestHeaders) (*Reply, error) {
 	m.RequestID = e.id
-	return e.call(ctx, protocol.TypeRequestHeaders, m, false, 0)
+	return e.call(w, m, false, 0)
 }
 
-// ResponseHeaders sends m and waits for the Decision.
-func (e *Exchange) ResponseHeaders(ctx context.Context, m *protocol.ResponseHeaders) (*Reply, error) {
+// ResponseHeaders sends m and waits for the Decision, bounded by w and
+// MessageTimeout.
+func (e *Exchange) ResponseHeaders(w Wait, m *protocol.ResponseHeaders) (*Reply, error) {
 	m.RequestID = e.id
-	return e.call(ctx, protocol.TypeResponseHeaders, m, false, 0)
+	return e.call(w, m, false, 0)
 }
 
 // BodyChunk sends one body chunk of the given phase and waits for the
-// Decision or the BodyMutation for it.
-func (e *Exchange) BodyChunk(ctx context.Context, phase protocol.Phase, m *protocol.BodyChunk) (*Reply, error) {
+// Decision or the BodyMutation for it, bounded by w and MessageTimeout.
+func (e *Exchange) BodyChunk(w Wait, phase protocol.Phase, m *protocol.BodyChunk) (*Reply, error) {
 	m.RequestID = e.id
-	t := protocol.TypeRequestBodyChunk
-	if phase == protocol.PhaseResponse {
-		t = protocol.TypeResponseBodyChunk
-	}
-	return e.call(ctx, t, m, true, m.ChunkIndex)
+	return e.call(w, m.As(phase), true, m.ChunkIndex)
 }
 
-func (e *Exchange) call(ctx context.Context, t protocol.MsgType, msg any, chunk bool, index uint32) (*Reply, error) {
+func (e *Exchange) call(w Wait, msg protocol.Message, chunk bool, index uint32) (*Reply, error) {
 	s := e.s
 	if e.err != nil {
 		return nil, e.err
 	}
+	t := msg.MsgType()
 	s.mu.Lock()
 	if s.err != nil {
 		err := s.err
@@ -361,28 +424,44 @@ func (e *Exchange) call(ctx context.Context, t protocol.MsgType, msg any, chunk 
 	}
 	e.state = stateWaiting
 	s.mu.Unlock()
-	if err := s.link.Send(t, msg); err != nil {
+	// One deadline covers the wait for room to send and for the reply:
+	// the earlier of the caller's and MessageTimeout from now.
+	var dl time.Time
+	byMsg := false
+	if s.cfg.MessageTimeout > 0 || !w.Deadline.IsZero() {
+		dl, byMsg = s.deadline(w, time.Now())
+	}
+	if err := s.link.Send(msg, Wait{Deadline: dl, Cancel: w.Cancel}); err != nil {
 		if !e.abandon() {
 			<-e.ch // Fail already woke us: consume the token
+		} else if errors.Is(err, ErrAgentTimeout) || errors.Is(err, ErrAgentCanceled) {
+			// No room to queue the event in time: the same as no reply
+			// in time (the connection is backed up, not lost).
+			return nil, e.abandoned(err)
 		}
 		e.err = fmt.Errorf("%w: %s: send %s: %v", ErrAgentConnLost, s.cfg.Name, t, err)
 		return nil, e.err
 	}
 	var tc <-chan time.Time
-	if s.cfg.MessageTimeout > 0 {
-		e.timer.Reset(s.cfg.MessageTimeout)
+	if !dl.IsZero() {
+		e.timer.Reset(time.Until(dl))
 		tc = e.timer.C
 	}
 	var why error
 	select {
 	case <-e.ch:
-	case <-ctx.Done():
-		why = fmt.Errorf("%w: %s: %v", ErrAgentCanceled, s.cfg.Name, context.Cause(ctx))
-		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+	case <-w.Cancel:
+		if w.expired(time.Now()) {
 			why = fmt.Errorf("%w: %s: request deadline exceeded", ErrAgentTimeout, s.cfg.Name)
+		} else {
+			why = fmt.Errorf("%w: %s: canceled", ErrAgentCanceled, s.cfg.Name)
 		}
 	case <-tc:
-		why = fmt.Errorf("%w: %s: no reply to %s within %v", ErrAgentTimeout, s.cfg.Name, t, s.cfg.MessageTimeout)
+		if byMsg {
+			why = fmt.Errorf("%w: %s: no reply to %s within %v", ErrAgentTimeout, s.cfg.Name, t, s.cfg.MessageTimeout)
+		} else {
+			why = fmt.Errorf("%w: %s: request deadline exceeded", ErrAgentTimeout, s.cfg.Name)
+		}
 	}
 	if tc != nil {
 		e.timer.Stop()
@@ -393,18 +472,7 @@ func (e *Exchange) call(ctx context.Context, t protocol.MsgType, msg any, chunk 
 		why = nil
 	}
 	if why != nil {
-		if errors.Is(why, ErrAgentTimeout) {
-			s.timeouts.Add(1)
-		}
-		e.err = why
-		reason := "timeout"
-		if errors.Is(why, ErrAgentCanceled) {
-			// The caller's context ended without a deadline: the client
-			// went away.
-			reason = "client_disconnect"
-		}
-		e.sendCancel(reason)
-		return nil, why
+		return nil, e.abandoned(why)
 	}
 	s.mu.Lock()
 	failed := e.state == stateFailed
@@ -438,6 +506,22 @@ func (e *Exchange) call(ctx context.Context, t protocol.MsgType, msg any, chunk 
 	return r, nil
 }
 
+// abandoned ends an exchange whose event timed out or was canceled (why
+// wraps ErrAgentTimeout or ErrAgentCanceled) and tells the agent.
+func (e *Exchange) abandoned(why error) error {
+	if errors.Is(why, ErrAgentTimeout) {
+		e.s.timeouts.Add(1)
+	}
+	e.err = why
+	reason := "timeout"
+	if errors.Is(why, ErrAgentCanceled) {
+		// Canceled before the deadline: the client went away.
+		reason = "client_disconnect"
+	}
+	e.sendCancel(reason)
+	return why
+}
+
 // abandon stops waiting; it reports false when the reply already arrived.
 func (e *Exchange) abandon() bool {
 	s := e.s
@@ -463,10 +547,10 @@ func (e *Exchange) sendCancel(reason string) {
 	if !s.caps.SupportsCancellation {
 		return
 	}
-	var m protocol.CancelRequest
+	m := &e.cancelMsg // encoded before SendControl returns
 	m.RequestID = e.id
 	m.Reason = reasonBytes(reason)
-	if s.link.Send(protocol.TypeCancelRequest, &m) == nil {
+	if s.link.SendControl(m) == nil {
 		s.cancels.Add(1)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/internal/config"
 	"github.com/zentinelproxy/sidecar/internal/dataplane"
+	"github.com/zentinelproxy/sidecar/internal/transports"
 	"github.com/zentinelproxy/sidecar/sdk"
 )
 
@@ -36,8 +37,8 @@ type Env struct {
 	// that logging does not weigh on the numbers).
 	Logger zerolog.Logger
 	// Transports build the agents StartSidecar is not handed (default:
-	// dataplane.DefaultTransports). A row may add its transport's factory.
-	Transports dataplane.Transports
+	// transports.Dialing). A row may add its transport's factory.
+	Transports transports.Factories
 	// Dataplane, when set, adjusts the dataplane configuration before
 	// StartSidecar creates the server (an Observer for a metrics row, …).
 	Dataplane func(*dataplane.Config)
@@ -120,7 +121,7 @@ func (e *Env) StartSidecar(cfg *config.Config, agents map[string]agentmux.Agent)
 	}
 	tr := e.Transports
 	if tr == nil {
-		tr = dataplane.DefaultTransports()
+		tr = transports.Dialing()
 	}
 	for i := range cfg.Agents {
 		a := &cfg.Agents[i]

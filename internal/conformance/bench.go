@@ -1,7 +1,6 @@
 package conformance
 
 import (
-	"context"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -31,7 +30,6 @@ func TypicalRequestHeaders() *protocol.RequestHeaders {
 // beside ns/op and allocations. Every transport's round-trip benchmark is
 // this function, so their numbers compare directly.
 func BenchRoundTrips(b *testing.B, a agentmux.Agent, inflight int) {
-	ctx := context.Background()
 	var left atomic.Int64
 	left.Store(int64(b.N))
 	var failed atomic.Pointer[error]
@@ -47,12 +45,12 @@ func BenchRoundTrips(b *testing.B, a agentmux.Agent, inflight int) {
 			defer wg.Done()
 			m := TypicalRequestHeaders()
 			for left.Add(-1) >= 0 {
-				ex, err := a.Begin(ctx)
+				ex, err := a.Begin(agentmux.Wait{})
 				if err != nil {
 					fail(err)
 					return
 				}
-				_, err = ex.RequestHeaders(ctx, m)
+				_, err = ex.RequestHeaders(agentmux.Wait{}, m)
 				ex.Finish()
 				if err != nil {
 					fail(err)

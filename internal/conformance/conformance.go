@@ -18,6 +18,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -48,6 +49,7 @@ var Cases = []Case{
 	{"RequestBody", testRequestBody},
 	{"ResponsePhase", testResponsePhase},
 	{"CancelReachesHandler", testCancelReachesHandler},
+	{"HandlerContextContract", testHandlerContext},
 	{"LateReplyDiscarded", testLateReply},
 	{"ConcurrentInterleaved", testConcurrent},
 	{"AgentErrors", testAgentErrors},
@@ -114,7 +116,7 @@ func begin(t *testing.T, a agentmux.Agent) *agentmux.Exchange {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
-	ex, err := a.Begin(ctx)
+	ex, err := a.Begin(agentmux.WaitFor(ctx))
 	if err != nil {
 		t.Fatalf("Begin: %v", err)
 	}
@@ -132,7 +134,7 @@ func get(t *testing.T, a agentmux.Agent, uri string, hdrs ...string) *protocol.D
 	m := request("GET", uri, hdrs...)
 	ctx, cancel := ctxWait()
 	defer cancel()
-	r, err := ex.RequestHeaders(ctx, m)
+	r, err := ex.RequestHeaders(agentmux.WaitFor(ctx), m)
 	if err != nil {
 		t.Fatalf("RequestHeaders %s: %v", uri, err)
 	}
@@ -254,8 +256,9 @@ func testMaxConcurrent(t *testing.T, dial Dial) {
 	for i := 0; i < 3*conns; i++ {
 		open = append(open, begin(t, a))
 	}
+	// The caller gives up after a while (its cancel channel closes).
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
-	ex, err := a.Begin(ctx)
+	ex, err := a.Begin(agentmux.Wait{Cancel: ctx.Done()})
 	cancel()
 	if err == nil {
 		ex.Finish()
@@ -316,7 +319,7 @@ func testRequestHeadersIntact(t *testing.T, dial Dial) {
 	}
 	ctx, cancel := ctxWait()
 	defer cancel()
-	r, err := ex.RequestHeaders(ctx, m)
+	r, err := ex.RequestHeaders(agentmux.WaitFor(ctx), m)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -519,7 +522,7 @@ func testRequestBody(t *testing.T, dial Dial) {
 	defer cancel()
 	m := request("POST", "/upload", "content-length", strconv.Itoa(total))
 	m.HasBody = true
-	r, err := ex.RequestHeaders(ctx, m)
+	r, err := ex.RequestHeaders(agentmux.WaitFor(ctx), m)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -531,7 +534,7 @@ func testRequestBody(t *testing.T, dial Dial) {
 		data := chunkData(i)
 		sent += len(data)
 		c := &protocol.BodyChunk{ChunkIndex: uint32(i), Data: data, IsLast: i == n-1, TotalSize: int64(total), Progress: int64(sent)}
-		r, err := ex.BodyChunk(ctx, protocol.PhaseRequest, c)
+		r, err := ex.BodyChunk(agentmux.WaitFor(ctx), protocol.PhaseRequest, c)
 		if err != nil {
 			t.Fatalf("chunk %d: %v", i, err)
 		}
@@ -598,13 +601,13 @@ func testResponsePhase(t *testing.T, dial Dial) {
 
 	ex := begin(t, a)
 	defer ex.Finish()
-	if _, err := ex.RequestHeaders(ctx, request("GET", "/page")); err != nil {
+	if _, err := ex.RequestHeaders(agentmux.WaitFor(ctx), request("GET", "/page")); err != nil {
 		t.Fatal(err)
 	}
 	rh := &protocol.ResponseHeaders{StatusCode: 200, HasBody: true}
 	rh.Headers = rh.Headers.Add([]byte("content-type"), []byte("text/html"))
 	rh.Headers = rh.Headers.Add([]byte("server"), []byte("app"))
-	r, err := ex.ResponseHeaders(ctx, rh)
+	r, err := ex.ResponseHeaders(agentmux.WaitFor(ctx), rh)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -613,14 +616,14 @@ func testResponsePhase(t *testing.T, dial Dial) {
 	if fmtOps(d.ResponseHeaderOps) != fmtOps(want) || d.Final() {
 		t.Fatalf("response decision ops %s final=%v", fmtOps(d.ResponseHeaderOps), d.Final())
 	}
-	r, err = ex.BodyChunk(ctx, protocol.PhaseResponse, &protocol.BodyChunk{ChunkIndex: 0, Data: []byte("hello"), TotalSize: -1, Progress: -1})
+	r, err = ex.BodyChunk(agentmux.WaitFor(ctx), protocol.PhaseResponse, &protocol.BodyChunk{ChunkIndex: 0, Data: []byte("hello"), TotalSize: -1, Progress: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if r.Type != protocol.TypeBodyMutation || r.Mutation.Phase != protocol.PhaseResponse || string(r.Mutation.Data) != "HELLO" {
 		t.Fatalf("response chunk 0: %s phase=%s data=%q", r.Type, r.Mutation.Phase, r.Mutation.Data)
 	}
-	r, err = ex.BodyChunk(ctx, protocol.PhaseResponse, &protocol.BodyChunk{ChunkIndex: 1, Data: []byte("end"), IsLast: true, TotalSize: -1, Progress: -1})
+	r, err = ex.BodyChunk(agentmux.WaitFor(ctx), protocol.PhaseResponse, &protocol.BodyChunk{ChunkIndex: 1, Data: []byte("end"), IsLast: true, TotalSize: -1, Progress: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -632,14 +635,151 @@ func testResponsePhase(t *testing.T, dial Dial) {
 	// A block in the response phase.
 	ex2 := begin(t, a)
 	defer ex2.Finish()
-	if _, err := ex2.RequestHeaders(ctx, request("GET", "/broken")); err != nil {
+	if _, err := ex2.RequestHeaders(agentmux.WaitFor(ctx), request("GET", "/broken")); err != nil {
 		t.Fatal(err)
 	}
-	r, err = ex2.ResponseHeaders(ctx, &protocol.ResponseHeaders{StatusCode: 500})
+	r, err = ex2.ResponseHeaders(agentmux.WaitFor(ctx), &protocol.ResponseHeaders{StatusCode: 500})
 	if err != nil {
 		t.Fatal(err)
 	}
 	compareDecision(t, &r.Decision, &protocol.Decision{Kind: protocol.DecisionBlock, Status: 502, Body: []byte("upstream failed")})
+}
+
+// testHandlerContext holds the handler's context to the context.Context
+// contract across many requests: Done returns the same channel on every
+// call, a context once done stays done (also while later requests run),
+// and what was derived from it in one request (context.WithTimeout,
+// context.AfterFunc) ends when that request's context does, exactly once,
+// and never because of a later request.
+func testHandlerContext(t *testing.T, dial Dial) {
+	const n = 200
+	type seen struct {
+		ctx   context.Context
+		done  <-chan struct{}
+		child context.Context
+		stop  context.CancelFunc
+		fired chan struct{} // closed by the AfterFunc
+		fires atomic.Int32
+	}
+	var (
+		mu       sync.Mutex
+		reqs     []*seen
+		problems []string
+	)
+	report := func(format string, args ...any) {
+		mu.Lock()
+		if len(problems) < 10 {
+			problems = append(problems, fmt.Sprintf(format, args...))
+		}
+		mu.Unlock()
+	}
+	// check verifies request j's context and what derived from it, once
+	// that request's handler has returned (its context ends then, maybe a
+	// moment after the reply left); cur is the running handler's context.
+	check := func(j int, p *seen, cur context.Context, during string) {
+		if p.ctx == cur {
+			report("request %d's context is reused %s", j, during)
+			return
+		}
+		select {
+		case <-p.done:
+		case <-time.After(wait):
+			report("request %d's context never ended %s", j, during)
+			return
+		}
+		if p.ctx.Err() == nil || context.Cause(p.ctx) == nil {
+			report("request %d's context is live again (err %v, cause %v) %s", j, p.ctx.Err(), context.Cause(p.ctx), during)
+			return
+		}
+		if d := p.ctx.Done(); d != p.done {
+			report("request %d's Done channel changed %s", j, during)
+		}
+		select {
+		case <-p.child.Done():
+			if !errors.Is(p.child.Err(), context.Canceled) {
+				report("request %d's derived context ended with %v %s", j, p.child.Err(), during)
+			}
+		case <-time.After(wait):
+			report("request %d's derived context never ended %s", j, during)
+		}
+		select {
+		case <-p.fired:
+		case <-time.After(wait):
+			report("request %d's AfterFunc never ran %s", j, during)
+		}
+	}
+	h := &handler{Base: sdk.Base{Caps: allCaps}}
+	h.reqHeaders = func(ctx context.Context, m *protocol.RequestHeaders, d *protocol.Decision) error {
+		mu.Lock()
+		k := len(reqs)
+		prev := append([]*seen(nil), reqs...)
+		mu.Unlock()
+		during := fmt.Sprintf("during request %d", k)
+		if d1, d2 := ctx.Done(), ctx.Done(); d1 != d2 {
+			report("request %d: Done returns different channels", k)
+		}
+		if ctx.Err() != nil {
+			report("request %d: context done while its handler starts: %v", k, ctx.Err())
+		}
+		for j, p := range prev {
+			check(j, p, ctx, during)
+		}
+		s := &seen{ctx: ctx, done: ctx.Done(), fired: make(chan struct{})}
+		s.child, s.stop = context.WithTimeout(ctx, time.Hour)
+		context.AfterFunc(ctx, func() {
+			if s.ctx.Err() == nil {
+				report("request %d's AfterFunc ran while its context is live", k)
+			}
+			if s.fires.Add(1) == 1 {
+				close(s.fired)
+			} else {
+				report("request %d's AfterFunc ran twice", k)
+			}
+		})
+		mu.Lock()
+		reqs = append(reqs, s)
+		mu.Unlock()
+		select {
+		case <-s.fired:
+			report("request %d's AfterFunc ran while its handler runs", k)
+		case <-s.child.Done():
+			report("request %d's derived context ended while its handler runs", k)
+		default:
+		}
+		if ctx.Done() != s.done || ctx.Err() != nil {
+			report("request %d: context changed while its handler runs", k)
+		}
+		return nil
+	}
+	a := dial(t, h)
+	for i := 0; i < n; i++ {
+		get(t, a, "/ctx")
+	}
+	mu.Lock()
+	all := append([]*seen(nil), reqs...)
+	mu.Unlock()
+	if len(all) != n {
+		t.Fatalf("handler ran %d times, want %d", len(all), n)
+	}
+	// The last request's context ends once its handler has returned.
+	last := all[n-1]
+	select {
+	case <-last.done:
+	case <-time.After(wait):
+		t.Fatal("the last request's context never ended")
+	}
+	for j, p := range all {
+		check(j, p, nil, "after all requests")
+		if f := p.fires.Load(); f != 1 {
+			report("request %d's AfterFunc ran %d times", j, f)
+		}
+		p.stop()
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(problems) > 0 {
+		t.Fatalf("handler context broke the context.Context contract:\n%s", strings.Join(problems, "\n"))
+	}
 }
 
 func testCancelReachesHandler(t *testing.T, dial Dial) {
@@ -664,7 +804,7 @@ func testCancelReachesHandler(t *testing.T, dial Dial) {
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)
 	go func() {
-		_, err := ex.RequestHeaders(ctx, request("GET", "/slow"))
+		_, err := ex.RequestHeaders(agentmux.WaitFor(ctx), request("GET", "/slow"))
 		errc <- err
 	}()
 	select {
@@ -711,7 +851,7 @@ func testLateReply(t *testing.T, dial Dial) {
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)
 	go func() {
-		_, err := ex.RequestHeaders(ctx, request("GET", "/late"))
+		_, err := ex.RequestHeaders(agentmux.WaitFor(ctx), request("GET", "/late"))
 		errc <- err
 	}()
 	select {
@@ -794,14 +934,14 @@ func testConcurrent(t *testing.T, dial Dial) {
 func oneConcurrent(a agentmux.Agent, i int) error {
 	ctx, cancel := ctxWait()
 	defer cancel()
-	ex, err := a.Begin(ctx)
+	ex, err := a.Begin(agentmux.WaitFor(ctx))
 	if err != nil {
 		return err
 	}
 	defer ex.Finish()
 	uri := "/c/" + strconv.Itoa(i)
 	id := strconv.Itoa(i * 31)
-	r, err := ex.RequestHeaders(ctx, request("POST", uri, "x-id", id))
+	r, err := ex.RequestHeaders(agentmux.WaitFor(ctx), request("POST", uri, "x-id", id))
 	if err != nil {
 		return fmt.Errorf("%s headers: %w", uri, err)
 	}
@@ -813,7 +953,7 @@ func oneConcurrent(a agentmux.Agent, i int) error {
 		return fmt.Errorf("%s: got x-id %q, want %q", uri, v, id)
 	}
 	data := []byte(fmt.Sprintf("req-%d-chunk-0", i))
-	r, err = ex.BodyChunk(ctx, protocol.PhaseRequest, &protocol.BodyChunk{ChunkIndex: 0, Data: data, TotalSize: -1, Progress: -1})
+	r, err = ex.BodyChunk(agentmux.WaitFor(ctx), protocol.PhaseRequest, &protocol.BodyChunk{ChunkIndex: 0, Data: data, TotalSize: -1, Progress: -1})
 	if err != nil {
 		return fmt.Errorf("%s chunk 0: %w", uri, err)
 	}
@@ -821,7 +961,7 @@ func oneConcurrent(a agentmux.Agent, i int) error {
 		return fmt.Errorf("%s chunk 0: %s %q", uri, r.Type, r.Mutation.Data)
 	}
 	last := strconv.Itoa(i)
-	r, err = ex.BodyChunk(ctx, protocol.PhaseRequest, &protocol.BodyChunk{ChunkIndex: 1, Data: []byte(last), IsLast: true, TotalSize: -1, Progress: -1})
+	r, err = ex.BodyChunk(agentmux.WaitFor(ctx), protocol.PhaseRequest, &protocol.BodyChunk{ChunkIndex: 1, Data: []byte(last), IsLast: true, TotalSize: -1, Progress: -1})
 	if err != nil {
 		return fmt.Errorf("%s chunk 1: %w", uri, err)
 	}
@@ -866,7 +1006,7 @@ func testAgentErrors(t *testing.T, dial Dial) {
 	proto0 := a.Snapshot().Protocol
 
 	ex := begin(t, a)
-	_, err := ex.RequestHeaders(ctx, request("GET", "/fail"))
+	_, err := ex.RequestHeaders(agentmux.WaitFor(ctx), request("GET", "/fail"))
 	ex.Finish()
 	if !errors.Is(err, agentmux.ErrAgentProtocol) {
 		t.Fatalf("headers handler error: %v, want ErrAgentProtocol", err)
@@ -876,23 +1016,23 @@ func testAgentErrors(t *testing.T, dial Dial) {
 	}
 
 	ex = begin(t, a)
-	if _, err := ex.RequestHeaders(ctx, request("POST", "/body")); err != nil {
+	if _, err := ex.RequestHeaders(agentmux.WaitFor(ctx), request("POST", "/body")); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := ex.BodyChunk(ctx, protocol.PhaseRequest, &protocol.BodyChunk{ChunkIndex: 0, Data: []byte("a"), TotalSize: -1, Progress: -1}); err != nil {
+	if _, err := ex.BodyChunk(agentmux.WaitFor(ctx), protocol.PhaseRequest, &protocol.BodyChunk{ChunkIndex: 0, Data: []byte("a"), TotalSize: -1, Progress: -1}); err != nil {
 		t.Fatal(err)
 	}
-	_, err = ex.BodyChunk(ctx, protocol.PhaseRequest, &protocol.BodyChunk{ChunkIndex: 1, Data: []byte("b"), TotalSize: -1, Progress: -1})
+	_, err = ex.BodyChunk(agentmux.WaitFor(ctx), protocol.PhaseRequest, &protocol.BodyChunk{ChunkIndex: 1, Data: []byte("b"), TotalSize: -1, Progress: -1})
 	ex.Finish()
 	if !errors.Is(err, agentmux.ErrAgentProtocol) {
 		t.Fatalf("body handler error: %v, want ErrAgentProtocol", err)
 	}
 
 	ex = begin(t, a)
-	if _, err := ex.RequestHeaders(ctx, request("GET", "/ok")); err != nil {
+	if _, err := ex.RequestHeaders(agentmux.WaitFor(ctx), request("GET", "/ok")); err != nil {
 		t.Fatal(err)
 	}
-	_, err = ex.ResponseHeaders(ctx, &protocol.ResponseHeaders{StatusCode: 200})
+	_, err = ex.ResponseHeaders(agentmux.WaitFor(ctx), &protocol.ResponseHeaders{StatusCode: 200})
 	ex.Finish()
 	if !errors.Is(err, agentmux.ErrAgentProtocol) {
 		t.Fatalf("response handler error: %v, want ErrAgentProtocol", err)

@@ -62,11 +62,12 @@ func (rs *reqState) begin(i int) error {
 	if sl.ex != nil {
 		return nil
 	}
-	if !rs.arm(sl) {
+	w, ok := rs.agentWait(sl)
+	if !ok {
 		return errBudget(sl)
 	}
 	t0 := time.Now()
-	ex, err := sl.ra.a.agent.Begin(&rs.hctx)
+	ex, err := sl.ra.a.agent.Begin(w)
 	sl.spent += time.Since(t0)
 	rs.agentTime[rs.phaseNow] += time.Since(t0)
 	if err != nil {
@@ -90,21 +91,6 @@ func (rs *reqState) begin(i int) error {
 // errBudget is the error of an agent whose request budget is spent.
 func errBudget(sl *slot) error {
 	return fmt.Errorf("%w: %s: request budget spent", agentmux.ErrAgentTimeout, sl.ra.a.name)
-}
-
-// arm sets the deadline view to what is left of agent sl's request
-// budget; false when nothing is left.
-func (rs *reqState) arm(sl *slot) bool {
-	if sl.ra.timeout <= 0 {
-		rs.disarmDeadline()
-		return true
-	}
-	left := sl.ra.timeout - sl.spent
-	if left <= 0 {
-		return false
-	}
-	rs.armDeadline(time.Now().Add(left))
-	return true
 }
 
 // requestHeaders runs the request-header phase of the chain. It reports
@@ -145,8 +131,12 @@ func (rs *reqState) headerEvent(i int, p protocol.Phase) bool {
 		rs.applyStashed()
 		rs.buildResponseView()
 	}
-	// A fresh exchange's deadline was armed by begin and still holds.
-	if !fresh && !rs.arm(sl) {
+	// The deadline is computed afresh for each call from what is left of
+	// the budget (Begin's time is already in sl.spent). A fresh exchange
+	// is not refused here: if Begin spent the budget, its deadline is past
+	// and the event fails as timed out.
+	w, ok := rs.agentWait(sl)
+	if !fresh && !ok {
 		rs.srv.obs.AgentEvent(rs.rt.idx, sl.ra.a.idx, p, false, OutcomeTimeout, 0)
 		return rs.failure(i, p, false, errBudget(sl))
 	}
@@ -154,9 +144,9 @@ func (rs *reqState) headerEvent(i int, p protocol.Phase) bool {
 	var reply *agentmux.Reply
 	var err error
 	if req {
-		reply, err = sl.ex.RequestHeaders(&rs.hctx, &rs.rh)
+		reply, err = sl.ex.RequestHeaders(w, &rs.rh)
 	} else {
-		reply, err = sl.ex.ResponseHeaders(&rs.hctx, &rs.rsh)
+		reply, err = sl.ex.ResponseHeaders(w, &rs.rsh)
 	}
 	d := time.Since(t0)
 	sl.spent += d
@@ -253,6 +243,15 @@ func (rs *reqState) responseHeaders() bool {
 // decide applies a Decision of agent i. It reports whether the chain goes
 // on; false means a response is staged (block, redirect, failure) or the
 // response is to be aborted.
+//
+// d is normalized (protocol.Decision.Normalize, which agentmux applies to
+// every reply of every transport): its kind is known, a block or redirect
+// has its status (the defaults applied) and a redirect a URL, a block or
+// redirect is final, header operations have an operation and a name. Those
+// are the protocol's schema and are not checked again here. What decide
+// checks is the proxy's own policy: the statuses it answers with (block
+// 200–599, redirect 301/302/303/307/308), a safe redirect target
+// (validRedirect), and the header operation limits and refusals.
 func (rs *reqState) decide(i int, phase protocol.Phase, body bool, d *protocol.Decision, wait time.Duration) bool {
 	sl := &rs.slots[i]
 	obs := rs.srv.obs
@@ -277,9 +276,6 @@ func (rs *reqState) decide(i int, phase protocol.Phase, body bool, d *protocol.D
 		return true
 	case protocol.DecisionBlock:
 		status := d.Status
-		if status == 0 {
-			status = fasthttp.StatusForbidden
-		}
 		if status < 200 || status > 599 {
 			// 1xx cannot be a final response; the contract's 100–599 is
 			// narrowed so a block always ends the exchange cleanly.
@@ -292,9 +288,6 @@ func (rs *reqState) decide(i int, phase protocol.Phase, body bool, d *protocol.D
 		return false
 	case protocol.DecisionRedirect:
 		status := d.Status
-		if status == 0 {
-			status = fasthttp.StatusFound
-		}
 		switch {
 		case status != 301 && status != 302 && status != 303 && status != 307 && status != 308:
 			obs.AgentEvent(rs.rt.idx, sl.ra.a.idx, phase, body, OutcomeInvalid, wait)

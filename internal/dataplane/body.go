@@ -1,7 +1,6 @@
 package dataplane
 
 import (
-	"context"
 	"errors"
 	"io"
 	"net"
@@ -331,10 +330,6 @@ func (rs *reqState) inspectBuffered(p protocol.Phase, in, out []byte) ([]byte, b
 // forward; ok is false when the message must stop (a response is staged,
 // the response is to be cut off, or the client is gone).
 func (rs *reqState) runChunk(p protocol.Phase, data []byte, last, stream bool) ([]byte, bool) {
-	var ctx context.Context = &rs.hctx
-	if stream {
-		ctx = &rs.sctx
-	}
 	src := &rs.reqSrc
 	if p == protocol.PhaseResponse {
 		src = &rs.respSrc
@@ -353,15 +348,19 @@ func (rs *reqState) runChunk(p protocol.Phase, data []byte, last, stream bool) (
 		m.IsLast = last
 		m.TotalSize = rs.total[p]
 		m.Progress = src.n
-		if !stream && !rs.arm(sl) {
-			rs.srv.obs.AgentEvent(rs.rt.idx, sl.ra.a.idx, p, true, OutcomeTimeout, 0)
-			if !rs.failure(i, p, true, errBudget(sl)) {
-				return nil, false
+		w := rs.streamWait()
+		if !stream {
+			var ok bool
+			if w, ok = rs.agentWait(sl); !ok {
+				rs.srv.obs.AgentEvent(rs.rt.idx, sl.ra.a.idx, p, true, OutcomeTimeout, 0)
+				if !rs.failure(i, p, true, errBudget(sl)) {
+					return nil, false
+				}
+				continue
 			}
-			continue
 		}
 		t0 := time.Now()
-		reply, err := sl.ex.BodyChunk(ctx, p, m)
+		reply, err := sl.ex.BodyChunk(w, p, m)
 		d := time.Since(t0)
 		if !stream {
 			sl.spent += d

@@ -5,91 +5,38 @@ import (
 	"net"
 	"sync"
 	"time"
+
+	"github.com/zentinelproxy/sidecar/internal/agentmux"
 )
 
-// The per-request context handed to agent exchanges is the pooled request
-// state itself, viewed through two small types, so a request allocates no
-// context, channel or timer. Two views exist because streamed chunks must
-// not inherit the per-request agent deadline (a 1 GiB upload takes longer
-// than any sane header budget): both end when the client goes away; only
-// the deadline view also ends when the agent's request budget runs out.
+// Agent calls wait on plain values rather than a context (see
+// agentmux.Wait): the deadline left in the agent's request budget, computed
+// afresh for each call, and the request's cancel channel, closed when the
+// client goes away. Streamed chunks get the cancel channel only, since a
+// 1 GiB upload takes longer than any sane header budget. Nothing here is a
+// context.Context, so nothing can derive from the pooled request state
+// and outlive the request.
 
-// deadlineCtx is the view for header events and buffered bodies.
-type deadlineCtx struct{ rs *reqState }
-
-// streamCtx is the view for streamed chunks: cancellation only.
-type streamCtx struct{ rs *reqState }
-
-func (c *deadlineCtx) Deadline() (time.Time, bool) {
-	rs := c.rs
-	rs.mu.Lock()
-	defer rs.mu.Unlock()
-	return rs.deadline, !rs.deadline.IsZero()
-}
-
-func (c *deadlineCtx) Done() <-chan struct{} { return c.rs.dlCh }
-
-func (c *deadlineCtx) Err() error {
-	rs := c.rs
-	rs.mu.Lock()
-	defer rs.mu.Unlock()
-	return rs.dlErr
-}
-
-func (c *deadlineCtx) Value(any) any { return nil }
-
-func (c *streamCtx) Deadline() (time.Time, bool) { return time.Time{}, false }
-
-func (c *streamCtx) Done() <-chan struct{} { return c.rs.cancelCh }
-
-func (c *streamCtx) Err() error {
-	rs := c.rs
-	rs.mu.Lock()
-	defer rs.mu.Unlock()
-	return rs.cancelErr
-}
-
-func (c *streamCtx) Value(any) any { return nil }
-
-var (
-	_ context.Context = (*deadlineCtx)(nil)
-	_ context.Context = (*streamCtx)(nil)
-)
-
-// armDeadline sets the agent deadline of the deadline view. A view whose
-// previous deadline fired gets a fresh channel, unless the client is gone.
-func (rs *reqState) armDeadline(d time.Time) {
-	rs.mu.Lock()
-	if rs.dlErr != nil && rs.cancelErr == nil {
-		rs.dlCh = make(chan struct{})
-		rs.dlErr = nil
+// agentWait is what agent sl's next event may wait for: the rest of its
+// request budget (none when it has no timeout) and the client's cancel.
+// ok is false when the budget is spent; the deadline is then already past.
+func (rs *reqState) agentWait(sl *slot) (w agentmux.Wait, ok bool) {
+	w.Cancel = rs.cancelCh
+	if sl.ra.timeout <= 0 {
+		return w, true
 	}
-	rs.deadline = d
-	rs.mu.Unlock()
-	rs.timer.Reset(time.Until(d))
+	left := sl.ra.timeout - sl.spent
+	w.Deadline = time.Now().Add(left)
+	return w, left > 0
 }
 
-// disarmDeadline stops the agent deadline.
-func (rs *reqState) disarmDeadline() {
-	rs.mu.Lock()
-	rs.deadline = time.Time{}
-	rs.mu.Unlock()
-	rs.timer.Stop()
-}
+// streamWait is the wait of a streamed chunk: cancellation only (the
+// session's message timeout still bounds each reply).
+func (rs *reqState) streamWait() agentmux.Wait { return agentmux.Wait{Cancel: rs.cancelCh} }
 
-// onDeadline runs on the timer's goroutine. A stale firing (the timer
-// was re-armed after it started) finds a later deadline and does nothing.
-func (rs *reqState) onDeadline() {
-	rs.mu.Lock()
-	if rs.dlErr == nil && !rs.deadline.IsZero() && !time.Now().Before(rs.deadline) {
-		rs.dlErr = context.DeadlineExceeded
-		close(rs.dlCh)
-	}
-	rs.mu.Unlock()
-}
-
-// cancel ends both views and aborts the upstream exchange: the client
-// went away (or the server is stopping). Safe from any goroutine.
+// cancel closes the request's cancel channel, which ends any agent wait,
+// and aborts the upstream exchange: the client went away (or the server
+// is stopping). Safe from any goroutine.
 func (rs *reqState) cancel() {
 	rs.mu.Lock()
 	if rs.cancelErr != nil {
@@ -98,10 +45,6 @@ func (rs *reqState) cancel() {
 	}
 	rs.cancelErr = context.Canceled
 	close(rs.cancelCh)
-	if rs.dlErr == nil {
-		rs.dlErr = context.Canceled
-		close(rs.dlCh)
-	}
 	up := rs.upNet
 	if up != nil {
 		rs.upAborted = true
@@ -119,18 +62,16 @@ func (rs *reqState) canceled() bool {
 	return rs.cancelErr != nil
 }
 
-// resetCtx prepares the views for a new request (on the handler goroutine,
-// before the request is visible to the watcher).
-func (rs *reqState) resetCtx() {
+// resetCancel prepares the cancel state for a new request (on the handler
+// goroutine, before the request is visible to the watcher). A cancel
+// channel that was never closed is kept; a closed one is replaced, so a
+// request never starts canceled.
+func (rs *reqState) resetCancel() {
 	rs.mu.Lock()
 	if rs.cancelErr != nil {
 		rs.cancelCh = make(chan struct{})
+		rs.cancelErr = nil
 	}
-	if rs.dlErr != nil {
-		rs.dlCh = make(chan struct{})
-	}
-	rs.cancelErr, rs.dlErr = nil, nil
-	rs.deadline = time.Time{}
 	rs.upNet = nil
 	rs.upAborted = false
 	rs.mu.Unlock()

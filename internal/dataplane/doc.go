@@ -1,7 +1,7 @@
 // Package dataplane is the sidecar's HTTP reverse proxy: a fasthttp
 // listener in front of one service that shows every request and response
 // to the agents configured for its route, in order, and does what they
-// decide (agent protocol v2, PROTOCOL.md sections 4 and 5).
+// decide (agent protocol v2, docs/protocol.md sections 7 and 8).
 //
 // # Per request
 //

@@ -432,7 +432,7 @@ func serveRaw(t testing.TB, caps protocol.Capabilities, answer func(protocol.Msg
 					return
 				}
 				hs := protocol.HandshakeResponse{ProtocolVersion: 2, AgentName: "raw", Accepted: true, Capabilities: caps}
-				if uds.WriteFrame(nc, protocol.TypeHandshakeResponse, &hs) != nil {
+				if uds.WriteFrame(nc, &hs) != nil {
 					return
 				}
 				for {
@@ -479,7 +479,7 @@ func serveRaw(t testing.TB, caps protocol.Capabilities, answer func(protocol.Msg
 						}
 					}
 					d.RequestID = id
-					if uds.WriteFrame(nc, protocol.TypeDecision, d) != nil {
+					if uds.WriteFrame(nc, d) != nil {
 						return
 					}
 				}

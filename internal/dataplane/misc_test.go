@@ -19,6 +19,7 @@ import (
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/internal/config"
 	"github.com/zentinelproxy/sidecar/internal/dataplane"
+	"github.com/zentinelproxy/sidecar/internal/udsclient"
 	"github.com/zentinelproxy/sidecar/protocol"
 	"github.com/zentinelproxy/sidecar/sdk"
 )
@@ -252,7 +253,7 @@ func TestFailOpenThenBlock(t *testing.T) {
 		"Upstream": u.addr(), "Chain": "a, b",
 		"Agents": map[string]agentSpec{"a": {Path: sockPath(t), Failure: "open"}, "b": {Path: pathB}},
 	})
-	down, err := dataplane.UDSAgent(cfg.Agent("a"), zerolog.Nop())
+	down, err := udsclient.NewClient(udsclient.DefaultConfig("a", cfg.Agent("a").Address))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -446,41 +447,6 @@ func TestShutdownFinishesInFlightThenClosesAgents(t *testing.T) {
 	}
 }
 
-func TestTransportsBuild(t *testing.T) {
-	path := serveAgent(t, &agentFuncs{Base: sdk.Base{Caps: headersOnly()}})
-	cfg, err := config.Parse([]byte(fmt.Sprintf(`
-listeners: [{address: "127.0.0.1:0"}]
-upstreams: [{name: app, address: "127.0.0.1:1"}]
-agents:
-  - {name: a, transport: uds, address: %q}
-  - {name: g, transport: grpc, address: "127.0.0.1:50051"}
-routes: [{name: r, upstream: app, agents: [a]}]
-`, path)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := dataplane.DefaultTransports().Build(cfg, zerolog.Nop()); err == nil || !strings.Contains(err.Error(), `transport "grpc" is not available`) {
-		t.Fatalf("missing transport: %v", err)
-	}
-	tr := dataplane.DefaultTransports()
-	tr[config.TransportGRPC] = func(a *config.Agent, _ zerolog.Logger) (agentmux.Agent, error) {
-		return agentmux.NewPool(a.Name, "grpc"), nil
-	}
-	agents, err := tr.Build(cfg, zerolog.Nop())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		for _, a := range agents {
-			a.Close()
-		}
-	}()
-	if len(agents) != 2 || agents["a"].Name() != "a" || agents["g"].Snapshot().Transport != "grpc" {
-		t.Fatalf("agents %v", agents)
-	}
-	waitFor(t, "uds agent ready", func() bool { return agents["a"].Snapshot().Ready })
-}
-
 func TestMaxRequestBody(t *testing.T) {
 	p, up := setup(t, nil, nil, nil, nil, func(m map[string]any) { m["MaxBody"] = "1KiB" })
 	resp, _ := p.do(t, "POST", "/", strings.NewReader(strings.Repeat("x", 2048)))
@@ -494,40 +460,6 @@ func TestMaxRequestBody(t *testing.T) {
 	resp, _ = p.do(t, "POST", "/", strings.NewReader("small"))
 	if resp.StatusCode != 200 || string(up.last(t).Body) != "small" {
 		t.Fatalf("under the limit: %d", resp.StatusCode)
-	}
-}
-
-func TestBuildReusingKeepsUnchangedAgents(t *testing.T) {
-	path := serveAgent(t, &agentFuncs{Base: sdk.Base{Caps: headersOnly()}})
-	mk := func(msg string) *config.Config {
-		c, err := config.Parse([]byte(fmt.Sprintf(`
-listeners: [{address: "127.0.0.1:0"}]
-upstreams: [{name: app, address: "127.0.0.1:1"}]
-agents:
-  - {name: a, transport: uds, address: %q}
-  - {name: b, transport: uds, address: %q, timeouts: {message: %s}}
-routes: [{name: r, upstream: app, agents: [a, b]}]
-`, path, path, msg)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return c
-	}
-	tr := dataplane.DefaultTransports()
-	c1 := mk("1s")
-	first, err := tr.Build(c1, zerolog.Nop())
-	if err != nil {
-		t.Fatal(err)
-	}
-	second, err := tr.BuildReusing(mk("2s"), c1, first, zerolog.Nop())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if second["a"] != first["a"] || second["b"] == first["b"] {
-		t.Fatalf("a reused %v, b rebuilt %v", second["a"] == first["a"], second["b"] != first["b"])
-	}
-	for _, a := range []agentmux.Agent{first["a"], first["b"], second["b"]} {
-		a.Close()
 	}
 }
 

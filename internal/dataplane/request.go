@@ -71,17 +71,10 @@ type reqState struct {
 	start time.Time
 	lst   *listener
 
-	// Context views (ctx.go). mu guards what other goroutines touch: the
-	// watcher and the deadline timer.
+	// Cancellation (ctx.go). mu guards what the watcher touches.
 	mu        sync.Mutex
-	dlCh      chan struct{}
-	cancelCh  chan struct{}
-	dlErr     error
+	cancelCh  chan struct{} // closed by cancel; replaced for the next request once closed
 	cancelErr error
-	deadline  time.Time
-	timer     *time.Timer
-	hctx      deadlineCtx
-	sctx      streamCtx
 	upNet     net.Conn // the upstream connection in use (aborted by cancel)
 	upAborted bool
 
@@ -182,15 +175,8 @@ type reqState struct {
 var reqPool = sync.Pool{New: func() any { return newReqState() }}
 
 func newReqState() *reqState {
-	rs := &reqState{
-		dlCh:     make(chan struct{}),
-		cancelCh: make(chan struct{}),
-	}
-	rs.hctx.rs = rs
-	rs.sctx.rs = rs
+	rs := &reqState{cancelCh: make(chan struct{})}
 	rs.respBody.rs = rs
-	rs.timer = time.AfterFunc(time.Hour, rs.onDeadline)
-	rs.timer.Stop()
 	return rs
 }
 
@@ -210,7 +196,7 @@ func acquireReqState(s *Server, t *table, ctx *fasthttp.RequestCtx, l *listener)
 	if rs.start.IsZero() {
 		rs.start = time.Now()
 	}
-	rs.resetCtx()
+	rs.resetCancel()
 	rs.gone = false
 	rs.decider = -1
 	rs.failedClosed = -1
@@ -220,7 +206,6 @@ func acquireReqState(s *Server, t *table, ctx *fasthttp.RequestCtx, l *listener)
 // release returns rs to the pool; every per-request field is reset here
 // so the next request starts clean.
 func (rs *reqState) release() {
-	rs.timer.Stop()
 	for i := 0; i < rs.nslots; i++ {
 		rs.slots[i] = slot{}
 	}
@@ -438,7 +423,6 @@ func (rs *reqState) summarize(route, status int, d time.Duration, gone bool) *Re
 // upstream, as far as it safely can; the state itself is not pooled again.
 func (rs *reqState) abandon() {
 	defer func() { _ = recover() }()
-	rs.timer.Stop()
 	rs.cancel()
 	for i := 0; i < rs.nslots; i++ {
 		if ex := rs.slots[i].ex; ex != nil {

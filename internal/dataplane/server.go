@@ -65,9 +65,9 @@ type listener struct {
 }
 
 // New builds a server for cfg. agents holds one instance per agent of
-// cfg.File, built by the caller for its transport (see Transports); the
-// server owns them from here on and closes them on Shutdown or when a
-// Swap drops them.
+// cfg.File, built by the caller for its transport (the dataplane knows
+// agents only as agentmux.Agent); the server owns them from here on and
+// closes them on Shutdown or when a Swap drops them.
 func New(cfg Config, agents map[string]agentmux.Agent, log zerolog.Logger) (*Server, error) {
 	if cfg.File == nil {
 		return nil, fmt.Errorf("%w: no configuration", ErrDataplaneConfig)

@@ -45,7 +45,7 @@ func stallingAgent(t *testing.T, path string) {
 				}
 				resp := protocol.HandshakeResponse{ProtocolVersion: 2, AgentName: "stall", Accepted: true,
 					Capabilities: protocol.Capabilities{HandlesRequestHeaders: true, MaxConcurrentRequests: 100}}
-				if uds.WriteFrame(nc, protocol.TypeHandshakeResponse, &resp) != nil {
+				if uds.WriteFrame(nc, &resp) != nil {
 					return
 				}
 				stalled := false

@@ -336,9 +336,11 @@ func (c *Client) readLoop(l *link, sess *agentmux.Session, log zerolog.Logger) e
 			}
 			r = deliverError(sess, r, id, err)
 		case grpcwire.PayloadPing:
-			var p protocol.Ping
-			if f.DecodePing(&p) == nil {
-				_ = l.out.Put(protocol.TypePong, &p)
+			// Put only encodes and queues (it never waits: a full queue
+			// drops the Pong), so the read loop never blocks on the peer.
+			var p protocol.Pong
+			if f.DecodePing((*protocol.Ping)(&p)) == nil {
+				_ = l.out.Put(&p)
 			}
 		case grpcwire.PayloadPong:
 		default:
@@ -390,8 +392,12 @@ type link struct {
 	why    atomic.Pointer[error]
 }
 
-// Send implements agentmux.Link.
-func (l *link) Send(t protocol.MsgType, msg any) error { return l.out.Put(t, msg) }
+// Send implements agentmux.Link. The Outbox never waits (its queue is
+// bounded by count and fails when full), so w is not needed.
+func (l *link) Send(m protocol.Message, _ agentmux.Wait) error { return l.out.Put(m) }
+
+// SendControl implements agentmux.Link.
+func (l *link) SendControl(m protocol.Message) error { return l.out.Put(m) }
 
 // Close implements agentmux.Link: queued messages (such as a CancelAll)
 // get a moment to go out, then the stream is canceled.

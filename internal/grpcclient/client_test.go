@@ -105,12 +105,12 @@ func roundTrip(t *testing.T, a agentmux.Agent, uri string) (*protocol.Decision, 
 	t.Helper()
 	ctx, cancel := waitCtx()
 	defer cancel()
-	ex, err := a.Begin(ctx)
+	ex, err := a.Begin(agentmux.WaitFor(ctx))
 	if err != nil {
 		return nil, err
 	}
 	defer ex.Finish()
-	r, err := ex.RequestHeaders(ctx, headers(uri))
+	r, err := ex.RequestHeaders(agentmux.WaitFor(ctx), headers(uri))
 	if err != nil {
 		return nil, err
 	}
@@ -227,28 +227,28 @@ func TestOversizedFromProxyAndSDK(t *testing.T) {
 	c := p.client
 	ctx, cancel := waitCtx()
 	defer cancel()
-	ex, err := c.Begin(ctx)
+	ex, err := c.Begin(agentmux.WaitFor(ctx))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := ex.RequestHeaders(ctx, headers("/upload")); err != nil {
+	if _, err := ex.RequestHeaders(agentmux.WaitFor(ctx), headers("/upload")); err != nil {
 		t.Fatal(err)
 	}
 	huge := &protocol.BodyChunk{Data: make([]byte, 11<<20), TotalSize: -1, Progress: -1}
-	_, err = ex.BodyChunk(ctx, protocol.PhaseRequest, huge)
+	_, err = ex.BodyChunk(agentmux.WaitFor(ctx), protocol.PhaseRequest, huge)
 	ex.Finish()
 	if err == nil || !strings.Contains(err.Error(), "message too large") || !strings.Contains(err.Error(), "10485760") {
 		t.Fatalf("oversized event: %v", err)
 	}
 
-	ex, err = c.Begin(ctx)
+	ex, err = c.Begin(agentmux.WaitFor(ctx))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := ex.RequestHeaders(ctx, headers("/upload")); err != nil {
+	if _, err := ex.RequestHeaders(agentmux.WaitFor(ctx), headers("/upload")); err != nil {
 		t.Fatalf("stream did not survive the refused event: %v", err)
 	}
-	_, err = ex.BodyChunk(ctx, protocol.PhaseRequest, &protocol.BodyChunk{Data: []byte("small"), TotalSize: -1, Progress: -1})
+	_, err = ex.BodyChunk(agentmux.WaitFor(ctx), protocol.PhaseRequest, &protocol.BodyChunk{Data: []byte("small"), TotalSize: -1, Progress: -1})
 	ex.Finish()
 	if !errors.Is(err, agentmux.ErrAgentProtocol) {
 		t.Fatalf("handler's oversized reply: %v, want ErrAgentProtocol", err)
@@ -505,7 +505,7 @@ func TestCapabilityNegotiation(t *testing.T) {
 			if a.streams.Load() != 0 {
 				t.Fatal("a stream was opened without accepted capabilities")
 			}
-			if _, err := cl.Begin(context.Background()); !errors.Is(err, agentmux.ErrAgentUnavailable) {
+			if _, err := cl.Begin(agentmux.Wait{}); !errors.Is(err, agentmux.ErrAgentUnavailable) {
 				t.Fatalf("Begin: %v", err)
 			}
 		})
@@ -580,7 +580,7 @@ func TestHealth(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	if _, err := c.Begin(context.Background()); !errors.Is(err, agentmux.ErrAgentUnavailable) {
+	if _, err := c.Begin(agentmux.Wait{}); !errors.Is(err, agentmux.ErrAgentUnavailable) {
 		t.Fatalf("Begin while not serving: %v", err)
 	}
 	h.sick.Store(false)

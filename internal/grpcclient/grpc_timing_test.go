@@ -79,7 +79,7 @@ func BenchmarkWireRequestHeaders(b *testing.B) {
 	b.ReportAllocs()
 	for i := 0; i < b.N; i++ {
 		var err error
-		buf, err = grpcwire.AppendMessage(buf[:0], protocol.TypeRequestHeaders, m)
+		buf, err = grpcwire.AppendMessage(buf[:0], m)
 		if err != nil {
 			b.Fatal(err)
 		}

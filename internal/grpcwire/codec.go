@@ -94,20 +94,20 @@ func (o *Outgoing) Free() {
 	}
 }
 
-// Encode encodes the AgentMessage carrying msg (a pointer to the protocol
-// message of type t) into o, refusing one larger than limit bytes
-// (MaxMessageSize when limit <= 0). msg may be reused once Encode returns.
-func (o *Outgoing) Encode(t protocol.MsgType, msg any, limit int) error {
+// Encode encodes the AgentMessage carrying msg into o, refusing one larger
+// than limit bytes (MaxMessageSize when limit <= 0). msg may be reused
+// once Encode returns.
+func (o *Outgoing) Encode(msg protocol.Message, limit int) error {
 	if limit <= 0 || limit > MaxMessageSize {
 		limit = MaxMessageSize
 	}
-	w, err := resolve(t, msg)
+	w, err := resolve(msg)
 	if err != nil {
 		return err
 	}
 	size := w.size()
 	if size > limit {
-		return fmt.Errorf("%w: %s of %d bytes exceeds the limit of %d bytes", ErrGRPCMessageTooLarge, t, size, limit)
+		return fmt.Errorf("%w: %s of %d bytes exceeds the limit of %d bytes", ErrGRPCMessageTooLarge, w.t, size, limit)
 	}
 	o.Free()
 	pool := mem.DefaultBufferPool()

@@ -24,7 +24,8 @@ func hdrs(kv ...string) protocol.Headers {
 func b(s string) []byte { return []byte(s) }
 
 // protocolMessages is one of every message a stream carries, with every
-// field set somewhere, normalized the way a decoder produces them.
+// field set somewhere, in the form a decoder followed (for a Decision) by
+// protocol.Decision.Normalize produces them.
 func protocolMessages() []struct {
 	name string
 	t    protocol.MsgType
@@ -229,6 +230,11 @@ func TestRoundTripProtocol(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			if d, ok := got.(*protocol.Decision); ok {
+				if err := d.Normalize(); err != nil {
+					t.Fatal(err)
+				}
+			}
 			if g, w := canon(got), canon(c.msg); g != w {
 				t.Fatalf("round trip changed the message\n got %s\nwant %s", g, w)
 			}
@@ -318,6 +324,15 @@ func TestMutationPresence(t *testing.T) {
 	}
 }
 
+// readPB is what the proxy does with a decision: decode it (here with the
+// generated code), then Normalize it.
+func readPB(d *protocol.Decision, id uint64, src *pb.AgentDecision) error {
+	if err := DecisionFromPB(d, id, src); err != nil {
+		return err
+	}
+	return d.Normalize()
+}
+
 // TestDecisionFromPBErrors: replies the proxy must refuse.
 func TestDecisionFromPBErrors(t *testing.T) {
 	for _, c := range []struct {
@@ -335,7 +350,7 @@ func TestDecisionFromPBErrors(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var d protocol.Decision
-			err := DecisionFromPB(&d, 77, c.d)
+			err := readPB(&d, 77, c.d)
 			if !errors.Is(err, c.want) {
 				t.Fatalf("err = %v, want %v", err, c.want)
 			}
@@ -346,13 +361,13 @@ func TestDecisionFromPBErrors(t *testing.T) {
 	}
 	// Defaults of an empty block and redirect status, as in the JSON form.
 	var d protocol.Decision
-	if err := DecisionFromPB(&d, 1, &pb.AgentDecision{Decision: &pb.AgentDecision_Block{Block: &pb.Block{}}}); err != nil || d.Status != 403 {
+	if err := readPB(&d, 1, &pb.AgentDecision{Decision: &pb.AgentDecision_Block{Block: &pb.Block{}}}); err != nil || d.Status != 403 {
 		t.Fatalf("empty block: status %d err %v", d.Status, err)
 	}
-	if err := DecisionFromPB(&d, 1, &pb.AgentDecision{Decision: &pb.AgentDecision_Redirect{Redirect: &pb.Redirect{Url: b("/x")}}}); err != nil || d.Status != 302 {
+	if err := readPB(&d, 1, &pb.AgentDecision{Decision: &pb.AgentDecision_Redirect{Redirect: &pb.Redirect{Url: b("/x")}}}); err != nil || d.Status != 302 {
 		t.Fatalf("redirect: status %d err %v", d.Status, err)
 	}
-	if err := DecisionFromPB(&d, 1, &pb.AgentDecision{Decision: &pb.AgentDecision_NeedsMoreDecision{NeedsMoreDecision: &pb.NeedsMore{}}}); err != nil || d.Final() {
+	if err := readPB(&d, 1, &pb.AgentDecision{Decision: &pb.AgentDecision_NeedsMoreDecision{NeedsMoreDecision: &pb.NeedsMore{}}}); err != nil || d.Final() {
 		t.Fatalf("needs_more verdict: final=%v err %v", d.Final(), err)
 	}
 }

@@ -47,11 +47,12 @@ func NewOutbox(send func(m any) error, maxMsg, depth int) *Outbox {
 	}
 }
 
-// Put encodes msg (a pointer to the protocol message of type t) and queues
-// it. It returns once msg is encoded: the caller may reuse it.
-func (o *Outbox) Put(t protocol.MsgType, msg any) error {
+// Put encodes msg and queues it. It returns once msg is encoded: the
+// caller may reuse it. It never waits (a full queue fails with
+// ErrGRPCQueueFull), so a stream's read loop may answer a Ping with it.
+func (o *Outbox) Put(msg protocol.Message) error {
 	var m Outgoing
-	if err := m.Encode(t, msg, o.limit); err != nil {
+	if err := m.Encode(msg, o.limit); err != nil {
 		return err
 	}
 	return o.enqueue(m)

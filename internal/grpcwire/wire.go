@@ -13,9 +13,10 @@ import (
 // The stream's hot path encodes protocol messages straight into the
 // protobuf wire format of agent.proto and decodes it straight back,
 // without the generated message graph: no reflection, no allocation per
-// field. The generated types in pb/ remain the schema and the general API
-// (convert.go); wire_test.go holds the two to the same bytes in both
-// directions.
+// field. The generated types in pb/ remain the wire schema; wire_test.go
+// holds the hand codec to them (through the conversions of pbconv_test.go)
+// in both directions. Decoding is syntactic, as for the JSON codec: the
+// protocol's rules for a Decision are protocol.Decision.Normalize's.
 
 // Field numbers of agent.proto.
 const (
@@ -453,68 +454,43 @@ type wireMsg struct {
 	id    uint64
 	body  int // encoded size of the payload message
 	t     protocol.MsgType
-	msg   any
+	msg   protocol.Message
 	text  []byte // reason / agent error message (proto3 string)
 }
 
-// resolve checks msg's Go type against t and sizes it.
-func resolve(t protocol.MsgType, msg any) (wireMsg, error) {
-	w := wireMsg{t: t, msg: msg}
-	ok := false
-	switch t {
-	case protocol.TypeRequestHeaders:
-		var m *protocol.RequestHeaders
-		if m, ok = msg.(*protocol.RequestHeaders); ok {
-			w.field, w.id, w.body = fEnvRequestHeaders, m.RequestID, sizeRequestHeaders(m)
-		}
-	case protocol.TypeRequestBodyChunk, protocol.TypeResponseBodyChunk:
-		var m *protocol.BodyChunk
-		if m, ok = msg.(*protocol.BodyChunk); ok {
-			w.field, w.id, w.body = fEnvRequestChunk, m.RequestID, sizeBodyChunk(m)
-			if t == protocol.TypeResponseBodyChunk {
-				w.field = fEnvResponseChunk
-			}
-		}
-	case protocol.TypeResponseHeaders:
-		var m *protocol.ResponseHeaders
-		if m, ok = msg.(*protocol.ResponseHeaders); ok {
-			w.field, w.id, w.body = fEnvResponseHeaders, m.RequestID, sizeResponseHeaders(m)
-		}
-	case protocol.TypeDecision:
-		var m *protocol.Decision
-		if m, ok = msg.(*protocol.Decision); ok {
-			w.field, w.id, w.body = fEnvDecision, m.RequestID, sizeDecision(m)
-		}
-	case protocol.TypeBodyMutation:
-		var m *protocol.BodyMutation
-		if m, ok = msg.(*protocol.BodyMutation); ok {
-			w.field, w.id, w.body = fEnvBodyMutation, m.RequestID, sizeBodyMutation(m, m.Phase)
-		}
-	case protocol.TypeCancelRequest:
-		var m *protocol.CancelRequest
-		if m, ok = msg.(*protocol.CancelRequest); ok {
-			w.field, w.id, w.text = fEnvCancel, m.RequestID, m.Reason
-			w.body = sizeBytesField(fReason, m.Reason)
-		}
-	case protocol.TypeCancelAll:
-		var m *protocol.CancelAll
-		if m, ok = msg.(*protocol.CancelAll); ok {
-			w.field, w.text = fEnvCancelAll, m.Reason
-			w.body = sizeBytesField(fReason, m.Reason)
-		}
-	case protocol.TypePing, protocol.TypePong:
-		var m *protocol.Ping
-		if m, ok = msg.(*protocol.Ping); ok {
-			w.field, w.body = fEnvPing, sizePing(m)
-			if t == protocol.TypePong {
-				w.field = fEnvPong
-			}
-		}
-	default:
-		return w, fmt.Errorf("%w: %s", ErrGRPCMessageType, t)
+// resolve maps msg to its envelope field (by msg's own type) and sizes it.
+func resolve(msg protocol.Message) (wireMsg, error) {
+	if msg == nil {
+		return wireMsg{}, fmt.Errorf("%w: nil message", ErrGRPCMessageType)
 	}
-	if !ok {
-		return w, fmt.Errorf("%w: %T is not a %s", ErrGRPCMessageType, msg, t)
+	t := msg.MsgType()
+	w := wireMsg{t: t, msg: msg}
+	switch m := msg.(type) {
+	case *protocol.RequestHeaders:
+		w.field, w.id, w.body = fEnvRequestHeaders, m.RequestID, sizeRequestHeaders(m)
+	case *protocol.RequestBodyChunk:
+		w.field, w.id, w.body = fEnvRequestChunk, m.RequestID, sizeBodyChunk((*protocol.BodyChunk)(m))
+	case *protocol.ResponseBodyChunk:
+		w.field, w.id, w.body = fEnvResponseChunk, m.RequestID, sizeBodyChunk((*protocol.BodyChunk)(m))
+	case *protocol.ResponseHeaders:
+		w.field, w.id, w.body = fEnvResponseHeaders, m.RequestID, sizeResponseHeaders(m)
+	case *protocol.Decision:
+		w.field, w.id, w.body = fEnvDecision, m.RequestID, sizeDecision(m)
+	case *protocol.BodyMutation:
+		w.field, w.id, w.body = fEnvBodyMutation, m.RequestID, sizeBodyMutation(m, m.Phase)
+	case *protocol.CancelRequest:
+		w.field, w.id, w.text = fEnvCancel, m.RequestID, m.Reason
+		w.body = sizeBytesField(fReason, m.Reason)
+	case *protocol.CancelAll:
+		w.field, w.text = fEnvCancelAll, m.Reason
+		w.body = sizeBytesField(fReason, m.Reason)
+	case *protocol.Ping:
+		w.field, w.body = fEnvPing, sizePing(m)
+	case *protocol.Pong:
+		w.field, w.body = fEnvPong, sizePing((*protocol.Ping)(m))
+	default:
+		// Handshake and registration do not travel on the stream.
+		return w, fmt.Errorf("%w: %s", ErrGRPCMessageType, t)
 	}
 	if w.text != nil && !utf8.Valid(w.text) {
 		return w, fmt.Errorf("%w: %s reason is not valid UTF-8", ErrGRPCMessageType, t)
@@ -532,8 +508,10 @@ func (w *wireMsg) append(dst []byte) []byte {
 	switch m := w.msg.(type) {
 	case *protocol.RequestHeaders:
 		return appendRequestHeaders(dst, m)
-	case *protocol.BodyChunk:
-		return appendBodyChunk(dst, m)
+	case *protocol.RequestBodyChunk:
+		return appendBodyChunk(dst, (*protocol.BodyChunk)(m))
+	case *protocol.ResponseBodyChunk:
+		return appendBodyChunk(dst, (*protocol.BodyChunk)(m))
 	case *protocol.ResponseHeaders:
 		return appendResponseHeaders(dst, m)
 	case *protocol.Decision:
@@ -542,14 +520,16 @@ func (w *wireMsg) append(dst []byte) []byte {
 		return appendBodyMutation(dst, m, m.Phase)
 	case *protocol.Ping:
 		return appendPing(dst, m)
+	case *protocol.Pong:
+		return appendPing(dst, (*protocol.Ping)(m))
 	}
 	return appendBytesField(dst, fReason, w.text) // cancel, cancel all
 }
 
-// AppendMessage appends the AgentMessage carrying msg (a pointer to the
-// protocol message of type t) in protobuf wire format.
-func AppendMessage(dst []byte, t protocol.MsgType, msg any) ([]byte, error) {
-	w, err := resolve(t, msg)
+// AppendMessage appends the AgentMessage carrying msg in protobuf wire
+// format; the payload field follows from msg's type.
+func AppendMessage(dst []byte, msg protocol.Message) ([]byte, error) {
+	w, err := resolve(msg)
 	if err != nil {
 		return dst, err
 	}
@@ -664,7 +644,7 @@ func (f *Frame) parse(b []byte) {
 	}
 }
 
-// field iterates the fields of one message body.
+// field is one field of a message body.
 type field struct {
 	num protowire.Number
 	typ protowire.Type
@@ -672,7 +652,7 @@ type field struct {
 	b   []byte // bytes value
 }
 
-// next reads one field off *b; ok is false at the end, err on garbage.
+// nextField reads one field off *b; ok is false at the end, err on garbage.
 func nextField(b *[]byte, f *field) (ok bool, err error) {
 	if len(*b) == 0 {
 		return false, nil
@@ -700,6 +680,31 @@ func nextField(b *[]byte, f *field) (ok bool, err error) {
 	return true, nil
 }
 
+// fieldReader walks the fields of one message body:
+//
+//	f := fields(b)
+//	for f.next() {
+//		// f.num, f.typ, f.u, f.b
+//	}
+//	return f.err // garbage in b, or nil at its end
+type fieldReader struct {
+	field
+	rest []byte
+	err  error
+}
+
+func fields(b []byte) fieldReader { return fieldReader{rest: b} }
+
+// next reads the next field; false at the end or on garbage (f.err).
+func (f *fieldReader) next() bool {
+	ok, err := nextField(&f.rest, &f.field)
+	f.err = err
+	return ok
+}
+
+// emptyData is a present, empty bytes field.
+var emptyData = []byte{}
+
 // bytesOf keeps a non-nil empty slice for present-but-empty bytes, as
 // generated code does.
 func bytesOf(b []byte) []byte {
@@ -709,33 +714,32 @@ func bytesOf(b []byte) []byte {
 	return b
 }
 
-func decodeHeader(b []byte) (protocol.Header, error) {
-	var h protocol.Header
-	var f field
-	for {
-		ok, err := nextField(&b, &f)
-		if !ok {
-			return h, err
-		}
-		if f.typ != protowire.BytesType {
-			continue
-		}
-		switch f.num {
-		case fHeaderName:
+func decodeHeader(b []byte) (h protocol.Header, err error) {
+	f := fields(b)
+	for f.next() {
+		switch {
+		case f.typ != protowire.BytesType:
+		case f.num == fHeaderName:
 			h.Name = f.b
-		case fHeaderValue:
+		case f.num == fHeaderValue:
 			h.Value = f.b
 		}
 	}
+	return h, f.err
+}
+
+// decodeHeaders appends the header in b to h.
+func decodeHeaders(h protocol.Headers, b []byte) (protocol.Headers, error) {
+	hdr, err := decodeHeader(b)
+	if err != nil {
+		return h, err
+	}
+	return append(h, hdr), nil
 }
 
 func decodeMetadata(b []byte, md *protocol.Metadata) error {
-	var f field
-	for {
-		ok, err := nextField(&b, &f)
-		if !ok {
-			return err
-		}
+	f := fields(b)
+	for f.next() {
 		if f.num == 3 {
 			if f.typ == protowire.VarintType {
 				md.ClientPort = int(uint32(f.u))
@@ -764,6 +768,7 @@ func decodeMetadata(b []byte, md *protocol.Metadata) error {
 			md.Timestamp = f.b
 		}
 	}
+	return f.err
 }
 
 // DecodeRequestHeaders decodes a PayloadRequestHeaders frame into m
@@ -771,13 +776,9 @@ func decodeMetadata(b []byte, md *protocol.Metadata) error {
 func (f *Frame) DecodeRequestHeaders(m *protocol.RequestHeaders) error {
 	m.Reset()
 	m.RequestID = f.RequestID
-	b := f.body
-	var fl field
-	for {
-		ok, err := nextField(&b, &fl)
-		if !ok {
-			return err
-		}
+	fl := fields(f.body)
+	for fl.next() {
+		var err error
 		switch {
 		case fl.num == fReqHasBody && fl.typ == protowire.VarintType:
 			m.HasBody = fl.u != 0
@@ -787,17 +788,15 @@ func (f *Frame) DecodeRequestHeaders(m *protocol.RequestHeaders) error {
 		case fl.num == fReqURI:
 			m.URI = fl.b
 		case fl.num == fReqHeaders:
-			h, err := decodeHeader(fl.b)
-			if err != nil {
-				return err
-			}
-			m.Headers = append(m.Headers, h)
+			m.Headers, err = decodeHeaders(m.Headers, fl.b)
 		case fl.num == fReqMetadata:
-			if err := decodeMetadata(fl.b, &m.Metadata); err != nil {
-				return err
-			}
+			err = decodeMetadata(fl.b, &m.Metadata)
+		}
+		if err != nil {
+			return err
 		}
 	}
+	return fl.err
 }
 
 // DecodeBodyChunk decodes a request or response body chunk frame into m
@@ -805,13 +804,8 @@ func (f *Frame) DecodeRequestHeaders(m *protocol.RequestHeaders) error {
 func (f *Frame) DecodeBodyChunk(m *protocol.BodyChunk) error {
 	m.Reset()
 	m.RequestID = f.RequestID
-	b := f.body
-	var fl field
-	for {
-		ok, err := nextField(&b, &fl)
-		if !ok {
-			return err
-		}
+	fl := fields(f.body)
+	for fl.next() {
 		switch {
 		case fl.num == fChunkData && fl.typ == protowire.BytesType:
 			m.Data = fl.b
@@ -826,6 +820,7 @@ func (f *Frame) DecodeBodyChunk(m *protocol.BodyChunk) error {
 			m.Progress = max(int64(fl.u), -1)
 		}
 	}
+	return fl.err
 }
 
 // DecodeResponseHeaders decodes a PayloadResponseHeaders frame into m
@@ -833,40 +828,31 @@ func (f *Frame) DecodeBodyChunk(m *protocol.BodyChunk) error {
 func (f *Frame) DecodeResponseHeaders(m *protocol.ResponseHeaders) error {
 	m.Reset()
 	m.RequestID = f.RequestID
-	b := f.body
-	var fl field
-	for {
-		ok, err := nextField(&b, &fl)
-		if !ok {
-			return err
-		}
+	fl := fields(f.body)
+	for fl.next() {
 		switch {
 		case fl.num == fRespStatus && fl.typ == protowire.VarintType:
 			m.StatusCode = int(uint32(fl.u))
 		case fl.num == fRespHasBody && fl.typ == protowire.VarintType:
 			m.HasBody = fl.u != 0
 		case fl.num == fRespHeaders && fl.typ == protowire.BytesType:
-			h, err := decodeHeader(fl.b)
-			if err != nil {
+			var err error
+			if m.Headers, err = decodeHeaders(m.Headers, fl.b); err != nil {
 				return err
 			}
-			m.Headers = append(m.Headers, h)
 		}
 	}
+	return fl.err
 }
 
+// decodeHeaderOp decodes one HeaderOp. OPERATION_UNSPECIFIED (or no
+// operation) reads as protocol.HeaderOpUnset; an operation number the enum
+// does not have is an error.
 func decodeHeaderOp(b []byte) (protocol.HeaderOp, error) {
 	var op protocol.HeaderOp
 	var code uint64
-	var f field
-	for {
-		ok, err := nextField(&b, &f)
-		if err != nil {
-			return op, err
-		}
-		if !ok {
-			break
-		}
+	f := fields(b)
+	for f.next() {
 		switch {
 		case f.num == fOpOperation && f.typ == protowire.VarintType:
 			code = uint64(int32(f.u)) // enums are int32 on the wire
@@ -877,35 +863,30 @@ func decodeHeaderOp(b []byte) (protocol.HeaderOp, error) {
 			op.Value = f.b
 		}
 	}
+	if f.err != nil {
+		return op, f.err
+	}
 	switch code {
+	case 0:
+		op.Op = protocol.HeaderOpUnset
 	case opSet:
 		op.Op = protocol.HeaderSet
 	case opAdd:
 		op.Op = protocol.HeaderAdd
 	case opRemove:
-		op.Op, op.Value = protocol.HeaderRemove, nil
+		op.Op = protocol.HeaderRemove
 	default:
 		return op, fmt.Errorf("%w: header operation %d", protocol.ErrProtocolField, int32(code))
-	}
-	if len(op.Name) == 0 {
-		return op, fmt.Errorf("%w: header operation without a name", protocol.ErrProtocolField)
 	}
 	return op, nil
 }
 
 func decodeBodyMutation(b []byte, m *protocol.BodyMutation) error {
-	var f field
 	var data []byte
 	var phase uint64
 	present := false
-	for {
-		ok, err := nextField(&b, &f)
-		if err != nil {
-			return err
-		}
-		if !ok {
-			break
-		}
+	f := fields(b)
+	for f.next() {
 		switch {
 		case f.num == fMutData && f.typ == protowire.BytesType:
 			data, present = f.b, true
@@ -915,6 +896,9 @@ func decodeBodyMutation(b []byte, m *protocol.BodyMutation) error {
 		case f.num == fMutChunkIndex:
 			m.ChunkIndex = uint32(f.u)
 		}
+	}
+	if f.err != nil {
+		return f.err
 	}
 	switch phase {
 	case 0:
@@ -943,12 +927,8 @@ func (f *Frame) DecodeBodyMutation(m *protocol.BodyMutation) error {
 }
 
 func decodeAudit(b []byte, a *protocol.Audit) error {
-	var f field
-	for {
-		ok, err := nextField(&b, &f)
-		if !ok {
-			return err
-		}
+	f := fields(b)
+	for f.next() {
 		switch {
 		case f.num == fAuditConfidence && f.typ == protowire.Fixed64Type:
 			a.Confidence, a.HasConf = math.Float64frombits(f.u), true
@@ -963,65 +943,57 @@ func decodeAudit(b []byte, a *protocol.Audit) error {
 			a.Custom = f.b
 		}
 	}
+	return f.err
 }
 
+// decodeBlock reads the fields of a Block into m; a status is kept as
+// sent, 0 (unset) included.
 func decodeBlock(b []byte, m *protocol.Decision) error {
-	var f field
-	for {
-		ok, err := nextField(&b, &f)
-		if !ok {
-			return err
-		}
+	f := fields(b)
+	for f.next() {
 		switch {
 		case f.num == fBlockStatus && f.typ == protowire.VarintType:
-			if s := uint32(f.u); s != 0 {
-				m.Status = int(s)
-			}
+			m.Status = int(uint32(f.u))
 		case f.num == fBlockBody && f.typ == protowire.BytesType:
 			m.Body = f.b
 		case f.num == fBlockHeaders && f.typ == protowire.BytesType:
-			h, err := decodeHeader(f.b)
-			if err != nil {
+			var err error
+			if m.BlockHeaders, err = decodeHeaders(m.BlockHeaders, f.b); err != nil {
 				return err
 			}
-			m.BlockHeaders = append(m.BlockHeaders, h)
 		}
 	}
+	return f.err
 }
 
+// decodeRedirect reads the fields of a Redirect into m; a status is kept
+// as sent, 0 (unset) included.
 func decodeRedirect(b []byte, m *protocol.Decision) error {
-	var f field
-	for {
-		ok, err := nextField(&b, &f)
-		if !ok {
-			return err
-		}
+	f := fields(b)
+	for f.next() {
 		switch {
 		case f.num == fRedirectStatus && f.typ == protowire.VarintType:
-			if s := uint32(f.u); s != 0 {
-				m.Status = int(s)
-			}
+			m.Status = int(uint32(f.u))
 		case f.num == fRedirectURL && f.typ == protowire.BytesType:
 			m.RedirectURL = f.b
 		}
 	}
+	return f.err
 }
 
-// DecodeDecision decodes a PayloadDecision frame into m (reset first),
-// with the same rules as DecisionFromPB; m.RequestID is set even on error.
+// DecodeDecision decodes a PayloadDecision frame into m (reset first);
+// m.RequestID is set even on error. Like the JSON decoder it is syntactic:
+// no verdict leaves Kind protocol.DecisionUnset, a status absent or 0
+// stays 0, NeedsMore is the needs_more field as sent and an embedded
+// mutation keeps what it carries; protocol.Decision.Normalize applies the
+// schema to that.
 func (f *Frame) DecodeDecision(m *protocol.Decision) error {
 	m.Reset()
 	m.RequestID = f.RequestID
-	b := f.body
-	var fl field
-	verdict := false
+	m.Kind = protocol.DecisionUnset
 	var last protowire.Number // the oneof member seen last
-	var err error
-	for {
-		var ok bool
-		if ok, err = nextField(&b, &fl); !ok {
-			break
-		}
+	fl := fields(f.body)
+	for fl.next() {
 		if fl.typ == protowire.VarintType {
 			if fl.num == fDecNeedsMore {
 				m.NeedsMore = fl.u != 0
@@ -1031,30 +1003,24 @@ func (f *Frame) DecodeDecision(m *protocol.Decision) error {
 		if fl.typ != protowire.BytesType {
 			continue
 		}
-		merge := false
-		if fl.num >= fDecAllow && fl.num <= fDecNeedsMoreVerdict {
+		if fl.num >= fDecAllow && fl.num <= fDecNeedsMoreVerdict && fl.num != last {
 			// As in a protobuf oneof: another member replaces the verdict,
 			// the same member again merges into it.
-			if merge = fl.num == last; !merge {
-				m.Body, m.BlockHeaders, m.RedirectURL, verdict = nil, m.BlockHeaders[:0], nil, true
-			}
+			m.Status, m.Body, m.BlockHeaders, m.RedirectURL = 0, nil, m.BlockHeaders[:0], nil
 			last = fl.num
 		}
+		var err error
 		switch fl.num {
 		case fDecAllow:
-			m.Kind, m.Status = protocol.DecisionAllow, 0
+			m.Kind = protocol.DecisionAllow
 		case fDecBlock:
-			if !merge {
-				m.Kind, m.Status = protocol.DecisionBlock, 403
-			}
+			m.Kind = protocol.DecisionBlock
 			err = decodeBlock(fl.b, m)
 		case fDecRedirect:
-			if !merge {
-				m.Kind, m.Status = protocol.DecisionRedirect, 302
-			}
+			m.Kind = protocol.DecisionRedirect
 			err = decodeRedirect(fl.b, m)
 		case fDecNeedsMoreVerdict:
-			m.Kind, m.Status = protocol.DecisionNeedsMore, 0
+			m.Kind = protocol.DecisionNeedsMore
 		case fDecRequestOps, fDecResponseOps:
 			var op protocol.HeaderOp
 			if op, err = decodeHeaderOp(fl.b); err == nil {
@@ -1066,51 +1032,31 @@ func (f *Frame) DecodeDecision(m *protocol.Decision) error {
 			}
 		case fDecRequestMutation:
 			m.HasRequestBodyMutation = true
-			m.RequestBodyMutation.RequestID = f.RequestID
 			err = decodeBodyMutation(fl.b, &m.RequestBodyMutation)
-			m.RequestBodyMutation.Phase = protocol.PhaseRequest
 		case fDecResponseMutation:
 			m.HasResponseBodyMutation = true
-			m.ResponseBodyMutation.RequestID = f.RequestID
 			err = decodeBodyMutation(fl.b, &m.ResponseBodyMutation)
-			m.ResponseBodyMutation.Phase = protocol.PhaseResponse
 		case fDecAudit:
 			err = decodeAudit(fl.b, &m.Audit)
 		}
 		if err != nil {
-			break
+			return err
 		}
 	}
-	if err != nil {
-		return err
-	}
-	if !verdict {
-		return fmt.Errorf("%w: no verdict", protocol.ErrProtocolDecision)
-	}
-	if m.Kind == protocol.DecisionNeedsMore {
-		m.NeedsMore = true
-	}
-	if m.Kind == protocol.DecisionRedirect && len(m.RedirectURL) == 0 {
-		return fmt.Errorf("%w: redirect without url", protocol.ErrProtocolDecision)
-	}
-	return nil
+	return fl.err
 }
 
 // decodeText reads field 1 (a proto3 string) of a cancel or agent error.
 func decodeText(b []byte) ([]byte, error) {
-	var f field
 	var text []byte
-	for {
-		ok, err := nextField(&b, &f)
-		if err != nil {
-			return nil, err
-		}
-		if !ok {
-			break
-		}
+	f := fields(b)
+	for f.next() {
 		if f.num == fReason && f.typ == protowire.BytesType {
 			text = f.b
 		}
+	}
+	if f.err != nil {
+		return nil, f.err
 	}
 	if !utf8.Valid(text) {
 		return nil, malformed("string field is not valid UTF-8")
@@ -1141,21 +1087,15 @@ func (f *Frame) AgentError() (string, error) {
 // DecodePing decodes a PayloadPing or PayloadPong frame.
 func (f *Frame) DecodePing(m *protocol.Ping) error {
 	*m = protocol.Ping{}
-	b := f.body
-	var fl field
-	for {
-		ok, err := nextField(&b, &fl)
-		if !ok {
-			return err
-		}
-		if fl.typ != protowire.VarintType {
-			continue
-		}
-		switch fl.num {
-		case fPingSequence:
+	fl := fields(f.body)
+	for fl.next() {
+		switch {
+		case fl.typ != protowire.VarintType:
+		case fl.num == fPingSequence:
 			m.Sequence = fl.u
-		case fPingTimestamp:
+		case fl.num == fPingTimestamp:
 			m.TimestampMs = int64(fl.u)
 		}
 	}
+	return fl.err
 }

@@ -79,11 +79,11 @@ func checkWire(t *testing.T, name string, mt protocol.MsgType, msg any) {
 	t.Helper()
 	want := toPB(mt, msg)
 	// Hand encoder → generated decoder.
-	wire, err := AppendMessage(nil, mt, msg)
+	wire, err := AppendMessage(nil, asMessage(mt, msg))
 	if err != nil {
 		t.Fatalf("%s: encode: %v", name, err)
 	}
-	w, _ := resolve(mt, msg)
+	w, _ := resolve(asMessage(mt, msg))
 	if w.size() != len(wire) {
 		t.Fatalf("%s: size %d, encoded %d bytes", name, w.size(), len(wire))
 	}
@@ -248,10 +248,11 @@ func TestWireRandom(t *testing.T) {
 }
 
 // FuzzFrame: arbitrary bytes never panic the hand decoder, and whatever
-// the generated decoder and conversions accept, it decodes the same way.
+// the generated decoder and conversions accept, it decodes the same way,
+// before and after protocol.Decision.Normalize.
 func FuzzFrame(f *testing.F) {
 	for _, c := range protocolMessages() {
-		wire, _ := AppendMessage(nil, c.t, c.msg)
+		wire, _ := AppendMessage(nil, asMessage(c.t, c.msg))
 		f.Add(wire)
 	}
 	f.Add([]byte{0x08, 42, 0x32, 100, 1, 2})
@@ -281,6 +282,17 @@ func FuzzFrame(f *testing.F) {
 		if werr == nil && canon(got) != canon(want) {
 			t.Fatalf("hand %s\ngenerated %s", canon(got), canon(want))
 		}
+		// What decodes also survives Normalize, alike both ways.
+		if gd, ok := got.(*protocol.Decision); ok && gerr == nil {
+			wd := want.(*protocol.Decision)
+			gn, wn := gd.Normalize(), wd.Normalize()
+			if (gn == nil) != (wn == nil) || canon(gd) != canon(wd) {
+				t.Fatalf("normalized: hand %v %s\ngenerated %v %s", gn, canon(gd), wn, canon(wd))
+			}
+			if gn != nil && !errors.Is(gn, protocol.ErrProtocolDecision) && !errors.Is(gn, protocol.ErrProtocolField) {
+				t.Fatalf("Normalize error %v wraps no sentinel", gn)
+			}
+		}
 	})
 }
 
@@ -306,32 +318,32 @@ func duplicateFields(b []byte) bool {
 func TestEncodeErrors(t *testing.T) {
 	var o Outgoing
 	big := &protocol.BodyChunk{RequestID: 1, Data: make([]byte, MaxMessageSize), TotalSize: -1, Progress: -1}
-	err := o.Encode(protocol.TypeRequestBodyChunk, big, 0)
+	err := o.Encode(big.As(protocol.PhaseRequest), 0)
 	if !errors.Is(err, ErrGRPCMessageTooLarge) || !strings.Contains(err.Error(), "10485760") {
 		t.Fatalf("oversized: %v", err)
 	}
-	if err := o.Encode(protocol.TypeRequestBodyChunk, big, 1024); !errors.Is(err, ErrGRPCMessageTooLarge) {
+	if err := o.Encode(big.As(protocol.PhaseRequest), 1024); !errors.Is(err, ErrGRPCMessageTooLarge) {
 		t.Fatalf("over a lower limit: %v", err)
 	}
-	if err := o.Encode(protocol.TypeDecision, &protocol.BodyChunk{}, 0); !errors.Is(err, ErrGRPCMessageType) {
-		t.Fatalf("wrong Go type: %v", err)
+	if err := o.Encode(nil, 0); !errors.Is(err, ErrGRPCMessageType) {
+		t.Fatalf("no message: %v", err)
 	}
-	if err := o.Encode(protocol.TypeHandshakeRequest, &protocol.HandshakeRequest{}, 0); !errors.Is(err, ErrGRPCMessageType) {
+	if err := o.Encode(&protocol.HandshakeRequest{}, 0); !errors.Is(err, ErrGRPCMessageType) {
 		t.Fatalf("handshake on the stream: %v", err)
 	}
-	if err := o.Encode(protocol.TypeCancelRequest, &protocol.CancelRequest{RequestID: 1, Reason: b("\xff")}, 0); !errors.Is(err, ErrGRPCMessageType) {
+	if err := o.Encode(&protocol.CancelRequest{RequestID: 1, Reason: b("\xff")}, 0); !errors.Is(err, ErrGRPCMessageType) {
 		t.Fatalf("invalid UTF-8 in a string field: %v", err)
 	}
 	if o.Len() != 0 {
 		t.Fatal("a failed Encode left a message behind")
 	}
-	if err := o.Encode(protocol.TypeCancelRequest, &protocol.CancelRequest{RequestID: 1, Reason: b("timeout")}, 0); err != nil || o.Len() == 0 {
+	if err := o.Encode(&protocol.CancelRequest{RequestID: 1, Reason: b("timeout")}, 0); err != nil || o.Len() == 0 {
 		t.Fatal(err)
 	}
 	o.Free()
 	// A large message goes through gRPC's buffer pool and decodes.
 	chunk := &protocol.BodyChunk{RequestID: 9, Data: bytes.Repeat([]byte("z"), 64<<10), TotalSize: -1, Progress: -1}
-	if err := o.Encode(protocol.TypeRequestBodyChunk, chunk, 0); err != nil {
+	if err := o.Encode(chunk.As(protocol.PhaseRequest), 0); err != nil {
 		t.Fatal(err)
 	}
 	got, err := decodeFrame(protocol.TypeRequestBodyChunk, o.buf.ReadOnlyData())
@@ -418,8 +430,9 @@ func TestAllocsWire(t *testing.T) {
 	}
 	for _, c := range protocolMessages() {
 		var o Outgoing
+		msg := asMessage(c.t, c.msg)
 		allocs := testing.AllocsPerRun(100, func() {
-			if err := o.Encode(c.t, c.msg, 0); err != nil {
+			if err := o.Encode(msg, 0); err != nil {
 				t.Fatal(err)
 			}
 			o.Free()
@@ -428,7 +441,7 @@ func TestAllocsWire(t *testing.T) {
 		if allocs > 2 {
 			t.Errorf("encode %s: %.1f allocs, want <= 2", c.name, allocs)
 		}
-		wire, _ := AppendMessage(nil, c.t, c.msg)
+		wire, _ := AppendMessage(nil, msg)
 		var f Frame
 		var rh protocol.RequestHeaders
 		var ch protocol.BodyChunk
@@ -465,7 +478,7 @@ var updateGolden = flag.Bool("update", false, "rewrite the golden wire files in 
 func TestWireGolden(t *testing.T) {
 	dir := filepath.Join("..", "..", "testdata", "grpcagent", "wire")
 	for _, c := range protocolMessages() {
-		wire, err := AppendMessage(nil, c.t, c.msg)
+		wire, err := AppendMessage(nil, asMessage(c.t, c.msg))
 		if err != nil {
 			t.Fatal(err)
 		}

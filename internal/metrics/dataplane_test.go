@@ -18,6 +18,7 @@ import (
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/internal/config"
 	"github.com/zentinelproxy/sidecar/internal/dataplane"
+	"github.com/zentinelproxy/sidecar/internal/transports"
 	"github.com/zentinelproxy/sidecar/internal/udsclient"
 	"github.com/zentinelproxy/sidecar/protocol"
 	"github.com/zentinelproxy/sidecar/sdk"
@@ -103,7 +104,7 @@ func TestDataplaneMix(t *testing.T) {
 	}
 	agents := map[string]agentmux.Agent{}
 	for i := range cfg.Agents {
-		c := dataplane.UDSConfig(&cfg.Agents[i], zerolog.Nop())
+		c := transports.UDSConfig(&cfg.Agents[i], zerolog.Nop())
 		c.BackoffMin, c.BackoffMax = 10*time.Millisecond, 100*time.Millisecond
 		a, err := udsclient.NewClient(c)
 		if err != nil {

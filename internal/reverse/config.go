@@ -59,6 +59,9 @@ type Config struct {
 	MessageTimeout time.Duration
 	// WriteTimeout bounds each batched write to an agent (default 5s).
 	WriteTimeout time.Duration
+	// MaxPendingBytes caps the bytes queued or being written per agent
+	// connection (0: 4 MiB); see udsclient.LinkConfig.MaxPendingBytes.
+	MaxPendingBytes int
 	// PingInterval is how long a connection may be idle before the proxy
 	// pings the agent (default 5s); PingTimeout closes a connection whose
 	// agent sent nothing for that long (default 15s). Together they find a

@@ -149,13 +149,13 @@ func waitFor(t testing.TB, what string, cond func() bool) {
 
 // call runs one RequestHeaders exchange and returns the x-agent that answered.
 func call(ctx context.Context, a agentmux.Agent) (string, error) {
-	ex, err := a.Begin(ctx)
+	ex, err := a.Begin(agentmux.WaitFor(ctx))
 	if err != nil {
 		return "", err
 	}
 	defer ex.Finish()
 	m := protocol.RequestHeaders{Method: []byte("GET"), URI: []byte("/")}
-	r, err := ex.RequestHeaders(ctx, &m)
+	r, err := ex.RequestHeaders(agentmux.WaitFor(ctx), &m)
 	if err != nil {
 		return "", err
 	}
@@ -185,9 +185,19 @@ func dialRaw(t testing.TB, network, addr string) *rawConn {
 	return &rawConn{t: t, nc: nc, fr: uds.NewFrameReader(nc)}
 }
 
-func (c *rawConn) send(typ protocol.MsgType, msg any) {
+// send writes msg's payload in a frame of type typ, which may differ from
+// msg's own (a registration in a handshake frame).
+func (c *rawConn) send(typ protocol.MsgType, msg protocol.Message) {
 	c.t.Helper()
-	if err := uds.WriteFrame(c.nc, typ, msg); err != nil {
+	payload, err := msg.AppendJSON(nil)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	b, err := uds.AppendRawFrame(nil, typ, payload)
+	if err == nil {
+		_, err = c.nc.Write(b)
+	}
+	if err != nil {
 		c.t.Fatal(err)
 	}
 }

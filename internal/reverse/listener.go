@@ -565,13 +565,14 @@ func (l *Listener) serveRegistered(nc net.Conn, reg *registration) {
 		pingInterval = 0
 	}
 	link := udsclient.NewLink(nc, udsclient.LinkConfig{
-		Name:         a.cfg.Name,
-		WriteTimeout: l.cfg.WriteTimeout,
-		PingInterval: pingInterval,
-		PingTimeout:  l.cfg.PingTimeout,
-		FrameTimeout: a.cfg.FrameTimeout,
-		Reader:       reg.fr,
-		Logger:       log,
+		Name:            a.cfg.Name,
+		WriteTimeout:    l.cfg.WriteTimeout,
+		MaxPendingBytes: l.cfg.MaxPendingBytes,
+		PingInterval:    pingInterval,
+		PingTimeout:     l.cfg.PingTimeout,
+		FrameTimeout:    a.cfg.FrameTimeout,
+		Reader:          reg.fr,
+		Logger:          log,
 	})
 	sc := agentmux.SessionConfig{
 		Name:           a.cfg.Name,
@@ -712,10 +713,10 @@ func (l *Listener) register(nc net.Conn, peer string) *registration {
 	}
 	connID := newConnID()
 	_ = nc.SetWriteDeadline(time.Now().Add(l.cfg.WriteTimeout))
-	resp := protocol.RegistrationResponse{Accepted: true, AssignedID: connID}
+	resp := answer{t: respType, RegistrationResponse: protocol.RegistrationResponse{Accepted: true, AssignedID: connID}}
 	reg := &registration{a: a, id: req.AgentID, connID: connID, caps: req.Capabilities, fr: fr}
 	l.c.accepted.Add(1)
-	if err := uds.WriteFrame(nc, respType, &resp); err != nil {
+	if err := uds.WriteFrame(nc, &resp); err != nil {
 		log.Warn().Err(err).Msg("reverse registration: answer failed")
 		l.release(reg)
 		_ = nc.Close()
@@ -795,12 +796,23 @@ func (l *Listener) judge(req *protocol.RegistrationRequest) (*agent, string) {
 	return a, ""
 }
 
+// answer is a RegistrationResponse sent in the frame type that answers the
+// registration's: a registration that came in a handshake frame
+// (compatibility) is answered in a handshake-response frame.
+type answer struct {
+	t protocol.MsgType
+	protocol.RegistrationResponse
+}
+
+// MsgType implements protocol.Message (AppendJSON is the response's).
+func (a *answer) MsgType() protocol.MsgType { return a.t }
+
 // refuse answers with reason and closes the connection after a short
 // drain, so that the peer reads the answer rather than a reset.
 func (l *Listener) refuse(nc net.Conn, t protocol.MsgType, reason string) {
 	_ = nc.SetWriteDeadline(time.Now().Add(l.cfg.WriteTimeout))
-	resp := protocol.RegistrationResponse{Accepted: false, Error: reason}
-	if err := uds.WriteFrame(nc, t, &resp); err != nil {
+	resp := answer{t: t, RegistrationResponse: protocol.RegistrationResponse{Accepted: false, Error: reason}}
+	if err := uds.WriteFrame(nc, &resp); err != nil {
 		_ = nc.Close()
 		return
 	}

@@ -58,7 +58,7 @@ func TestValidTokenNotHeldBehindFlood(t *testing.T) {
 			return
 		}
 		defer nc.Close()
-		if err := uds.WriteFrame(nc, protocol.TypeRegistrationRequest, regReq("waf-1", fmt.Sprintf("guess-%d", i))); err != nil {
+		if err := uds.WriteFrame(nc, regReq("waf-1", fmt.Sprintf("guess-%d", i))); err != nil {
 			t.Errorf("flood write: %v", err)
 			return
 		}

@@ -98,14 +98,14 @@ func TestAgentProcessKilled(t *testing.T) {
 	const n = 4
 	results := make(chan error, n)
 	for i := 0; i < n; i++ {
-		ex, err := a.Begin(ctx)
+		ex, err := a.Begin(agentmux.WaitFor(ctx))
 		if err != nil {
 			t.Fatal(err)
 		}
 		go func() {
 			defer ex.Finish()
 			m := protocol.RequestHeaders{Method: []byte("GET"), URI: []byte("/")}
-			_, err := ex.RequestHeaders(ctx, &m)
+			_, err := ex.RequestHeaders(agentmux.WaitFor(ctx), &m)
 			results <- err
 		}()
 	}

@@ -168,7 +168,7 @@ func TestUnavailableUntilRegistered(t *testing.T) {
 		t.Fatal("Agent of an unconfigured name is not nil")
 	}
 	a := l.Agent("waf")
-	if _, err := a.Begin(context.Background()); !errors.Is(err, agentmux.ErrAgentUnavailable) {
+	if _, err := a.Begin(agentmux.Wait{}); !errors.Is(err, agentmux.ErrAgentUnavailable) {
 		t.Fatalf("Begin without agents: %v, want ErrAgentUnavailable", err)
 	}
 	h := newHandler("waf-1")
@@ -234,7 +234,7 @@ func TestLeastInFlight(t *testing.T) {
 	results := make(chan string, n)
 	var wg sync.WaitGroup
 	for i := 0; i < n; i++ {
-		ex, err := a.Begin(ctx) // sequential Begin: each sees the loads left by the last
+		ex, err := a.Begin(agentmux.WaitFor(ctx)) // sequential Begin: each sees the loads left by the last
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -243,7 +243,7 @@ func TestLeastInFlight(t *testing.T) {
 			defer wg.Done()
 			defer ex.Finish()
 			m := protocol.RequestHeaders{Method: []byte("GET"), URI: []byte("/")}
-			r, err := ex.RequestHeaders(ctx, &m)
+			r, err := ex.RequestHeaders(agentmux.WaitFor(ctx), &m)
 			if err != nil {
 				results <- "error: " + err.Error()
 				return
@@ -298,14 +298,14 @@ func TestAgentKilledMidFlight(t *testing.T) {
 	}
 	results := make(chan result, n)
 	for i := 0; i < n; i++ {
-		ex, err := a.Begin(ctx)
+		ex, err := a.Begin(agentmux.WaitFor(ctx))
 		if err != nil {
 			t.Fatal(err)
 		}
 		go func() {
 			defer ex.Finish()
 			m := protocol.RequestHeaders{Method: []byte("GET"), URI: []byte("/")}
-			r, err := ex.RequestHeaders(ctx, &m)
+			r, err := ex.RequestHeaders(agentmux.WaitFor(ctx), &m)
 			if err != nil {
 				results <- result{err: err}
 				return
@@ -596,7 +596,7 @@ func TestShutdownDrain(t *testing.T) {
 		t.Fatalf("in flight at shutdown: %v", err)
 	}
 	waitFor(t, "agent handler canceled", func() bool { return h.canceled.Load() == 1 })
-	if _, err := a.Begin(context.Background()); !errors.Is(err, agentmux.ErrAgentUnavailable) {
+	if _, err := a.Begin(agentmux.Wait{}); !errors.Is(err, agentmux.ErrAgentUnavailable) {
 		t.Fatalf("Begin after Close: %v", err)
 	}
 	if _, err := os.Stat(cfg.UnixPath); !os.IsNotExist(err) {
@@ -657,7 +657,7 @@ func TestPingLiveness(t *testing.T) {
 		t.Error("no ping before the close")
 	}
 	waitFor(t, "dropped from the pool", func() bool { return a.Snapshot().Connections == 0 })
-	if _, err := a.Begin(context.Background()); !errors.Is(err, agentmux.ErrAgentUnavailable) {
+	if _, err := a.Begin(agentmux.Wait{}); !errors.Is(err, agentmux.ErrAgentUnavailable) {
 		t.Fatalf("Begin: %v", err)
 	}
 	// An SDK agent answers the pings and stays.

@@ -14,6 +14,7 @@ import (
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/internal/handshake"
 	"github.com/zentinelproxy/sidecar/internal/redial"
+	"github.com/zentinelproxy/sidecar/internal/udswriter"
 	"github.com/zentinelproxy/sidecar/protocol"
 	"github.com/zentinelproxy/sidecar/uds"
 )
@@ -52,6 +53,9 @@ type Config struct {
 	MaxQueue    int
 	// WriteTimeout bounds each batched write.
 	WriteTimeout time.Duration
+	// MaxPendingBytes caps the bytes queued or being written per connection
+	// (0: udswriter.DefaultMaxPendingBytes, 4 MiB); see LinkConfig.MaxPendingBytes.
+	MaxPendingBytes int
 	// PingInterval and PingTimeout: liveness of idle connections.
 	PingInterval time.Duration
 	PingTimeout  time.Duration
@@ -81,6 +85,7 @@ func DefaultConfig(name, path string) Config {
 		MaxInFlight:      1024,
 		MaxQueue:         1024,
 		WriteTimeout:     5 * time.Second,
+		MaxPendingBytes:  udswriter.DefaultMaxPendingBytes,
 		PingInterval:     5 * time.Second,
 		PingTimeout:      15 * time.Second,
 		FrameTimeout:     uds.DefaultFrameTimeout,
@@ -113,6 +118,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: agent %q: ping_timeout shorter than ping_interval", ErrUDSConfig, c.Name)
 	case c.FrameTimeout < 0:
 		return fmt.Errorf("%w: agent %q: frame timeout must not be negative", ErrUDSConfig, c.Name)
+	case c.MaxPendingBytes < 0:
+		return fmt.Errorf("%w: agent %q: max pending bytes must not be negative", ErrUDSConfig, c.Name)
 	}
 	return nil
 }
@@ -196,13 +203,14 @@ func Dial(ctx context.Context, cfg Config) (*Link, protocol.Capabilities, error)
 		return nil, protocol.Capabilities{}, err
 	}
 	link := NewLink(nc, LinkConfig{
-		Name:         cfg.Name,
-		WriteTimeout: cfg.WriteTimeout,
-		PingInterval: cfg.PingInterval,
-		PingTimeout:  cfg.PingTimeout,
-		FrameTimeout: cmp.Or(cfg.FrameTimeout, uds.DefaultFrameTimeout),
-		Reader:       fr,
-		Logger:       cfg.Logger,
+		Name:            cfg.Name,
+		WriteTimeout:    cfg.WriteTimeout,
+		MaxPendingBytes: cfg.MaxPendingBytes,
+		PingInterval:    cfg.PingInterval,
+		PingTimeout:     cfg.PingTimeout,
+		FrameTimeout:    cmp.Or(cfg.FrameTimeout, uds.DefaultFrameTimeout),
+		Reader:          fr,
+		Logger:          cfg.Logger,
 	})
 	return link, caps, nil
 }
@@ -213,7 +221,7 @@ func ClientHandshake(nc net.Conn, clientName string, timeout time.Duration) (*ud
 	_ = nc.SetDeadline(time.Now().Add(timeout))
 	defer func() { _ = nc.SetDeadline(time.Time{}) }()
 	req := handshake.NewRequest(clientName)
-	if err := uds.WriteFrame(nc, protocol.TypeHandshakeRequest, &req); err != nil {
+	if err := uds.WriteFrame(nc, &req); err != nil {
 		return nil, protocol.Capabilities{}, fmt.Errorf("%w: send: %v", ErrUDSHandshake, err)
 	}
 	fr := uds.NewFrameReader(nc)

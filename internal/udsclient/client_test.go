@@ -135,12 +135,12 @@ func headers(kv ...string) *protocol.RequestHeaders {
 }
 
 func roundTrip(ctx context.Context, a agentmux.Agent, m *protocol.RequestHeaders) (protocol.Decision, error) {
-	ex, err := a.Begin(ctx)
+	ex, err := a.Begin(agentmux.WaitFor(ctx))
 	if err != nil {
 		return protocol.Decision{}, err
 	}
 	defer ex.Finish()
-	r, err := ex.RequestHeaders(ctx, m)
+	r, err := ex.RequestHeaders(agentmux.WaitFor(ctx), m)
 	if err != nil {
 		return protocol.Decision{}, err
 	}
@@ -257,7 +257,7 @@ func TestMessageTimeoutCancelsAndCountsLate(t *testing.T) {
 				id, _ := protocol.PeekRequestID(p)
 				go func() {
 					<-release
-					_ = uds.WriteFrame(nc, protocol.TypeDecision, &protocol.Decision{RequestID: id})
+					_ = uds.WriteFrame(nc, &protocol.Decision{RequestID: id})
 				}()
 			case protocol.TypeCancelRequest:
 				cancels.Add(1)
@@ -346,7 +346,7 @@ func TestMaxConcurrentRequestsAndQueue(t *testing.T) {
 	for h.active.Load() != 2 || c.Sessions()[0].Stats().Waiting != 1 {
 		time.Sleep(time.Millisecond)
 	}
-	if _, err := c.Begin(context.Background()); !errors.Is(err, agentmux.ErrAgentOverloaded) {
+	if _, err := c.Begin(agentmux.Wait{}); !errors.Is(err, agentmux.ErrAgentOverloaded) {
 		t.Fatalf("fourth request: err = %v, want ErrAgentOverloaded", err)
 	}
 	close(h.release)
@@ -407,7 +407,7 @@ func rawAgent(t testing.TB, path string, caps protocol.Capabilities, serve func(
 					return
 				}
 				resp := protocol.HandshakeResponse{ProtocolVersion: 2, AgentName: "raw", Accepted: true, Capabilities: caps}
-				if uds.WriteFrame(nc, protocol.TypeHandshakeResponse, &resp) != nil {
+				if uds.WriteFrame(nc, &resp) != nil {
 					return
 				}
 				serve(nc, fr)
@@ -459,7 +459,7 @@ func TestBadFramesFromAgentDropConnection(t *testing.T) {
 						}
 						continue
 					}
-					uds.WriteFrame(nc, protocol.TypeDecision, &protocol.Decision{RequestID: id})
+					uds.WriteFrame(nc, &protocol.Decision{RequestID: id})
 				}
 			})
 			c := newClient(t, path, func(cfg *udsclient.Config) { cfg.MessageTimeout = time.Minute })
@@ -504,7 +504,7 @@ func TestUndecodableReplyWithIDFailsOnlyThatRequest(t *testing.T) {
 				nc.Write(b)
 				continue
 			}
-			uds.WriteFrame(nc, protocol.TypeDecision, &protocol.Decision{RequestID: id})
+			uds.WriteFrame(nc, &protocol.Decision{RequestID: id})
 		}
 	})
 	c := newClient(t, path, nil)
@@ -532,8 +532,8 @@ func TestUnknownFrameTypesSkipped(t *testing.T) {
 			}
 			id, _ := protocol.PeekRequestID(p)
 			b, _ := uds.AppendRawFrame(nil, 0x77, []byte(`{"future":true}`))
-			b, _ = uds.AppendFrame(b, protocol.TypeDecision, &protocol.Decision{RequestID: id + 1000})
-			b, _ = uds.AppendFrame(b, protocol.TypeDecision, &protocol.Decision{RequestID: id})
+			b, _ = uds.AppendFrame(b, &protocol.Decision{RequestID: id + 1000})
+			b, _ = uds.AppendFrame(b, &protocol.Decision{RequestID: id})
 			nc.Write(b)
 		}
 	})
@@ -614,7 +614,7 @@ func TestHandshakeRefusals(t *testing.T) {
 				defer nc.Close()
 				fr := uds.NewFrameReader(nc)
 				fr.Next()
-				uds.WriteFrame(nc, protocol.TypeHandshakeResponse, &tc.resp)
+				uds.WriteFrame(nc, &tc.resp)
 			}()
 			cfg := udsclient.DefaultConfig("x", path)
 			_, _, err = udsclient.Dial(context.Background(), cfg)

@@ -48,7 +48,7 @@ func stallingAgent(t testing.TB, path string, want int) (stalled <-chan struct{}
 			}
 			if !first {
 				id, _ := protocol.PeekRequestID(p)
-				_ = uds.WriteFrame(nc, protocol.TypeDecision, &protocol.Decision{RequestID: id})
+				_ = uds.WriteFrame(nc, &protocol.Decision{RequestID: id})
 				continue
 			}
 			if held++; held == want {
@@ -143,9 +143,9 @@ func TestStalledFrameLinkStats(t *testing.T) {
 	served := make(chan error, 1)
 	go func() { served <- link.Serve(sess) }()
 	go func() {
-		ex, err := sess.Begin(context.Background())
+		ex, err := sess.Begin(agentmux.Wait{})
 		if err == nil {
-			_, _ = ex.RequestHeaders(context.Background(), headers())
+			_, _ = ex.RequestHeaders(agentmux.Wait{}, headers())
 			ex.Finish()
 		}
 	}()

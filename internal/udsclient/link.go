@@ -24,6 +24,12 @@ type LinkConfig struct {
 	Name string
 	// WriteTimeout bounds each batched write.
 	WriteTimeout time.Duration
+	// MaxPendingBytes caps the bytes queued or being written on the connection
+	// (0: udswriter.DefaultMaxPendingBytes, 4 MiB). An event that does not fit
+	// waits for room within its exchange's deadline; control frames
+	// (Pong, Ping, CancelRequest, CancelAll) have reserved room and never
+	// wait. See udswriter.Config.
+	MaxPendingBytes int
 	// PingInterval is how long the link may be idle before it sends a Ping
 	// (0 disables pings).
 	PingInterval time.Duration
@@ -46,9 +52,13 @@ type LinkStats struct {
 	FramesIn     uint64
 	UnknownTypes uint64
 	PingsSent    uint64
+	PongsSent    uint64
 	// FrameTimeouts counts frames the agent began and did not finish in
 	// time (at most 1: the link closes).
 	FrameTimeouts uint64
+	// Writer is the state of the connection's writer: pending bytes and
+	// their cap, waits for room, dropped control frames.
+	Writer udswriter.Stats
 }
 
 // Link is the proxy side of one agent connection: it implements
@@ -62,6 +72,7 @@ type Link struct {
 	framesIn      atomic.Uint64
 	unknown       atomic.Uint64
 	pingsSent     atomic.Uint64
+	pongsSent     atomic.Uint64
 	frameTimeouts atomic.Uint64
 
 	closeOnce sync.Once
@@ -76,12 +87,29 @@ func NewLink(nc net.Conn, cfg LinkConfig) *Link {
 		l.fr = uds.NewFrameReader(nc)
 	}
 	l.fr.SetFrameTimeout(cfg.FrameTimeout)
-	l.w = udswriter.NewWriter(nc, cfg.WriteTimeout, func(err error) { l.closeWith(fmt.Errorf("%w: write: %v", udswriter.ErrClosed, err)) })
+	l.w = udswriter.NewWriter(nc, udswriter.Config{WriteTimeout: cfg.WriteTimeout, MaxPendingBytes: cfg.MaxPendingBytes},
+		func(err error) { l.closeWith(fmt.Errorf("%w: write: %v", udswriter.ErrClosed, err)) })
 	return l
 }
 
-// Send implements agentmux.Link.
-func (l *Link) Send(t protocol.MsgType, msg any) error { return l.w.Send(t, msg) }
+// Send implements agentmux.Link: m is queued for the connection's writer
+// (see udswriter.Writer), waiting for room while the connection is backed
+// up, at most until w's deadline or cancel.
+func (l *Link) Send(m protocol.Message, w agentmux.Wait) error {
+	err := l.w.SendWait(m, w.Deadline, w.Cancel)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, udswriter.ErrWaitDeadline):
+		return fmt.Errorf("%w: %s: %v", agentmux.ErrAgentTimeout, l.cfg.Name, err)
+	case errors.Is(err, udswriter.ErrWaitCanceled):
+		return fmt.Errorf("%w: %s: %v", agentmux.ErrAgentCanceled, l.cfg.Name, err)
+	}
+	return err
+}
+
+// SendControl implements agentmux.Link: it never waits.
+func (l *Link) SendControl(m protocol.Message) error { return l.w.Send(m) }
 
 // Close implements agentmux.Link. Frames already queued (a CancelAll
 // before a shutdown) get a short, bounded chance to leave first.
@@ -106,7 +134,7 @@ func (l *Link) closeWith(err error) {
 // Stats returns the link's counters.
 func (l *Link) Stats() LinkStats {
 	return LinkStats{FramesIn: l.framesIn.Load(), UnknownTypes: l.unknown.Load(), PingsSent: l.pingsSent.Load(),
-		FrameTimeouts: l.frameTimeouts.Load()}
+		PongsSent: l.pongsSent.Load(), FrameTimeouts: l.frameTimeouts.Load(), Writer: l.w.Stats()}
 }
 
 // RemoteAddr is the peer's address.
@@ -129,6 +157,7 @@ func (l *Link) Serve(sess *agentmux.Session) error {
 
 func (l *Link) readLoop(sess *agentmux.Session) error {
 	spare := new(agentmux.Reply)
+	pong := new(protocol.Pong) // encoded before Send returns: reused
 	for {
 		t, payload, err := l.fr.Next()
 		if err != nil {
@@ -162,9 +191,12 @@ func (l *Link) readLoop(sess *agentmux.Session) error {
 			}
 			spare = sess.Deliver(spare)
 		case protocol.TypePing:
-			var p protocol.Ping
-			if p.Decode(payload) == nil {
-				_ = l.w.Send(protocol.TypePong, &p)
+			// The read loop never writes: the Pong is queued for the
+			// writer goroutine (or dropped if the connection is backed up
+			// past the control reserve), so a peer that stops reading
+			// cannot stall the delivery of replies.
+			if (*protocol.Ping)(pong).Decode(payload) == nil && l.w.Send(pong) == nil {
+				l.pongsSent.Add(1)
 			}
 		case protocol.TypePong:
 			// Any frame proves liveness; framesIn already counted it.
@@ -219,7 +251,7 @@ func (l *Link) pinger() {
 				return
 			}
 			seq++
-			if l.w.Send(protocol.TypePing, &protocol.Ping{Sequence: seq, TimestampMs: now.UnixMilli()}) == nil {
+			if l.w.Send(&protocol.Ping{Sequence: seq, TimestampMs: now.UnixMilli()}) == nil {
 				l.pingsSent.Add(1)
 			}
 		}

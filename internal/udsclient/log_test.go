@@ -170,7 +170,7 @@ func TestLogLinesCarryAgentOnce(t *testing.T) {
 			case protocol.TypePing:
 				var ping protocol.Ping
 				_ = ping.Decode(p)
-				_ = uds.WriteFrame(nc, protocol.TypePong, &ping)
+				_ = uds.WriteFrame(nc, (*protocol.Pong)(&ping))
 			case protocol.TypeRequestHeaders:
 				id, _ := protocol.PeekRequestID(p)
 				// A frame of unknown type, then an undecodable reply

@@ -45,8 +45,8 @@ func BenchmarkRoundTrip64Conns2(b *testing.B) { conformance.BenchRoundTrips(b, b
 // socket with no framing logic: the floor the protocol stack is held to.
 func BenchmarkRawPingPong(b *testing.B) {
 	path := sockPath(b)
-	req, _ := uds.AppendFrame(nil, protocol.TypeRequestHeaders, benchHeaders())
-	resp, _ := uds.AppendFrame(nil, protocol.TypeDecision, &protocol.Decision{RequestID: 1})
+	req, _ := uds.AppendFrame(nil, benchHeaders())
+	resp, _ := uds.AppendFrame(nil, &protocol.Decision{RequestID: 1})
 	ln, err := net.Listen("unix", path)
 	if err != nil {
 		b.Fatal(err)

@@ -140,7 +140,8 @@ func (s *grpcService) HealthCheck(ctx context.Context, _ *pb.HealthRequest) (*pb
 // grpcSender answers through a stream's Outbox.
 type grpcSender struct{ out *grpcwire.Outbox }
 
-func (s grpcSender) Send(t protocol.MsgType, msg any) error { return s.out.Put(t, msg) }
+// Send implements sdk.Sender; the Outbox never waits, so ctx is not needed.
+func (s grpcSender) Send(_ context.Context, m protocol.Message) error { return s.out.Put(m) }
 
 func (s grpcSender) SendError(id uint64, reason string) error {
 	return s.out.PutAgentError(id, reason)
@@ -194,9 +195,9 @@ func (s *grpcService) ProcessStream(stream pb.AgentProcessorV2_ProcessStreamServ
 		case grpcwire.PayloadCancelAll:
 			d.CancelAll()
 		case grpcwire.PayloadPing:
-			var p protocol.Ping
-			if f.DecodePing(&p) == nil {
-				_ = out.Put(protocol.TypePong, &p)
+			var p protocol.Pong
+			if f.DecodePing((*protocol.Ping)(&p)) == nil {
+				_ = out.Put(&p)
 			}
 		case grpcwire.PayloadPong:
 		default:

@@ -1,0 +1,80 @@
+package main
+
+import (
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+const wrkReport = `Running 8s test @ http://127.0.0.1:41833/
+  1 threads and 64 connections
+  Thread Stats   Avg      Stdev     Max   +/- Stdev
+    Latency     2.31ms    1.02ms  31.67ms   90.12%
+    Req/Sec    28.52k     2.01k   31.20k    77.50%
+  Latency Distribution
+     50%    2.09ms
+     75%    2.50ms
+     90%    3.10ms
+     99%   31.67ms
+  227204 requests in 8.00s, 30.33MB read
+  Socket errors: connect 0, read 2, write 0, timeout 1
+  Non-2xx or 3xx responses: 4
+Requests/sec:  28391.04
+Transfer/sec:      3.79MB
+`
+
+func TestParseWrk(t *testing.T) {
+	o, err := parseWrk(strings.NewReader(wrkReport))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.requests != 227204 || o.elapsed != 8*time.Second {
+		t.Errorf("requests %d in %v, want 227204 in 8s", o.requests, o.elapsed)
+	}
+	if o.p50 != 2090*time.Microsecond || o.p99 != 31670*time.Microsecond {
+		t.Errorf("p50 %v p99 %v", o.p50, o.p99)
+	}
+	if o.failures != 7 {
+		t.Errorf("failures %d, want 7", o.failures)
+	}
+	if _, err := parseWrk(strings.NewReader("unable to connect to 127.0.0.1:1 Connection refused\n")); err == nil {
+		t.Error("no error for a report without requests")
+	}
+}
+
+func TestWrkDuration(t *testing.T) {
+	for s, want := range map[string]time.Duration{
+		"812.00us": 812 * time.Microsecond, "3.10ms": 3100 * time.Microsecond,
+		"8.00s": 8 * time.Second, "1.00m": time.Minute,
+	} {
+		if got, err := wrkDuration(s); err != nil || got != want {
+			t.Errorf("wrkDuration(%q) = %v, %v; want %v", s, got, err, want)
+		}
+	}
+}
+
+func TestRoundOrder(t *testing.T) {
+	defs := []rowDef{{key: "a"}, {key: "b"}, {key: "c"}, {key: "d"}, {key: "e"}, {key: "f"}}
+	keys := func(d []rowDef) string {
+		var b strings.Builder
+		for _, r := range d {
+			b.WriteString(r.key)
+		}
+		return b.String()
+	}
+	for round, want := range map[int]string{1: "abcdef", 2: "bafedc", 3: "efabcd"} {
+		if got := keys(roundOrder(defs, round, 3)); got != want {
+			t.Errorf("round %d: %s, want %s", round, got, want)
+		}
+	}
+}
+
+func TestCPUTicks(t *testing.T) {
+	if _, err := cpuTicks(os.Getpid()); err != nil {
+		t.Skip("no /proc:", err)
+	}
+	if _, err := cpuOf([]int{os.Getpid()}); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,267 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"time"
+)
+
+func printHeader(w io.Writer, h *harness) {
+	fmt.Fprintf(w, "# Peer benchmark, %s\n\n", time.Now().Format("2006-01-02 15:04 MST"))
+	fmt.Fprintf(w, "- machine: %d CPUs (nproc), %s, %s\n", runtime.NumCPU(), cpuModel(), kernel())
+	fmt.Fprintf(w, "- load: wrk -t%d -c%d -d%s --latency, after a %s warm-up; %d round(s), row order rotated between rounds\n",
+		h.threads, h.conns, h.duration, h.warmup, h.rounds)
+	if h.proxyCPUs != "" {
+		fmt.Fprintf(w, "- placement: proxy + agent pinned to CPU %s; wrk + upstream pinned to CPU %s (taskset)\n", h.proxyCPUs, h.loadCPUs)
+	} else {
+		fmt.Fprintln(w, "- placement: not pinned")
+	}
+	fmt.Fprintln(w, "- core budget: nginx worker_processes 1, HAProxy nbthread 1, every Go program (Caddy, sidecar, agents, auth server, upstream) GOMAXPROCS=1")
+	var v []string
+	for _, t := range []string{"wrk", "haproxy", "nginx", "caddy"} {
+		if h.tools[t] != "" {
+			v = append(v, toolVersion(t, h.tools[t]))
+		}
+	}
+	v = append(v, runtime.Version(), "sidecar "+sidecarRev())
+	fmt.Fprintf(w, "- versions: %s\n\n", strings.Join(v, ", "))
+}
+
+func cpuModel() string {
+	b, _ := os.ReadFile("/proc/cpuinfo")
+	for _, l := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(l, ":"); ok && strings.TrimSpace(k) == "model name" {
+			return strings.TrimSpace(v)
+		}
+	}
+	return runtime.GOARCH
+}
+
+func kernel() string {
+	b, err := os.ReadFile("/proc/sys/kernel/osrelease")
+	if err != nil {
+		return runtime.GOOS
+	}
+	return "Linux " + strings.TrimSpace(string(b))
+}
+
+func toolVersion(name, path string) string {
+	var args []string
+	switch name {
+	case "wrk":
+		args = []string{"-v"}
+	case "haproxy":
+		args = []string{"-v"}
+	case "nginx":
+		args = []string{"-v"}
+	case "caddy":
+		args = []string{"version"}
+	}
+	b, _ := exec.Command(path, args...).CombinedOutput() // wrk -v exits 1
+	l := strings.TrimSpace(firstLine(string(b)))
+	switch name {
+	case "wrk":
+		if f := strings.Fields(l); len(f) >= 2 {
+			return "wrk " + f[1]
+		}
+	case "haproxy":
+		if f := strings.Fields(l); len(f) >= 3 {
+			return "HAProxy " + f[2]
+		}
+	case "nginx":
+		if _, v, ok := strings.Cut(l, "nginx/"); ok {
+			return "nginx " + v
+		}
+	case "caddy":
+		if f := strings.Fields(l); len(f) >= 1 {
+			return "Caddy " + f[0]
+		}
+	}
+	return name + " " + l
+}
+
+// sidecarRev is the checkout's commit, marked when it has local changes.
+func sidecarRev() string {
+	src, _ := os.Getwd()
+	root := filepath.Join(src, "..", "..")
+	b, err := exec.Command("git", "-C", root, "rev-parse", "--short", "HEAD").Output()
+	if err != nil {
+		return "(unknown commit)"
+	}
+	rev := strings.TrimSpace(string(b))
+	if st, err := exec.Command("git", "-C", root, "status", "--porcelain", "--untracked-files=no").Output(); err == nil && len(st) > 0 {
+		rev += " with local changes"
+	}
+	return rev
+}
+
+func fmtLat(d time.Duration) string {
+	switch {
+	case d <= 0:
+		return "-"
+	case d < time.Millisecond:
+		return fmt.Sprintf("%.0f µs", float64(d)/float64(time.Microsecond))
+	default:
+		return fmt.Sprintf("%.2f ms", float64(d)/float64(time.Millisecond))
+	}
+}
+
+func fmtUS(v float64, present bool) string {
+	if !present {
+		return "-"
+	}
+	return fmt.Sprintf("%.1f", v)
+}
+
+func table(w io.Writer, head []string, body [][]string) {
+	width := make([]int, len(head))
+	for i, c := range head {
+		width[i] = len([]rune(c))
+	}
+	for _, r := range body {
+		for i, c := range r {
+			width[i] = max(width[i], len([]rune(c)))
+		}
+	}
+	line := func(cells []string) {
+		var b strings.Builder
+		b.WriteString("|")
+		for i, c := range cells {
+			pad := strings.Repeat(" ", width[i]-len([]rune(c)))
+			if i == 0 {
+				b.WriteString(" " + c + pad + " |")
+			} else {
+				b.WriteString(" " + pad + c + " |")
+			}
+		}
+		fmt.Fprintln(w, b.String())
+	}
+	line(head)
+	sep := make([]string, len(head))
+	for i := range head {
+		if i == 0 {
+			sep[i] = strings.Repeat("-", width[i])
+		} else {
+			sep[i] = strings.Repeat("-", width[i]-1) + ":"
+		}
+	}
+	line(sep)
+	for _, r := range body {
+		line(r)
+	}
+	fmt.Fprintln(w)
+}
+
+func defOf(defs []rowDef, key string) rowDef {
+	for _, d := range defs {
+		if d.key == key {
+			return d
+		}
+	}
+	return rowDef{}
+}
+
+func hasProxy(key string) bool { return key != "direct" }
+
+func printRound(w io.Writer, defs []rowDef, order []rowDef, res []result, round int) {
+	fmt.Fprintf(w, "## Round %d (rows in the order they ran)\n\n", round)
+	head := []string{"row", "req/s", "p50", "p99", "proxy µs/req", "agent µs/req", "proxy+agent µs/req", "upstream µs/req", "proxy+agent cores", "other load (cores)", "wrk failures"}
+	var body [][]string
+	for _, r := range res {
+		d := defOf(defs, r.key)
+		if r.err != nil {
+			body = append(body, []string{r.name, "FAILED: " + firstLine(r.err.Error()), "", "", "", "", "", "", "", "", ""})
+			continue
+		}
+		body = append(body, []string{
+			r.name, fmt.Sprintf("%.0f", r.rps), fmtLat(r.p50), fmtLat(r.p99),
+			fmtUS(r.proxyUS, hasProxy(r.key)), fmtUS(r.agentUS, d.agent), fmtUS(r.totalUS(), hasProxy(r.key)),
+			fmtUS(r.upstreamUS, true), fmt.Sprintf("%.2f", r.sutCores), fmt.Sprintf("%.2f", r.others), fmt.Sprint(r.failures),
+		})
+	}
+	table(w, head, body)
+}
+
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	n := len(s)
+	if n%2 == 1 {
+		return s[n/2]
+	}
+	return (s[n/2-1] + s[n/2]) / 2
+}
+
+// med is a row's medians over the rounds it completed.
+type med struct {
+	ok                                 int
+	rps, p50, p99, proxy, agent, total float64
+	upstream, cores                    float64
+}
+
+func medians(key string, all [][]result) med {
+	var m med
+	var rps, p50, p99, px, ag, tot, up, cores []float64
+	for _, round := range all {
+		for _, r := range round {
+			if r.key != key || r.err != nil {
+				continue
+			}
+			m.ok++
+			rps = append(rps, r.rps)
+			p50 = append(p50, float64(r.p50))
+			p99 = append(p99, float64(r.p99))
+			px = append(px, r.proxyUS)
+			ag = append(ag, r.agentUS)
+			tot = append(tot, r.totalUS())
+			up = append(up, r.upstreamUS)
+			cores = append(cores, r.sutCores)
+		}
+	}
+	m.rps, m.p50, m.p99 = median(rps), median(p50), median(p99)
+	m.proxy, m.agent, m.total, m.upstream, m.cores = median(px), median(ag), median(tot), median(up), median(cores)
+	return m
+}
+
+func printMedians(w io.Writer, defs []rowDef, all [][]result) {
+	fmt.Fprintf(w, "## Medians over %d round(s), ratios to HAProxy + SPOE\n\n", len(all))
+	ref := medians(reference, all)
+	head := []string{"row", "req/s", "p50", "p99", "proxy µs/req", "agent µs/req", "proxy+agent µs/req", "proxy+agent cores", "req/s vs HAProxy+SPOE", "CPU/req vs HAProxy+SPOE"}
+	var body [][]string
+	for _, d := range defs {
+		m := medians(d.key, all)
+		name := d.name
+		if m.ok == 0 {
+			body = append(body, []string{name, "FAILED in every round", "", "", "", "", "", "", "", ""})
+			continue
+		}
+		if m.ok < len(all) {
+			name += fmt.Sprintf(" (%d of %d rounds)", m.ok, len(all))
+		}
+		rr, cr := "-", "-"
+		if ref.ok > 0 {
+			rr = fmt.Sprintf("%.2f×", m.rps/ref.rps)
+			if hasProxy(d.key) {
+				cr = fmt.Sprintf("%.2f×", m.total/ref.total)
+			}
+		}
+		body = append(body, []string{
+			name, fmt.Sprintf("%.0f", m.rps), fmtLat(time.Duration(m.p50)), fmtLat(time.Duration(m.p99)),
+			fmtUS(m.proxy, hasProxy(d.key)), fmtUS(m.agent, d.agent), fmtUS(m.total, hasProxy(d.key)),
+			fmt.Sprintf("%.2f", m.cores), rr, cr,
+		})
+	}
+	table(w, head, body)
+	if ref.ok == 0 {
+		fmt.Fprintln(w, "(HAProxy + SPOE did not run: no ratios.)")
+	}
+}

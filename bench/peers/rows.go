@@ -1,0 +1,414 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/template"
+	"time"
+)
+
+// rowDef is one row of the table: a way to put a proxy (and maybe an
+// agent) between wrk and the upstream.
+type rowDef struct {
+	key   string   // short name for -rows
+	name  string   // as printed
+	tools []string // installed programs it needs (besides wrk and taskset)
+	bins  []string // programs of this module (or the sidecar) it needs
+	agent bool     // it does the job (agent or auth server), so it is checked
+	setup func(h *harness, rc *rowCtx) error
+}
+
+// rowCtx is a row being run: its directory, addresses and processes.
+type rowCtx struct {
+	dir      string
+	upstream string // host:port of the upstream
+	target   string // base URL the load goes to
+	up       *proc
+	proxy    *proc
+	agent    *proc
+	// proxyPIDs are the processes whose CPU counts as the proxy's (nginx:
+	// master and workers); the agent's is agent's alone.
+	proxyPIDs []int
+}
+
+// rows lists every row in table order. HAProxy + SPOE is the reference
+// for the ratios.
+var rows = []rowDef{
+	{key: "direct", name: "upstream direct", setup: setupDirect},
+	{key: "haproxy", name: "HAProxy, no agent", tools: []string{"haproxy"}, setup: setupHAProxy(false)},
+	{key: "haproxy-spoe", name: "HAProxy + SPOE agent", tools: []string{"haproxy"}, bins: []string{"spoeagent"}, agent: true, setup: setupHAProxy(true)},
+	{key: "nginx", name: "nginx, no agent", tools: []string{"nginx"}, setup: setupNginx(false)},
+	{key: "nginx-auth", name: "nginx + auth_request", tools: []string{"nginx"}, bins: []string{"authserver"}, agent: true, setup: setupNginx(true)},
+	{key: "caddy", name: "Caddy, no agent", tools: []string{"caddy"}, setup: setupCaddy(false)},
+	{key: "caddy-auth", name: "Caddy + forward_auth", tools: []string{"caddy"}, bins: []string{"authserver"}, agent: true, setup: setupCaddy(true)},
+	{key: "fasthttp", name: "fasthttp HostClient proxy, no agent", bins: []string{"fhproxy"}, setup: setupFasthttp},
+	{key: "sidecar", name: "sidecar, no agent", bins: []string{"sidecar"}, setup: setupSidecar(false)},
+	{key: "sidecar-uds", name: "sidecar + UDS agent (Go SDK)", bins: []string{"sidecar", "sdkagent"}, agent: true, setup: setupSidecar(true)},
+}
+
+// reference is the row the ratios divide by.
+const reference = "haproxy-spoe"
+
+// goEnv is the environment of every Go server: one core's worth.
+var goEnv = []string{"GOMAXPROCS=1"}
+
+const startTimeout = 10 * time.Second
+
+func setupDirect(h *harness, rc *rowCtx) error {
+	rc.target = "http://" + rc.upstream
+	return nil
+}
+
+// writeTemplate renders text with data into dir/name and returns its path.
+func writeTemplate(dir, name, text string, data any) (string, error) {
+	t, err := template.New(name).Parse(text)
+	if err != nil {
+		return "", err
+	}
+	var b strings.Builder
+	if err := t.Execute(&b, data); err != nil {
+		return "", err
+	}
+	p := filepath.Join(dir, name)
+	return p, os.WriteFile(p, []byte(b.String()), 0o644)
+}
+
+// startAgent starts a harness-built agent (or auth server) on the proxy's
+// CPUs and waits for its Unix socket.
+func startAgent(h *harness, rc *rowCtx, bin, sock string, args ...string) error {
+	p, err := h.procs.start(bin, h.proxyCPUs, filepath.Join(rc.dir, bin+".log"), goEnv,
+		append([]string{h.bin(bin)}, args...)...)
+	if err != nil {
+		return err
+	}
+	rc.agent = p
+	return waitDial(p, "unix", sock, startTimeout)
+}
+
+const haproxyCfg = `global
+    nbthread 1
+    maxconn 4096
+    # no logging: the other proxies log nothing per request either
+
+defaults
+    mode http
+    timeout connect 5s
+    timeout client 30s
+    timeout server 30s
+    timeout http-keep-alive 30s
+
+frontend fe
+    bind {{.Listen}}
+{{- if .Agent}}
+    filter spoe engine peers config {{.SPOEConf}}
+    http-request deny deny_status 503 if { var(txn.agent.error) -m found }
+    http-request deny deny_status 403 if { var(txn.agent.block) -m bool }
+    http-request set-header X-Agent-Processed %[var(txn.agent.processed)] if { var(txn.agent.processed) -m found }
+{{- end}}
+    default_backend app
+
+backend app
+    server app {{.Upstream}} maxconn 1024
+{{- if .Agent}}
+
+backend spoe-agents
+    mode tcp
+    timeout connect 5s
+    timeout server 30s
+    server agent unix@{{.AgentSock}}
+{{- end}}
+`
+
+const spoeCfg = `[peers]
+spoe-agent peers-agent
+    messages peers-check
+    option var-prefix agent
+    option set-on-error error
+    timeout hello 2s
+    timeout idle 30s
+    timeout processing 1s
+    use-backend spoe-agents
+
+spoe-message peers-check
+    args path=path
+    event on-frontend-http-request
+`
+
+func setupHAProxy(agent bool) func(*harness, *rowCtx) error {
+	return func(h *harness, rc *rowCtx) error {
+		addrs, err := freeAddrs(1)
+		if err != nil {
+			return err
+		}
+		data := map[string]any{
+			"Listen": addrs[0], "Upstream": rc.upstream, "Agent": agent,
+			"AgentSock": filepath.Join(rc.dir, "spoe.sock"),
+			"SPOEConf":  filepath.Join(rc.dir, "spoe.conf"),
+		}
+		if agent {
+			if _, err := writeTemplate(rc.dir, "spoe.conf", spoeCfg, data); err != nil {
+				return err
+			}
+			if err := startAgent(h, rc, "spoeagent", data["AgentSock"].(string), "-listen", "unix:"+data["AgentSock"].(string)); err != nil {
+				return err
+			}
+		}
+		cfg, err := writeTemplate(rc.dir, "haproxy.cfg", haproxyCfg, data)
+		if err != nil {
+			return err
+		}
+		p, err := h.procs.start("haproxy", h.proxyCPUs, filepath.Join(rc.dir, "haproxy.log"), nil,
+			h.tools["haproxy"], "-db", "-f", cfg)
+		if err != nil {
+			return err
+		}
+		rc.proxy, rc.target = p, "http://"+addrs[0]
+		return waitDial(p, "tcp", addrs[0], startTimeout)
+	}
+}
+
+const nginxCfg = `worker_processes 1;
+{{- if .Root}}
+user root;
+{{- end}}
+daemon off;
+pid {{.Dir}}/nginx.pid;
+error_log {{.Dir}}/nginx-error.log warn;
+
+events {
+    worker_connections 4096;
+}
+
+http {
+    access_log off;
+    client_body_temp_path {{.Dir}}/client_body;
+    proxy_temp_path {{.Dir}}/proxy_temp;
+    fastcgi_temp_path {{.Dir}}/fastcgi_temp;
+    uwsgi_temp_path {{.Dir}}/uwsgi_temp;
+    scgi_temp_path {{.Dir}}/scgi_temp;
+    # nginx closes a keep-alive connection after 1000 requests by default;
+    # the other proxies do not.
+    keepalive_requests 1000000;
+
+    upstream app {
+        server {{.Upstream}};
+        keepalive 128;
+        keepalive_requests 1000000;
+    }
+{{- if .Agent}}
+
+    upstream auth {
+        server unix:{{.AuthSock}};
+        keepalive 128;
+        keepalive_requests 1000000;
+    }
+{{- end}}
+
+    server {
+        listen {{.Listen}};
+
+        location / {
+{{- if .Agent}}
+            auth_request /_auth;
+            auth_request_set $agent_processed $upstream_http_x_agent_processed;
+            proxy_set_header X-Agent-Processed $agent_processed;
+{{- end}}
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_pass http://app;
+        }
+{{- if .Agent}}
+
+        location = /_auth {
+            internal;
+            proxy_pass http://auth;
+            proxy_pass_request_body off;
+            proxy_set_header Content-Length "";
+            proxy_set_header X-Original-URI $request_uri;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+        }
+{{- end}}
+    }
+}
+`
+
+func setupNginx(agent bool) func(*harness, *rowCtx) error {
+	return func(h *harness, rc *rowCtx) error {
+		addrs, err := freeAddrs(1)
+		if err != nil {
+			return err
+		}
+		data := map[string]any{
+			"Listen": addrs[0], "Upstream": rc.upstream, "Agent": agent, "Dir": rc.dir,
+			"Root": os.Geteuid() == 0, "AuthSock": filepath.Join(rc.dir, "auth.sock"),
+		}
+		if agent {
+			if err := startAgent(h, rc, "authserver", data["AuthSock"].(string), "-listen", "unix:"+data["AuthSock"].(string)); err != nil {
+				return err
+			}
+		}
+		cfg, err := writeTemplate(rc.dir, "nginx.conf", nginxCfg, data)
+		if err != nil {
+			return err
+		}
+		p, err := h.procs.start("nginx", h.proxyCPUs, filepath.Join(rc.dir, "nginx.log"), nil,
+			h.tools["nginx"], "-c", cfg, "-p", rc.dir+"/", "-e", filepath.Join(rc.dir, "nginx-error.log"))
+		if err != nil {
+			return err
+		}
+		rc.proxy, rc.target = p, "http://"+addrs[0]
+		if err := waitDial(p, "tcp", addrs[0], startTimeout); err != nil {
+			return fmt.Errorf("%w\nnginx-error.log: %s", err, readTail(filepath.Join(rc.dir, "nginx-error.log")))
+		}
+		// The worker forks after the listener opens: wait for it.
+		deadline := time.Now().Add(startTimeout)
+		for len(children(p.Pid())) == 0 {
+			if time.Now().After(deadline) {
+				return fmt.Errorf("nginx: no worker process after %v", startTimeout)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		rc.proxyPIDs = append([]int{p.Pid()}, children(p.Pid())...)
+		return nil
+	}
+}
+
+func readTail(path string) string {
+	b, _ := os.ReadFile(path)
+	if len(b) > 1500 {
+		b = b[len(b)-1500:]
+	}
+	return strings.TrimSpace(string(b))
+}
+
+const caddyCfg = `{
+	admin off
+	auto_https off
+}
+
+http://:{{.Port}} {
+	bind 127.0.0.1
+{{- if .Agent}}
+	forward_auth unix/{{.AuthSock}} {
+		uri /auth
+		copy_headers X-Agent-Processed
+		transport http {
+			keepalive_idle_conns 128
+			keepalive_idle_conns_per_host 128
+		}
+	}
+{{- end}}
+	reverse_proxy {{.Upstream}} {
+		transport http {
+			keepalive_idle_conns 128
+			keepalive_idle_conns_per_host 128
+		}
+	}
+}
+`
+
+func setupCaddy(agent bool) func(*harness, *rowCtx) error {
+	return func(h *harness, rc *rowCtx) error {
+		addrs, err := freeAddrs(1)
+		if err != nil {
+			return err
+		}
+		port := addrs[0][strings.LastIndexByte(addrs[0], ':')+1:]
+		data := map[string]any{
+			"Port": port, "Upstream": rc.upstream, "Agent": agent,
+			"AuthSock": filepath.Join(rc.dir, "auth.sock"),
+		}
+		if agent {
+			if err := startAgent(h, rc, "authserver", data["AuthSock"].(string), "-listen", "unix:"+data["AuthSock"].(string)); err != nil {
+				return err
+			}
+		}
+		cfg, err := writeTemplate(rc.dir, "Caddyfile", caddyCfg, data)
+		if err != nil {
+			return err
+		}
+		env := append([]string{
+			"XDG_CONFIG_HOME=" + filepath.Join(rc.dir, "caddy-config"),
+			"XDG_DATA_HOME=" + filepath.Join(rc.dir, "caddy-data"),
+		}, goEnv...)
+		p, err := h.procs.start("caddy", h.proxyCPUs, filepath.Join(rc.dir, "caddy.log"), env,
+			h.tools["caddy"], "run", "--config", cfg, "--adapter", "caddyfile")
+		if err != nil {
+			return err
+		}
+		rc.proxy, rc.target = p, "http://"+addrs[0]
+		return waitDial(p, "tcp", addrs[0], startTimeout)
+	}
+}
+
+func setupFasthttp(h *harness, rc *rowCtx) error {
+	addrs, err := freeAddrs(1)
+	if err != nil {
+		return err
+	}
+	p, err := h.procs.start("fhproxy", h.proxyCPUs, filepath.Join(rc.dir, "fhproxy.log"), goEnv,
+		h.bin("fhproxy"), "-listen", addrs[0], "-upstream", rc.upstream)
+	if err != nil {
+		return err
+	}
+	rc.proxy, rc.target = p, "http://"+addrs[0]
+	return waitDial(p, "tcp", addrs[0], startTimeout)
+}
+
+const sidecarCfg = `listeners:
+  - name: public
+    address: {{.Listen}}
+upstreams:
+  - name: app
+    address: {{.Upstream}}
+{{- if .Agent}}
+agents:
+  - name: peers
+    transport: uds
+    address: {{.AgentSock}}
+    failure_mode: closed
+{{- end}}
+routes:
+  - name: default
+    upstream: app
+{{- if .Agent}}
+    agents: [peers]
+{{- end}}
+admin:
+  address: {{.Admin}}
+logging:
+  level: warn
+`
+
+func setupSidecar(agent bool) func(*harness, *rowCtx) error {
+	return func(h *harness, rc *rowCtx) error {
+		addrs, err := freeAddrs(2)
+		if err != nil {
+			return err
+		}
+		data := map[string]any{
+			"Listen": addrs[0], "Admin": addrs[1], "Upstream": rc.upstream, "Agent": agent,
+			"AgentSock": filepath.Join(rc.dir, "sdkagent.sock"),
+		}
+		if agent {
+			if err := startAgent(h, rc, "sdkagent", data["AgentSock"].(string), "-socket", data["AgentSock"].(string)); err != nil {
+				return err
+			}
+		}
+		cfg, err := writeTemplate(rc.dir, "sidecar.yaml", sidecarCfg, data)
+		if err != nil {
+			return err
+		}
+		p, err := h.procs.start("sidecar", h.proxyCPUs, filepath.Join(rc.dir, "sidecar.log"), goEnv,
+			h.bin("sidecar"), "run", "-config", cfg)
+		if err != nil {
+			return err
+		}
+		rc.proxy, rc.target = p, "http://"+addrs[0]
+		// Ready: listening, and the fail-closed agent connected.
+		return waitHTTP200(p, "http://"+addrs[1]+"/readyz", startTimeout)
+	}
+}

@@ -1,0 +1,5 @@
+//go:build !race
+
+package agentmux
+
+const raceEnabled = false

@@ -1,0 +1,56 @@
+package dataplane
+
+import (
+	"testing"
+	"time"
+)
+
+// TestCancelChannelAcrossRequests: the pooled request state keeps its
+// cancel channel for the next request only while it was never closed; a
+// closed one is replaced, so a new request never starts canceled and a
+// wait of the old request can never be woken by the new one.
+func TestCancelChannelAcrossRequests(t *testing.T) {
+	rs := newReqState()
+	first := rs.cancelCh
+	rs.resetCancel()
+	if rs.cancelCh != first || rs.canceled() {
+		t.Fatal("an unused cancel channel was replaced")
+	}
+	old := rs.streamWait()
+	rs.cancel()
+	rs.cancel() // idempotent
+	select {
+	case <-old.Cancel:
+	default:
+		t.Fatal("cancel did not close the channel")
+	}
+	rs.resetCancel()
+	if rs.cancelCh == first || rs.canceled() {
+		t.Fatal("a closed cancel channel was kept for the next request")
+	}
+	select {
+	case <-rs.streamWait().Cancel:
+		t.Fatal("the next request starts canceled")
+	default:
+	}
+}
+
+// TestAgentWaitBudget: each call gets the deadline left in the agent's
+// request budget, computed when it is asked for.
+func TestAgentWaitBudget(t *testing.T) {
+	rs := newReqState()
+	ra := &routeAgent{timeout: time.Hour}
+	sl := &slot{ra: ra}
+	w, ok := rs.agentWait(sl)
+	if !ok || w.Cancel == nil || w.Deadline.IsZero() || time.Until(w.Deadline) > time.Hour {
+		t.Fatalf("fresh budget: %+v %v", w, ok)
+	}
+	sl.spent = time.Hour
+	if w, ok = rs.agentWait(sl); ok || w.Deadline.After(time.Now()) {
+		t.Fatalf("spent budget: %+v %v", w, ok)
+	}
+	ra.timeout = 0
+	if w, ok = rs.agentWait(sl); !ok || !w.Deadline.IsZero() {
+		t.Fatalf("no budget: %+v %v", w, ok)
+	}
+}

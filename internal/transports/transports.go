@@ -1,0 +1,186 @@
+// Package transports turns configured agents (config.Agent) into the
+// proxy side of their transport — a udsclient.Client, a grpcclient.Client
+// or the pool of a reverse listener — seen by everything else only as an
+// agentmux.Agent. It also checks what package config leaves to the
+// transports (their options) and decides, with InstanceKey, when two
+// configured agents are served by the same instance.
+//
+// The dataplane knows none of this: it is handed agentmux.Agent values.
+package transports
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/zentinelproxy/sidecar/internal/agentmux"
+	"github.com/zentinelproxy/sidecar/internal/config"
+	"github.com/zentinelproxy/sidecar/internal/grpcclient"
+	"github.com/zentinelproxy/sidecar/internal/reverse"
+	"github.com/zentinelproxy/sidecar/internal/udsclient"
+)
+
+// Factory builds the proxy side of one configured agent; log carries the
+// agent's name.
+type Factory func(a *config.Agent, log zerolog.Logger) (agentmux.Agent, error)
+
+// Factories maps a transport name (config.TransportUDS, …) to its factory.
+type Factories map[string]Factory
+
+// Dialing returns the factories of the transports whose instances dial
+// their agent: uds and grpc. Reverse agents dial the sidecar; their
+// instances are the pools of a reverse.Listener (see ReverseSpecs).
+func Dialing() Factories {
+	return Factories{config.TransportUDS: NewUDS, config.TransportGRPC: NewGRPC}
+}
+
+// UDSConfig maps a configured agent of transport uds to the client's
+// configuration.
+func UDSConfig(a *config.Agent, log zerolog.Logger) udsclient.Config {
+	c := udsclient.DefaultConfig(a.Name, udsPath(a.Address))
+	c.Conns = a.Conns
+	c.MaxInFlight = a.MaxInFlight
+	c.MaxQueue = a.MaxQueue
+	c.DialTimeout = a.Timeouts.Connect
+	c.HandshakeTimeout = a.Timeouts.Handshake
+	c.MessageTimeout = a.Timeouts.Message
+	c.FrameTimeout = a.Timeouts.Frame
+	c.Logger = log
+	return c
+}
+
+func udsPath(addr string) string { return strings.TrimPrefix(addr, "unix:") }
+
+// NewUDS is the factory of transport uds: a udsclient.Client that dials
+// the agent's socket, reconnecting in the background.
+func NewUDS(a *config.Agent, log zerolog.Logger) (agentmux.Agent, error) {
+	return udsclient.NewClient(UDSConfig(a, log))
+}
+
+// GRPCOptions are the options of transport grpc (config agents[].options).
+var GRPCOptions = []string{"tls", "tls_ca_file", "tls_cert_file", "tls_key_file", "tls_server_name", "health_interval"}
+
+// GRPCConfig maps a configured agent of transport grpc to the client's
+// configuration, options included, and validates it.
+func GRPCConfig(a *config.Agent, log zerolog.Logger) (grpcclient.Config, error) {
+	c := grpcclient.DefaultConfig(a.Name, a.Address)
+	c.Conns = a.Conns
+	c.MaxInFlight = a.MaxInFlight
+	c.MaxQueue = a.MaxQueue
+	c.DialTimeout = a.Timeouts.Connect + a.Timeouts.Handshake
+	c.MessageTimeout = a.Timeouts.Message
+	c.Logger = log
+	for _, k := range sortedKeys(a.Options) {
+		v := a.Options[k]
+		var err error
+		switch k {
+		case "tls":
+			c.TLS.Enabled, err = strconv.ParseBool(v)
+		case "tls_ca_file":
+			c.TLS.CAFile = v
+		case "tls_cert_file":
+			c.TLS.CertFile = v
+		case "tls_key_file":
+			c.TLS.KeyFile = v
+		case "tls_server_name":
+			c.TLS.ServerName = v
+		case "health_interval":
+			c.HealthInterval, err = time.ParseDuration(v)
+		default:
+			err = fmt.Errorf("unknown option (known: %s)", strings.Join(GRPCOptions, ", "))
+		}
+		if err != nil {
+			return c, fmt.Errorf("%w: option %s: %v", grpcclient.ErrGRPCConfig, k, err)
+		}
+	}
+	return c, c.Validate()
+}
+
+// NewGRPC is the factory of transport grpc: a grpcclient.Client that
+// keeps its streams to the agent open, reconnecting in the background.
+func NewGRPC(a *config.Agent, log zerolog.Logger) (agentmux.Agent, error) {
+	c, err := GRPCConfig(a, log)
+	if err != nil {
+		return nil, err
+	}
+	return grpcclient.NewClient(c)
+}
+
+// ReverseSpecs collects the agents of transport reverse, for
+// reverse.ListenerConfigs.
+func ReverseSpecs(cfg *config.Config) []reverse.AgentSpec {
+	var specs []reverse.AgentSpec
+	for i := range cfg.Agents {
+		a := &cfg.Agents[i]
+		if a.Transport != config.TransportReverse {
+			continue
+		}
+		specs = append(specs, reverse.AgentSpec{
+			Name:           a.Name,
+			Address:        a.Address,
+			MaxInFlight:    a.MaxInFlight,
+			MaxQueue:       a.MaxQueue,
+			MessageTimeout: a.Timeouts.Message,
+			FrameTimeout:   a.Timeouts.Frame,
+			Options:        a.Options,
+		})
+	}
+	return specs
+}
+
+// Check validates what package config leaves to the transports (their
+// options) without opening anything. Errors carry the line of the agent
+// or its options.
+func Check(cfg *config.Config) error {
+	for i := range cfg.Agents {
+		a := &cfg.Agents[i]
+		switch a.Transport {
+		case config.TransportUDS:
+			if len(a.Options) > 0 {
+				return agentError(cfg, i, "options", errors.New("transport uds takes no options"))
+			}
+		case config.TransportGRPC:
+			if _, err := GRPCConfig(a, zerolog.Nop()); err != nil {
+				return agentError(cfg, i, "options", err)
+			}
+		}
+	}
+	if specs := ReverseSpecs(cfg); len(specs) > 0 {
+		if _, err := reverse.ListenerConfigs(specs); err != nil {
+			// The error names the agent; point at the first reverse agent.
+			for i := range cfg.Agents {
+				if cfg.Agents[i].Transport == config.TransportReverse && strings.Contains(err.Error(), strconv.Quote(cfg.Agents[i].Name)) {
+					return agentError(cfg, i, "options", err)
+				}
+			}
+			return fmt.Errorf("config: agents: %w", err)
+		}
+	}
+	return nil
+}
+
+// agentError places a transport's complaint about agent i at its line.
+func agentError(cfg *config.Config, i int, key string, err error) error {
+	path := fmt.Sprintf("agents[%d]", i)
+	if key != "" && cfg.Line(path+"."+key) > 0 {
+		path += "." + key
+	}
+	if line := cfg.Line(path); line > 0 {
+		return fmt.Errorf("config: line %d: %s: %w", line, path, err)
+	}
+	return fmt.Errorf("config: %s: %w", path, err)
+}
+
+func sortedKeys(m map[string]string) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}

@@ -1,0 +1,218 @@
+package udswriter
+
+import (
+	"context"
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/zentinelproxy/sidecar/protocol"
+	"github.com/zentinelproxy/sidecar/uds"
+)
+
+// hangGuard bounds waits for what must happen; a liveness bound, not a
+// speed assertion.
+const hangGuard = 10 * time.Second
+
+// socketPair returns the two ends of a real Unix stream connection. The
+// writing end's kernel send buffer is as small as the kernel allows, so a
+// peer that does not read blocks it after a few KiB.
+func socketPair(t *testing.T) (w, r net.Conn) {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "uw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	ln, err := net.Listen("unix", filepath.Join(dir, "s"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, _ := ln.Accept()
+		accepted <- c
+	}()
+	w, err = net.Dial("unix", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	r = <-accepted
+	if r == nil {
+		t.Fatal("accept failed")
+	}
+	if err := w.(*net.UnixConn).SetWriteBuffer(4096); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.Close(); r.Close() })
+	return w, r
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(hangGuard)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %v", what, hangGuard)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func chunk(i int) protocol.Message {
+	return (&protocol.BodyChunk{RequestID: 1, ChunkIndex: uint32(i), Data: make([]byte, 2048), TotalSize: -1, Progress: -1}).As(protocol.PhaseRequest)
+}
+
+// TestPendingBytesCapped: with the peer not reading, data frames fill the
+// connection up to the cap and the next one waits; waits end at their
+// deadline or cancellation, control frames never wait (they are dropped
+// once the reserve is full), pending bytes never pass the cap, and the
+// waiting sender is released, every frame intact and in order, once the
+// peer reads.
+func TestPendingBytesCapped(t *testing.T) {
+	const limit = 32 << 10
+	const frames = 100
+	nc, peer := socketPair(t)
+	w := NewWriter(nc, Config{MaxPendingBytes: limit}, nil)
+	defer w.Close()
+
+	sent := make(chan error, 1)
+	go func() {
+		for i := 0; i < frames; i++ {
+			if err := w.SendWait(chunk(i), time.Time{}, nil); err != nil {
+				sent <- err
+				return
+			}
+		}
+		sent <- nil
+	}()
+	waitFor(t, "a data frame waiting for room", func() bool { return w.Stats().Waiting == 1 })
+
+	if err := w.SendWait(chunk(-1), time.Now().Add(20*time.Millisecond), nil); !errors.Is(err, ErrWaitDeadline) {
+		t.Fatalf("with a deadline: %v, want ErrWaitDeadline", err)
+	}
+	canceled := make(chan struct{})
+	close(canceled)
+	if err := w.SendWait(chunk(-1), time.Time{}, canceled); !errors.Is(err, ErrWaitCanceled) {
+		t.Fatalf("canceled: %v, want ErrWaitCanceled", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := w.SendContext(ctx, chunk(-1)); !errors.Is(err, ErrWaitCanceled) {
+		t.Fatalf("context canceled: %v, want ErrWaitCanceled", err)
+	}
+	// Control frames take the reserve and are then dropped, never waiting.
+	pings := 0
+	for {
+		err := w.Send(&protocol.Ping{Sequence: uint64(pings)})
+		if errors.Is(err, ErrBackedUp) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if pings++; pings > limit {
+			t.Fatal("control frames never refused on a backed-up connection")
+		}
+	}
+	st := w.Stats()
+	if pings == 0 || st.ControlDropped != 1 || st.Pending > limit || st.PendingHigh > limit || st.Waits < 4 {
+		t.Fatalf("%d pings queued; stats %+v", pings, st)
+	}
+	select {
+	case err := <-sent:
+		t.Fatalf("the sender finished while the peer did not read: %v", err)
+	default:
+	}
+
+	// The peer reads: the waiting sender is released.
+	got := make(chan []protocol.MsgType, 1)
+	go func() {
+		fr := uds.NewFrameReader(peer)
+		var types []protocol.MsgType
+		var next uint32
+		for len(types) < frames+pings {
+			typ, p, err := fr.Next()
+			if err != nil {
+				break
+			}
+			if typ == protocol.TypeRequestBodyChunk {
+				var c protocol.BodyChunk
+				if c.Decode(p) != nil || c.ChunkIndex != next || len(c.Data) != 2048 {
+					break
+				}
+				next++
+			}
+			types = append(types, typ)
+		}
+		got <- types
+	}()
+	select {
+	case err := <-sent:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(hangGuard):
+		t.Fatal("the waiting sender was not released when the peer read")
+	}
+	types := <-got
+	if len(types) != frames+pings {
+		t.Fatalf("peer read %d whole frames in order, want %d", len(types), frames+pings)
+	}
+	if st := w.Stats(); st.PendingHigh > limit || st.Frames != uint64(frames+pings) {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+// TestCloseReleasesWaiters: a sender waiting for room fails with ErrClosed
+// when the connection closes.
+func TestCloseReleasesWaiters(t *testing.T) {
+	nc, _ := socketPair(t)
+	w := NewWriter(nc, Config{MaxPendingBytes: 8 << 10}, nil)
+	errc := make(chan error, 1)
+	go func() {
+		for i := 0; ; i++ {
+			if err := w.SendWait(chunk(i), time.Time{}, nil); err != nil {
+				errc <- err
+				return
+			}
+		}
+	}()
+	waitFor(t, "a data frame waiting for room", func() bool { return w.Stats().Waiting == 1 })
+	w.Close()
+	select {
+	case err := <-errc:
+		if !errors.Is(err, ErrClosed) {
+			t.Fatalf("err = %v, want ErrClosed", err)
+		}
+	case <-time.After(hangGuard):
+		t.Fatal("waiter not released by Close")
+	}
+}
+
+// TestFrameLargerThanCapGoesAlone: a frame bigger than the whole cap is
+// queued once nothing else is pending, instead of waiting forever.
+func TestFrameLargerThanCapGoesAlone(t *testing.T) {
+	nc, peer := socketPair(t)
+	w := NewWriter(nc, Config{MaxPendingBytes: 4 << 10}, nil)
+	defer w.Close()
+	big := (&protocol.BodyChunk{RequestID: 7, Data: make([]byte, 64<<10), TotalSize: -1, Progress: -1}).As(protocol.PhaseResponse)
+	errc := make(chan error, 1)
+	go func() { errc <- w.SendWait(big, time.Time{}, nil) }()
+	fr := uds.NewFrameReader(peer)
+	typ, p, err := fr.Next()
+	if err != nil || typ != protocol.TypeResponseBodyChunk {
+		t.Fatalf("frame %s: %v", typ, err)
+	}
+	var c protocol.BodyChunk
+	if err := c.Decode(p); err != nil || c.RequestID != 7 || len(c.Data) != 64<<10 {
+		t.Fatalf("decoded %d bytes for request %d: %v", len(c.Data), c.RequestID, err)
+	}
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+}
