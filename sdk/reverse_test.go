@@ -11,6 +11,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/zentinelproxy/sidecar/internal/reverse"
+	"github.com/zentinelproxy/sidecar/internal/testutil"
 	"github.com/zentinelproxy/sidecar/protocol"
 	"github.com/zentinelproxy/sidecar/sdk"
 )
@@ -60,17 +61,6 @@ func serveReverse(t *testing.T, cfg sdk.ReverseConfig) {
 	})
 }
 
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
 func TestReverseConfigErrors(t *testing.T) {
 	dir := t.TempDir()
 	cases := []struct {
@@ -107,11 +97,11 @@ func TestReverseTokenFileRotation(t *testing.T) {
 		Address: socketOf(t, l), AgentID: "waf-1", TokenFile: tokenFile,
 		BackoffMin: time.Millisecond, BackoffMax: 10 * time.Millisecond,
 	})
-	waitUntil(t, "refusal", func() bool { return l.Stats().RejectedAuth >= 1 })
+	testutil.WaitFor(t, "refusal", func() bool { return l.Stats().RejectedAuth >= 1 })
 	if err := os.WriteFile(tokenFile, []byte("new\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, "registration with the new token", func() bool { return l.Agent("waf").Snapshot().Connections == 1 })
+	testutil.WaitFor(t, "registration with the new token", func() bool { return l.Agent("waf").Snapshot().Connections == 1 })
 }
 
 // TestReverseConns: one instance keeps several connections under one id.
@@ -122,7 +112,7 @@ func TestReverseConns(t *testing.T) {
 		Address: socketOf(t, l), AgentID: "waf-1", Token: "new", Conns: 3,
 		OnRegistered: func(id string) { assigned <- id },
 	})
-	waitUntil(t, "three connections", func() bool { return l.Agent("waf").Snapshot().Connections == 3 })
+	testutil.WaitFor(t, "three connections", func() bool { return l.Agent("waf").Snapshot().Connections == 3 })
 	seen := map[string]bool{}
 	for i := 0; i < 3; i++ {
 		seen[<-assigned] = true
@@ -140,14 +130,17 @@ func TestReverseIdleTimeout(t *testing.T) {
 		Address: socketOf(t, l), AgentID: "waf-1", Token: "new", IdleTimeout: 20 * time.Millisecond,
 		BackoffMin: time.Millisecond, BackoffMax: time.Millisecond,
 	})
-	waitUntil(t, "reconnects", func() bool { return l.Stats().Accepted >= 3 })
+	testutil.WaitFor(t, "reconnects", func() bool { return l.Stats().Accepted >= 3 })
 
-	l2 := reverseListener(t, func(c *reverse.Config) { c.PingInterval = 5 * time.Millisecond; c.PingTimeout = time.Second })
+	// Pinged every 5ms, the agent's 1s idle timeout would need a 200-ping
+	// gap to fire; the proxy's ping timeout is out of reach. Three idle
+	// timeouts pass.
+	l2 := reverseListener(t, func(c *reverse.Config) { c.PingInterval = 5 * time.Millisecond; c.PingTimeout = 10 * time.Second })
 	serveReverse(t, sdk.ReverseConfig{
 		Address: socketOf(t, l2), AgentID: "waf-1", Token: "new", IdleTimeout: time.Second,
 	})
-	waitUntil(t, "registration", func() bool { return l2.Stats().Accepted == 1 })
-	time.Sleep(1500 * time.Millisecond)
+	testutil.WaitFor(t, "registration", func() bool { return l2.Stats().Accepted == 1 })
+	time.Sleep(3 * time.Second)
 	if n := l2.Stats().Accepted; n != 1 {
 		t.Errorf("pinged connection reconnected: %d registrations", n)
 	}

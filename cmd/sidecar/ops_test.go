@@ -20,6 +20,8 @@ import (
 	"time"
 
 	stest "github.com/zentinelproxy/sidecar/internal/supervisor/supervisortest"
+	"github.com/zentinelproxy/sidecar/internal/testutil"
+	"github.com/zentinelproxy/sidecar/internal/testutil/testagent"
 )
 
 // The tests of this file run the real binary: what only a process shows
@@ -263,10 +265,10 @@ func (r *loadResult) waitDone(t *testing.T) {
 // the load sees no error but refused connections once the listener is
 // gone.
 func TestSIGTERMDrainsInFlight(t *testing.T) {
-	dir := stest.Dir(t)
+	dir := testutil.SocketDir(t)
 	up := stest.StartUpstream(t, "app")
 	sock := filepath.Join(dir, "policy.sock")
-	stest.ServeAgent(t, sock, stest.NewPolicyAgent())
+	testagent.Serve(t, sock, stest.NewPolicyAgent())
 	path := filepath.Join(dir, "sidecar.yaml")
 	stest.WriteConfig(t, path, fmt.Sprintf(`
 listeners: [{address: "127.0.0.1:0"}]
@@ -280,7 +282,7 @@ admin: {address: "127.0.0.1:0"}
 	const clients = 16
 	urls := []string{p.data + "/slow/a?ms=300", p.data + "/fast", p.data + "/slow/b?ms=100", p.data + "/fast2"}
 	res := runLoad(clients, urls, nil)
-	stest.WaitFor(t, "load under way", func() bool {
+	testutil.WaitFor(t, "load under way", func() bool {
 		ok, _, _ := res.snapshot()
 		return ok >= 50 && up.InFlight.Load() >= 4
 	})
@@ -336,7 +338,7 @@ func reloadField(m map[string]any, k string) any {
 // POST /reload) is refused with its line and the running configuration
 // keeps serving.
 func TestSIGHUPBrokenConfigKeepsOld(t *testing.T) {
-	dir := stest.Dir(t)
+	dir := testutil.SocketDir(t)
 	up := stest.StartUpstream(t, "one")
 	path := filepath.Join(dir, "sidecar.yaml")
 	good := fmt.Sprintf(`
@@ -350,7 +352,7 @@ admin: {address: "127.0.0.1:0"}
 
 	stest.WriteConfig(t, path, strings.Replace(good, "upstream: app}", "upstream: nope}", 1))
 	p.signal(syscall.SIGHUP)
-	stest.WaitFor(t, "failed reload recorded", func() bool { return reloadField(status(t, p.admin), "failures") == 1.0 })
+	testutil.WaitFor(t, "failed reload recorded", func() bool { return reloadField(status(t, p.admin), "failures") == 1.0 })
 	st := status(t, p.admin)
 	if msg := fmt.Sprint(reloadField(st, "last_error")); !strings.Contains(msg, "line 4") || !strings.Contains(msg, "nope") {
 		t.Errorf("last_error %q", msg)
@@ -402,15 +404,15 @@ admin: {address: "127.0.0.1:0"}
 // and an agent takes effect without a single failed request, and keeps
 // the connection of the agent that did not change.
 func TestSIGHUPNewRoute(t *testing.T) {
-	dir := stest.Dir(t)
+	dir := testutil.SocketDir(t)
 	one := stest.StartUpstream(t, "one")
 	two := stest.StartUpstream(t, "two")
 	policySock := filepath.Join(dir, "policy.sock")
 	tagSock := filepath.Join(dir, "tag.sock")
 	policy := stest.NewPolicyAgent()
-	stest.ServeAgent(t, policySock, policy)
+	testagent.Serve(t, policySock, policy)
 	tagger := stest.NewPolicyAgent()
-	stest.ServeAgent(t, tagSock, tagger)
+	testagent.Serve(t, tagSock, tagger)
 	path := filepath.Join(dir, "sidecar.yaml")
 	head := fmt.Sprintf(`
 listeners: [{address: "127.0.0.1:0"}]
@@ -428,7 +430,7 @@ admin: {address: "127.0.0.1:0"}
 
 	stop := make(chan struct{})
 	res := runLoad(8, []string{p.data + "/x", p.data + "/two/y"}, stop)
-	stest.WaitFor(t, "load under way", func() bool { ok, _, _ := res.snapshot(); return ok >= 100 })
+	testutil.WaitFor(t, "load under way", func() bool { ok, _, _ := res.snapshot(); return ok >= 100 })
 	if res.body("two") != 0 {
 		t.Fatal("upstream two answered before the reload")
 	}
@@ -439,7 +441,7 @@ routes:
 admin: {address: "127.0.0.1:0"}
 `, tagSock))
 	p.signal(syscall.SIGHUP)
-	stest.WaitFor(t, "the new route", func() bool { return res.body("two") >= 50 })
+	testutil.WaitFor(t, "the new route", func() bool { return res.body("two") >= 50 })
 	close(stop)
 	res.waitDone(t)
 

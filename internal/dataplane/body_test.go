@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/zentinelproxy/sidecar/internal/testutil"
 	"github.com/zentinelproxy/sidecar/protocol"
 	"github.com/zentinelproxy/sidecar/sdk"
 )
@@ -104,7 +105,7 @@ func TestStreamingRequestBodyChunkedUpload(t *testing.T) {
 	fmt.Fprintf(c, "POST /upload HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
 	for _, ch := range []string{"a", "b", "c"} {
 		fmt.Fprintf(c, "400\r\n%s\r\n", strings.Repeat(ch, 1024))
-		waitFor(t, "chunk "+ch+" at the agent", func() bool { n := len(rec.all()); return n > 0 && rec.all()[n-1].Data[0] == ch[0] })
+		testutil.WaitFor(t, "chunk "+ch+" at the agent", func() bool { n := len(rec.all()); return n > 0 && rec.all()[n-1].Data[0] == ch[0] })
 	}
 	fmt.Fprintf(c, "0\r\n\r\n")
 	resp, err := http.ReadResponse(br, nil)

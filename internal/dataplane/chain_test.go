@@ -13,6 +13,7 @@ import (
 
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/internal/config"
+	"github.com/zentinelproxy/sidecar/internal/testutil"
 	"github.com/zentinelproxy/sidecar/internal/udsclient"
 	"github.com/zentinelproxy/sidecar/protocol"
 	"github.com/zentinelproxy/sidecar/sdk"
@@ -74,7 +75,7 @@ func TestChainFirstNonAllowWins(t *testing.T) {
 	}
 	// a had allowed and still expected the response: it is told the
 	// request was decided. c never hears of the request.
-	waitFor(t, "a's CancelRequest", func() bool { return slices.Contains(a.seen(), "cancel:decided") })
+	testutil.WaitFor(t, "a's CancelRequest", func() bool { return slices.Contains(a.seen(), "cancel:decided") })
 	if got := a.seen(); !slices.Equal(got, []string{"request_headers", "cancel:decided"}) {
 		t.Errorf("a saw %v", got)
 	}
@@ -120,7 +121,7 @@ func TestFailurePolicies(t *testing.T) {
 			u := newUpstream(t, nil)
 			var path string
 			if tc.down {
-				path = sockPath(t) // nothing listens here
+				path = testutil.SocketPath(t) // nothing listens here
 			} else {
 				path = serveAgent(t, slowAgent(release, nil))
 			}
@@ -205,7 +206,7 @@ func TestClientDisconnectCancelsAgent(t *testing.T) {
 	case <-time.After(hangGuard):
 		t.Fatal("agent's context was not canceled after the client went away")
 	}
-	waitFor(t, "client-gone counter", func() bool { return p.srv.Stats().ClientGone == 1 })
+	testutil.WaitFor(t, "client-gone counter", func() bool { return p.srv.Stats().ClientGone == 1 })
 	if up.count() != 0 {
 		t.Errorf("upstream contacted for a vanished client")
 	}

@@ -8,8 +8,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -21,6 +19,8 @@ import (
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/internal/config"
 	"github.com/zentinelproxy/sidecar/internal/dataplane"
+	"github.com/zentinelproxy/sidecar/internal/testutil"
+	"github.com/zentinelproxy/sidecar/internal/testutil/testagent"
 	"github.com/zentinelproxy/sidecar/internal/udsclient"
 	"github.com/zentinelproxy/sidecar/protocol"
 	"github.com/zentinelproxy/sidecar/sdk"
@@ -75,32 +75,11 @@ func headersOnly() protocol.Capabilities {
 	return protocol.Capabilities{HandlesRequestHeaders: true, SupportsCancellation: true}
 }
 
-func sockPath(t testing.TB) string {
-	t.Helper()
-	// Unix socket paths are limited to 107 bytes; t.TempDir can be longer.
-	dir, err := os.MkdirTemp("", "dp")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	return filepath.Join(dir, "a.sock")
-}
-
 // serveAgent runs h on a fresh Unix socket and returns its path.
 func serveAgent(t testing.TB, h sdk.Handler) string {
 	t.Helper()
-	path := sockPath(t)
-	ln, err := sdk.ListenUDS(path, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = sdk.Serve(ctx, ln, h, nil)
-	}()
-	t.Cleanup(func() { cancel(); <-done })
+	path := testutil.SocketPath(t)
+	testagent.Serve(t, path, h)
 	return path
 }
 
@@ -368,18 +347,6 @@ func setup(t testing.TB, up http.HandlerFunc, names []string, handlers map[strin
 	return startProxy(t, cfg, agents, nil), u
 }
 
-// waitFor polls cond until it holds or the hang guard expires.
-func waitFor(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(hangGuard)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
-
 // rawAgent is a frame-level agent that records every event and cancel it
 // receives and answers each event with answer's Decision (allow when nil).
 type rawAgent struct {
@@ -404,96 +371,56 @@ func (r *rawAgent) seen() []string {
 func serveRaw(t testing.TB, caps protocol.Capabilities, answer func(protocol.MsgType, uint64) *protocol.Decision) (string, *rawAgent) {
 	t.Helper()
 	ra := &rawAgent{answer: answer}
-	path := sockPath(t)
-	ln, err := net.Listen("unix", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var open []net.Conn
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	path := testutil.SocketPath(t)
+	testagent.Raw(t, path, caps, func(nc net.Conn, fr *uds.FrameReader) {
 		for {
-			nc, err := ln.Accept()
+			typ, payload, err := fr.Next()
 			if err != nil {
 				return
 			}
-			mu.Lock()
-			open = append(open, nc)
-			mu.Unlock()
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer nc.Close()
-				fr := uds.NewFrameReader(nc)
-				if _, _, err := fr.Next(); err != nil {
+			var id uint64
+			switch typ {
+			case protocol.TypeCancelRequest:
+				var m protocol.CancelRequest
+				if m.Decode(payload) == nil {
+					ra.record("cancel:" + string(m.Reason))
+				}
+				continue
+			case protocol.TypeRequestHeaders:
+				var m protocol.RequestHeaders
+				if m.Decode(payload) != nil {
 					return
 				}
-				hs := protocol.HandshakeResponse{ProtocolVersion: 2, AgentName: "raw", Accepted: true, Capabilities: caps}
-				if uds.WriteFrame(nc, &hs) != nil {
+				id = m.RequestID
+				ra.record("request_headers")
+			case protocol.TypeResponseHeaders:
+				var m protocol.ResponseHeaders
+				if m.Decode(payload) != nil {
 					return
 				}
-				for {
-					typ, payload, err := fr.Next()
-					if err != nil {
-						return
-					}
-					var id uint64
-					switch typ {
-					case protocol.TypeCancelRequest:
-						var m protocol.CancelRequest
-						if m.Decode(payload) == nil {
-							ra.record("cancel:" + string(m.Reason))
-						}
-						continue
-					case protocol.TypeRequestHeaders:
-						var m protocol.RequestHeaders
-						if m.Decode(payload) != nil {
-							return
-						}
-						id = m.RequestID
-						ra.record("request_headers")
-					case protocol.TypeResponseHeaders:
-						var m protocol.ResponseHeaders
-						if m.Decode(payload) != nil {
-							return
-						}
-						id = m.RequestID
-						ra.record("response_headers")
-					case protocol.TypeRequestBodyChunk, protocol.TypeResponseBodyChunk:
-						var m protocol.BodyChunk
-						if m.Decode(payload) != nil {
-							return
-						}
-						id = m.RequestID
-						ra.record(typ.String())
-					default:
-						continue
-					}
-					d := &protocol.Decision{}
-					if ra.answer != nil {
-						if a := ra.answer(typ, id); a != nil {
-							d = a
-						}
-					}
-					d.RequestID = id
-					if uds.WriteFrame(nc, d) != nil {
-						return
-					}
+				id = m.RequestID
+				ra.record("response_headers")
+			case protocol.TypeRequestBodyChunk, protocol.TypeResponseBodyChunk:
+				var m protocol.BodyChunk
+				if m.Decode(payload) != nil {
+					return
 				}
-			}()
+				id = m.RequestID
+				ra.record(typ.String())
+			default:
+				continue
+			}
+			d := &protocol.Decision{}
+			if ra.answer != nil {
+				if a := ra.answer(typ, id); a != nil {
+					d = a
+				}
+			}
+			d.RequestID = id
+			if uds.WriteFrame(nc, d) != nil {
+				return
+			}
 		}
-	}()
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		for _, c := range open {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
 	})
 	return path, ra
 }

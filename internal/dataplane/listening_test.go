@@ -10,6 +10,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/zentinelproxy/sidecar/internal/dataplane"
+	"github.com/zentinelproxy/sidecar/internal/testutil"
 )
 
 // TestListeningAndAddrs: the server reports its bound addresses (port 0
@@ -20,7 +21,7 @@ func TestListeningAndAddrs(t *testing.T) {
 listeners: [{address: "127.0.0.1:0"}, {address: "unix:{{.sock}}"}]
 upstreams: [{name: app, address: "{{.up}}"}]
 routes: [{upstream: app}]
-`, map[string]any{"up": up.addr(), "sock": sockPath(t)})
+`, map[string]any{"up": up.addr(), "sock": testutil.SocketPath(t)})
 	srv, err := dataplane.New(dataplane.Config{File: cfg}, nil, zerolog.Nop())
 	if err != nil {
 		t.Fatal(err)
@@ -30,7 +31,7 @@ routes: [{upstream: app}]
 	}
 	served := make(chan error, 1)
 	go func() { served <- srv.ListenAndServe() }()
-	waitFor(t, "listening", srv.Listening)
+	testutil.WaitFor(t, "listening", srv.Listening)
 	addrs := srv.Addrs()
 	if len(addrs) != 2 || addrs[0].Network() != "tcp" || addrs[1].Network() != "unix" || strings.HasSuffix(addrs[0].String(), ":0") {
 		t.Fatalf("addrs %v", addrs)

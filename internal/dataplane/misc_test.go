@@ -19,6 +19,7 @@ import (
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/internal/config"
 	"github.com/zentinelproxy/sidecar/internal/dataplane"
+	"github.com/zentinelproxy/sidecar/internal/testutil"
 	"github.com/zentinelproxy/sidecar/internal/udsclient"
 	"github.com/zentinelproxy/sidecar/protocol"
 	"github.com/zentinelproxy/sidecar/sdk"
@@ -97,7 +98,7 @@ func TestClientGoneMidUpload(t *testing.T) {
 	}
 	fmt.Fprintf(c, "POST /up HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n")
 	c.Write(make([]byte, 10000))
-	waitFor(t, "chunks at the agent", func() bool {
+	testutil.WaitFor(t, "chunks at the agent", func() bool {
 		return slices.Contains(ra.seen(), "RequestBodyChunk")
 	})
 	c.Close()
@@ -109,8 +110,8 @@ func TestClientGoneMidUpload(t *testing.T) {
 	case <-time.After(hangGuard):
 		t.Fatal("upstream request not aborted")
 	}
-	waitFor(t, "CancelRequest at the agent", func() bool { return slices.Contains(ra.seen(), "cancel:client_disconnect") })
-	waitFor(t, "client-gone counter", func() bool { return p.srv.Stats().ClientGone == 1 })
+	testutil.WaitFor(t, "CancelRequest at the agent", func() bool { return slices.Contains(ra.seen(), "cancel:client_disconnect") })
+	testutil.WaitFor(t, "client-gone counter", func() bool { return p.srv.Stats().ClientGone == 1 })
 }
 
 func TestTruncatedChunkedUploadIsNotComplete(t *testing.T) {
@@ -190,7 +191,7 @@ func TestChunkedUpstreamResponse(t *testing.T) {
 	if err == nil {
 		t.Fatal("a truncated upstream body reached the client as complete")
 	}
-	waitFor(t, "aborted counter", func() bool { return p.srv.Stats().ResponseAborted == 1 })
+	testutil.WaitFor(t, "aborted counter", func() bool { return p.srv.Stats().ResponseAborted == 1 })
 }
 
 func TestUpstreamAnswersEarly(t *testing.T) {
@@ -209,13 +210,16 @@ func TestStaleKeepAliveIsRetried(t *testing.T) {
 	// The upstream closes idle connections after 30ms, well before the
 	// proxy's keep-alive: every request after a pause finds its pooled
 	// connection closed and must be retried on a fresh one.
-	var conns atomic.Int32
+	var conns, closed atomic.Int32
 	srv := &http.Server{
 		IdleTimeout: 30 * time.Millisecond,
 		Handler:     http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok")) }),
 		ConnState: func(_ net.Conn, s http.ConnState) {
-			if s == http.StateNew {
+			switch s {
+			case http.StateNew:
 				conns.Add(1)
+			case http.StateClosed:
+				closed.Add(1)
 			}
 		},
 	}
@@ -232,7 +236,10 @@ func TestStaleKeepAliveIsRetried(t *testing.T) {
 		if resp.StatusCode != 200 {
 			t.Fatalf("request %d: %d", i, resp.StatusCode)
 		}
-		time.Sleep(80 * time.Millisecond)
+		// Until the upstream closed the idle connection: the next request
+		// finds it dead in the pool.
+		testutil.WaitFor(t, "upstream closes the idle connection", func() bool { return closed.Load() == int32(i+1) })
+		time.Sleep(20 * time.Millisecond) // let the FIN reach the proxy's socket
 	}
 	if st := p.srv.Stats(); st.UpstreamErrors != 0 || conns.Load() != 3 {
 		t.Fatalf("upstream errors %d, upstream connections %d (want 3)", st.UpstreamErrors, conns.Load())
@@ -251,7 +258,7 @@ func TestFailOpenThenBlock(t *testing.T) {
 	}})
 	cfg := configText(t, oneAgentConfig, map[string]any{
 		"Upstream": u.addr(), "Chain": "a, b",
-		"Agents": map[string]agentSpec{"a": {Path: sockPath(t), Failure: "open"}, "b": {Path: pathB}},
+		"Agents": map[string]agentSpec{"a": {Path: testutil.SocketPath(t), Failure: "open"}, "b": {Path: pathB}},
 	})
 	down, err := udsclient.NewClient(udsclient.DefaultConfig("a", cfg.Agent("a").Address))
 	if err != nil {
@@ -374,7 +381,7 @@ routes: [{name: open, upstream: app2}]
 	if !slices.Equal(p.srv.Routes(), []string{"open"}) || len(p.srv.Agents()) != 0 {
 		t.Errorf("routes %v agents %v", p.srv.Routes(), p.srv.Agents())
 	}
-	waitFor(t, "dropped agent closed", func() bool { return !a.Snapshot().Ready })
+	testutil.WaitFor(t, "dropped agent closed", func() bool { return !a.Snapshot().Ready })
 	// A swap to a config referencing an agent without an instance fails
 	// and leaves the table as it was.
 	if err := p.srv.Swap(cfg, nil); err == nil {
@@ -418,7 +425,7 @@ func TestShutdownFinishesInFlightThenClosesAgents(t *testing.T) {
 		resp.Body.Close()
 		got <- string(b)
 	}()
-	waitFor(t, "request in flight", inHandler.Load)
+	testutil.WaitFor(t, "request in flight", inHandler.Load)
 	done := make(chan error, 1)
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), hangGuard)
@@ -482,7 +489,7 @@ func (r *summaryRecorder) RecordRequest(s *dataplane.RequestSummary) {
 func (r *summaryRecorder) last(t *testing.T) dataplane.RequestSummary {
 	t.Helper()
 	var s dataplane.RequestSummary
-	waitFor(t, "a summary", func() bool {
+	testutil.WaitFor(t, "a summary", func() bool {
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		if len(r.sums) == 0 {
@@ -542,7 +549,7 @@ func TestRequestSummaries(t *testing.T) {
 }
 
 func TestUnixListenerAndUpstream(t *testing.T) {
-	upPath := sockPath(t)
+	upPath := testutil.SocketPath(t)
 	uln, err := net.Listen("unix", upPath)
 	if err != nil {
 		t.Fatal(err)
@@ -552,7 +559,7 @@ func TestUnixListenerAndUpstream(t *testing.T) {
 	})}
 	go usrv.Serve(uln)
 	t.Cleanup(func() { usrv.Close() })
-	lnPath := sockPath(t)
+	lnPath := testutil.SocketPath(t)
 	cfg, err := config.Parse([]byte(fmt.Sprintf(`
 listeners: [{address: "unix:%s"}]
 upstreams: [{name: app, address: "unix:%s"}]
@@ -571,7 +578,7 @@ routes: [{name: r, upstream: app}]
 		return (&net.Dialer{}).DialContext(ctx, "unix", lnPath)
 	}}}
 	var resp *http.Response
-	waitFor(t, "unix listener", func() bool {
+	testutil.WaitFor(t, "unix listener", func() bool {
 		resp, err = client.Get("http://svc.local/")
 		return err == nil
 	})

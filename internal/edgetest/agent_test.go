@@ -6,7 +6,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"testing"
 
 	"github.com/zentinelproxy/sidecar/protocol"
 	"github.com/zentinelproxy/sidecar/sdk"
@@ -96,20 +95,4 @@ func (a *policyAgent) OnRequestHeaders(_ context.Context, m *protocol.RequestHea
 		d.RequestHeaderOps = append(d.RequestHeaderOps, op(protocol.HeaderAdd, "x-agent", []byte("seen")))
 	}
 	return nil
-}
-
-// serveAgent serves h on a Unix socket at path until the test ends.
-func serveAgent(t *testing.T, path string, h sdk.Handler) {
-	t.Helper()
-	ln, err := sdk.ListenUDS(path, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = sdk.Serve(ctx, ln, h, nil)
-	}()
-	t.Cleanup(func() { cancel(); <-done })
 }

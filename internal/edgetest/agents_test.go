@@ -11,6 +11,8 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/zentinelproxy/sidecar/internal/testutil"
+	"github.com/zentinelproxy/sidecar/internal/testutil/testagent"
 	"github.com/zentinelproxy/sidecar/protocol"
 	"github.com/zentinelproxy/sidecar/uds"
 )
@@ -20,57 +22,20 @@ import (
 // never sends the rest.
 func stallingAgent(t *testing.T, path string) {
 	t.Helper()
-	ln, err := net.Listen("unix", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var open []net.Conn
-	go func() {
+	caps := protocol.Capabilities{HandlesRequestHeaders: true, MaxConcurrentRequests: 100}
+	testagent.Raw(t, path, caps, func(nc net.Conn, fr *uds.FrameReader) {
+		stalled := false
 		for {
-			nc, err := ln.Accept()
+			t, _, err := fr.Next()
 			if err != nil {
 				return
 			}
-			mu.Lock()
-			open = append(open, nc)
-			mu.Unlock()
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				fr := uds.NewFrameReader(nc)
-				if _, _, err := fr.Next(); err != nil {
-					return
-				}
-				resp := protocol.HandshakeResponse{ProtocolVersion: 2, AgentName: "stall", Accepted: true,
-					Capabilities: protocol.Capabilities{HandlesRequestHeaders: true, MaxConcurrentRequests: 100}}
-				if uds.WriteFrame(nc, &resp) != nil {
-					return
-				}
-				stalled := false
-				for {
-					t, _, err := fr.Next()
-					if err != nil {
-						return
-					}
-					if t == protocol.TypeRequestHeaders && !stalled {
-						stalled = true
-						hdr := []byte{0x00, 0x10, 0x00, 0x00, byte(protocol.TypeDecision)}
-						_, _ = nc.Write(append(hdr, []byte(strings.Repeat("{", 100))...))
-					}
-				}
-			}()
+			if t == protocol.TypeRequestHeaders && !stalled {
+				stalled = true
+				hdr := []byte{0x00, 0x10, 0x00, 0x00, byte(protocol.TypeDecision)}
+				_, _ = nc.Write(append(hdr, []byte(strings.Repeat("{", 100))...))
+			}
 		}
-	}()
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		for _, c := range open {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
 	})
 }
 
@@ -80,7 +45,7 @@ func stallingAgent(t *testing.T, path string) {
 // connection-lost answer of a fail-closed agent) — not after the message
 // timeout (which would answer 504).
 func TestStalledAgentFrame(t *testing.T) {
-	dir := tempDir(t)
+	dir := testutil.SocketDir(t)
 	up := startUpstream(t)
 	stallingAgent(t, filepath.Join(dir, "stall.sock"))
 	sc := startSidecar(t, dir, fmt.Sprintf(`listeners:
@@ -102,7 +67,7 @@ routes:
     upstream: app
     agents: [stall]
 `, up.addr, filepath.Join(dir, "stall.sock")), "")
-	waitFor(t, "agent connected", func() bool {
+	testutil.WaitFor(t, "agent connected", func() bool {
 		resp, err := http.Get("http://" + sc.admin + "/readyz")
 		if err != nil {
 			return false
@@ -146,7 +111,7 @@ routes:
 // request fails the same way; the log gets a bounded number of lines for
 // it, the counters get every request.
 func TestAgentOutageLogsRateLimited(t *testing.T) {
-	dir := tempDir(t)
+	dir := testutil.SocketDir(t)
 	up := startUpstream(t)
 	sc := startSidecar(t, dir, edgeConfig(dir, up.addr, ""), "") // nobody serves policy.sock
 	tr := &http.Transport{}
@@ -180,7 +145,7 @@ func TestAgentOutageLogsRateLimited(t *testing.T) {
 // TestAdminHostCheck: the admin listener answers only loopback, IP and
 // configured host names, so a DNS-rebound browser page cannot read it.
 func TestAdminHostCheck(t *testing.T) {
-	dir := tempDir(t)
+	dir := testutil.SocketDir(t)
 	up := startUpstream(t)
 	sc := startSidecar(t, dir, edgeConfig(dir, up.addr, ""), "")
 	for _, tc := range []struct {

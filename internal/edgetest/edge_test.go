@@ -14,6 +14,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/zentinelproxy/sidecar/internal/testutil"
+	"github.com/zentinelproxy/sidecar/internal/testutil/testagent"
 )
 
 // edgeCase is one row: raw bytes sent at once on a fresh connection.
@@ -281,11 +284,11 @@ routes:
 
 func startEdge(t *testing.T) *edgeEnv {
 	t.Helper()
-	dir := tempDir(t)
+	dir := testutil.SocketDir(t)
 	env := &edgeEnv{up: startUpstream(t), agent: newPolicyAgent(), dir: dir}
-	serveAgent(t, filepath.Join(dir, "policy.sock"), env.agent)
+	testagent.Serve(t, filepath.Join(dir, "policy.sock"), env.agent)
 	env.sc = startSidecar(t, dir, edgeConfig(dir, env.up.addr, ""), "")
-	waitFor(t, "agent connected", func() bool {
+	testutil.WaitFor(t, "agent connected", func() bool {
 		resp, err := http.Get("http://" + env.sc.admin + "/readyz")
 		if err != nil {
 			return false

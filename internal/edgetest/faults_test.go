@@ -12,6 +12,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/zentinelproxy/sidecar/internal/testutil"
+	"github.com/zentinelproxy/sidecar/internal/testutil/testagent"
 )
 
 // TestSlowUpstreamAndLongDownload: read_timeout bounds reading a request
@@ -110,10 +113,10 @@ func TestFDExhaustion(t *testing.T) {
 	if _, err := exec.LookPath("sh"); err != nil {
 		t.Skip("no sh to set the descriptor limit")
 	}
-	dir := tempDir(t)
+	dir := testutil.SocketDir(t)
 	up := startUpstream(t)
 	agent := newPolicyAgent()
-	serveAgent(t, filepath.Join(dir, "policy.sock"), agent)
+	testagent.Serve(t, filepath.Join(dir, "policy.sock"), agent)
 	sc := startSidecar(t, dir, edgeConfig(dir, up.addr, "    max_connections: 100"), "ulimit -n 256; exec")
 
 	// A keep-alive connection opened before the exhaustion.
@@ -169,7 +172,7 @@ func TestFDExhaustion(t *testing.T) {
 		pending = append(pending, c)
 		go func() { _, _ = io.WriteString(c, get("/fd", "public.example", fmt.Sprintf("queued-%d", i))) }()
 	}
-	waitFor(t, "an accept failure", func() bool {
+	testutil.WaitFor(t, "an accept failure", func() bool {
 		for _, line := range sc.log() {
 			if strings.Contains(line, "accept failed") {
 				return true

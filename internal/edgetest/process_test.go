@@ -73,18 +73,6 @@ type sidecar struct {
 	lines []string
 }
 
-// tempDir is a short directory for sockets (a Unix socket path must stay
-// under 108 bytes, which t.TempDir() can exceed).
-func tempDir(t *testing.T) string {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "edge")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	return dir
-}
-
 // startSidecar writes config to dir and runs the binary on it; shell, if
 // set, wraps the command (e.g. "ulimit -n 256; exec").
 func startSidecar(t *testing.T, dir, config, shell string) *sidecar {
@@ -193,16 +181,4 @@ func (s *sidecar) counter(t *testing.T, key string) float64 {
 	req, _ := s.status(t)["requests"].(map[string]any)
 	v, _ := req[key].(float64)
 	return v
-}
-
-// waitFor polls cond until it holds or longWait passes.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(longWait)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }

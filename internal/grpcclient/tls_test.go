@@ -1,25 +1,19 @@
 package grpcclient_test
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
-	"math/big"
 	"net"
 	"os"
 	"path/filepath"
 	"testing"
-	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
 	"github.com/zentinelproxy/sidecar/internal/grpcclient"
+	"github.com/zentinelproxy/sidecar/internal/testutil"
 	"github.com/zentinelproxy/sidecar/sdk"
 )
 
@@ -27,47 +21,9 @@ import (
 type testPKI struct {
 	dir                  string
 	caFile               string
-	ca                   *x509.Certificate
-	caKey                *ecdsa.PrivateKey
 	caPool               *x509.CertPool
 	serverCert           tls.Certificate
 	clientCert, clientKy string
-}
-
-func newKey(t *testing.T) *ecdsa.PrivateKey {
-	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return k
-}
-
-var serial int64
-
-func issue(t *testing.T, tmpl *x509.Certificate, parent *x509.Certificate, pub *ecdsa.PublicKey, signer *ecdsa.PrivateKey) *x509.Certificate {
-	serial++
-	tmpl.SerialNumber = big.NewInt(serial)
-	tmpl.NotBefore = time.Now().Add(-time.Hour)
-	tmpl.NotAfter = time.Now().Add(time.Hour)
-	if parent == nil {
-		parent = tmpl
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, parent, pub, signer)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
-}
-
-func writePEM(t *testing.T, path, typ string, der []byte) {
-	t.Helper()
-	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // newPKI makes a CA, a server certificate for serverNames (IP addresses
@@ -75,42 +31,10 @@ func writePEM(t *testing.T, path, typ string, der []byte) {
 // pair written to files.
 func newPKI(t *testing.T, serverNames ...string) *testPKI {
 	t.Helper()
-	p := &testPKI{dir: t.TempDir()}
-	p.caKey = newKey(t)
-	p.ca = issue(t, &x509.Certificate{
-		Subject: pkix.Name{CommonName: "test CA"}, IsCA: true, BasicConstraintsValid: true,
-		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
-	}, nil, &p.caKey.PublicKey, p.caKey)
-	p.caPool = x509.NewCertPool()
-	p.caPool.AddCert(p.ca)
-	p.caFile = filepath.Join(p.dir, "ca.pem")
-	writePEM(t, p.caFile, "CERTIFICATE", p.ca.Raw)
-
-	sk := newKey(t)
-	st := &x509.Certificate{Subject: pkix.Name{CommonName: "agent"}, KeyUsage: x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
-	for _, n := range serverNames {
-		if ip := net.ParseIP(n); ip != nil {
-			st.IPAddresses = append(st.IPAddresses, ip)
-		} else {
-			st.DNSNames = append(st.DNSNames, n)
-		}
-	}
-	sc := issue(t, st, p.ca, &sk.PublicKey, p.caKey)
-	p.serverCert = tls.Certificate{Certificate: [][]byte{sc.Raw}, PrivateKey: sk, Leaf: sc}
-
-	ck := newKey(t)
-	cc := issue(t, &x509.Certificate{Subject: pkix.Name{CommonName: "sidecar"}, KeyUsage: x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}, p.ca, &ck.PublicKey, p.caKey)
-	p.clientCert = filepath.Join(p.dir, "client.pem")
-	p.clientKy = filepath.Join(p.dir, "client-key.pem")
-	writePEM(t, p.clientCert, "CERTIFICATE", cc.Raw)
-	kder, err := x509.MarshalECPrivateKey(ck)
-	if err != nil {
-		t.Fatal(err)
-	}
-	writePEM(t, p.clientKy, "EC PRIVATE KEY", kder)
-	return p
+	ca := testutil.NewPKI(t, "test")
+	server := ca.Server(t, "agent", serverNames...)
+	client := ca.Client(t, "client", "sidecar")
+	return &testPKI{dir: ca.Dir, caFile: ca.CAFile, caPool: ca.Pool, serverCert: server.TLS, clientCert: client.CertFile, clientKy: client.KeyFile}
 }
 
 // serverCreds is the agent's TLS; mtls requires a client certificate

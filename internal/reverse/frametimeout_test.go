@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
+	"github.com/zentinelproxy/sidecar/internal/testutil"
 	"github.com/zentinelproxy/sidecar/protocol"
 )
 
@@ -29,7 +30,7 @@ func TestStalledFrameFromAgent(t *testing.T) {
 		t.Fatal(r.Error)
 	}
 	a := l.Agent("waf")
-	waitFor(t, "in pool", func() bool { return a.Snapshot().Connections == 1 })
+	testutil.WaitFor(t, "in pool", func() bool { return a.Snapshot().Connections == 1 })
 	errc := make(chan error, 1)
 	go func() {
 		_, err := call(context.Background(), a)
@@ -51,5 +52,5 @@ func TestStalledFrameFromAgent(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("request still waiting")
 	}
-	waitFor(t, "stall counted", func() bool { return a.Snapshot().Protocol == 1 })
+	testutil.WaitFor(t, "stall counted", func() bool { return a.Snapshot().Protocol == 1 })
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"io"
 	"net"
-	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -15,6 +14,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
+	"github.com/zentinelproxy/sidecar/internal/testutil"
 	"github.com/zentinelproxy/sidecar/protocol"
 	"github.com/zentinelproxy/sidecar/sdk"
 	"github.com/zentinelproxy/sidecar/uds"
@@ -22,21 +22,11 @@ import (
 
 const testToken = "s3cret-token"
 
-// shortDir returns a directory whose socket paths fit the 107-byte limit.
-func shortDir(t testing.TB) string {
-	d, err := os.MkdirTemp("", "rv")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(d) })
-	return d
-}
-
 // testConfig is a listener on a fresh Unix socket with one agent "waf"
 // admitting "waf-*" with testToken, and small timeouts.
 func testConfig(t testing.TB) Config {
 	cfg := DefaultConfig()
-	cfg.UnixPath = filepath.Join(shortDir(t), "r.sock")
+	cfg.UnixPath = filepath.Join(testutil.SocketDir(t), "r.sock")
 	cfg.Agents = []AgentConfig{{Name: "waf", IDs: []string{"waf-*"}, Tokens: []string{testToken}}}
 	cfg.RegistrationTimeout = 2 * time.Second
 	cfg.FailureDelay = time.Millisecond
@@ -133,18 +123,6 @@ func runAgent(t testing.TB, addr, id, token string, h sdk.Handler, mutate func(*
 	}
 	t.Cleanup(stop)
 	return stop
-}
-
-// waitFor polls cond until it holds; a generous bound only guards against hangs.
-func waitFor(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
 }
 
 // call runs one RequestHeaders exchange and returns the x-agent that answered.

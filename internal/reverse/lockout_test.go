@@ -14,6 +14,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/zentinelproxy/sidecar/internal/testutil"
 	"github.com/zentinelproxy/sidecar/protocol"
 	"github.com/zentinelproxy/sidecar/uds"
 )
@@ -73,7 +74,7 @@ func TestValidTokenNotHeldBehindFlood(t *testing.T) {
 		wg.Add(1)
 		go badRegistration(i)
 	}
-	waitFor(t, "the flood to be held back", func() bool { return l.Stats().Delayed == flood })
+	testutil.WaitFor(t, "the flood to be held back", func() bool { return l.Stats().Delayed == flood })
 
 	// The right token under the flooded id is accepted at once.
 	good := dialRaw(t, "tcp", addr)
@@ -82,13 +83,13 @@ func TestValidTokenNotHeldBehindFlood(t *testing.T) {
 		t.Fatalf("good registration of waf-1 during the flood refused: %q", r.Error)
 	}
 	// It serves no requests: take it out of the pool again.
-	waitFor(t, "waf-1 to serve", func() bool { return l.Stats().Active == 1 })
+	testutil.WaitFor(t, "waf-1 to serve", func() bool { return l.Stats().Active == 1 })
 	_ = good.nc.Close()
-	waitFor(t, "waf-1 to leave", func() bool { return l.Stats().Active == 0 })
+	testutil.WaitFor(t, "waf-1 to leave", func() bool { return l.Stats().Active == 0 })
 	// An SDK agent under another id is accepted too, and serves requests.
 	runAgent(t, addr, "waf-2", testToken, newHandler("waf-2"), nil)
 	a := l.Agent("waf")
-	waitFor(t, "waf-2 to register", func() bool { return l.Stats().Active == 1 })
+	testutil.WaitFor(t, "waf-2 to register", func() bool { return l.Stats().Active == 1 })
 	if _, err := call(context.Background(), a); err != nil {
 		t.Fatalf("request through the pool: %v", err)
 	}
@@ -104,7 +105,7 @@ func TestValidTokenNotHeldBehindFlood(t *testing.T) {
 	// Success does not reset it: the next failure of waf-1 is held too.
 	wg.Add(1)
 	go badRegistration(flood + 1)
-	waitFor(t, "the next failure to be held back", func() bool { return l.Stats().Delayed == flood+1 })
+	testutil.WaitFor(t, "the next failure to be held back", func() bool { return l.Stats().Delayed == flood+1 })
 
 	// A failure of another id from the same address is not slowed by
 	// waf-1's failures: its first failure is answered at once.

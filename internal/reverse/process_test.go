@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
+	"github.com/zentinelproxy/sidecar/internal/testutil"
 	"github.com/zentinelproxy/sidecar/protocol"
 	"github.com/zentinelproxy/sidecar/sdk"
 )
@@ -91,7 +92,7 @@ func TestAgentProcessKilled(t *testing.T) {
 		}
 	}
 	expect("registered")
-	waitFor(t, "process agent in pool", func() bool { return a.Snapshot().Connections == 1 })
+	testutil.WaitFor(t, "process agent in pool", func() bool { return a.Snapshot().Connections == 1 })
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second) // hang guard only
 	defer cancel()
@@ -114,7 +115,7 @@ func TestAgentProcessKilled(t *testing.T) {
 	}
 	// A second, in-process agent joins; then the process dies hard.
 	runAgent(t, cfg.UnixPath, "waf-2", testToken, newHandler("waf-2"), nil)
-	waitFor(t, "second agent", func() bool { return a.Snapshot().Connections == 2 })
+	testutil.WaitFor(t, "second agent", func() bool { return a.Snapshot().Connections == 2 })
 	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
@@ -123,7 +124,7 @@ func TestAgentProcessKilled(t *testing.T) {
 			t.Fatalf("request on the killed process: %v, want ErrAgentConnLost", err)
 		}
 	}
-	waitFor(t, "dead process leaves the pool", func() bool { return a.Snapshot().Connections == 1 })
+	testutil.WaitFor(t, "dead process leaves the pool", func() bool { return a.Snapshot().Connections == 1 })
 	for i := 0; i < 4; i++ {
 		if got, err := call(ctx, a); err != nil || got != "waf-2" {
 			t.Fatalf("after the kill: %q, %v", got, err)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
+	"github.com/zentinelproxy/sidecar/internal/testutil"
 	"github.com/zentinelproxy/sidecar/protocol"
 	"github.com/zentinelproxy/sidecar/sdk"
 )
@@ -143,7 +144,7 @@ func TestRegistration(t *testing.T) {
 			if !tc.accepted {
 				c.closed()
 			}
-			waitFor(t, "counter", func() bool { return tc.stat(l.Stats()) == before+1 })
+			testutil.WaitFor(t, "counter", func() bool { return tc.stat(l.Stats()) == before+1 })
 		})
 	}
 }
@@ -155,7 +156,7 @@ func TestRegistrationTimeout(t *testing.T) {
 	c := dialRaw(t, "unix", cfg.UnixPath)
 	c.sendRaw([]byte{0, 0}) // half a header, then silence
 	c.closed()
-	waitFor(t, "timeout counter", func() bool { s := l.Stats(); return s.Timeouts == 1 && s.Pending == 0 })
+	testutil.WaitFor(t, "timeout counter", func() bool { s := l.Stats(); return s.Timeouts == 1 && s.Pending == 0 })
 	if s := l.Stats(); s.Accepted != 0 || s.Aborted != 0 {
 		t.Errorf("stats after timeout: %+v", s)
 	}
@@ -173,7 +174,7 @@ func TestUnavailableUntilRegistered(t *testing.T) {
 	}
 	h := newHandler("waf-1")
 	runAgent(t, cfg.UnixPath, "waf-1", testToken, h, nil)
-	waitFor(t, "registration", func() bool { return a.Snapshot().Connections == 1 })
+	testutil.WaitFor(t, "registration", func() bool { return a.Snapshot().Connections == 1 })
 	got, err := call(context.Background(), a)
 	if err != nil || got != "waf-1" {
 		t.Fatalf("call: %q, %v", got, err)
@@ -200,12 +201,12 @@ func TestFirstMatchingAgentWins(t *testing.T) {
 		h := newHandler(tc.id)
 		stop := runAgent(t, cfg.UnixPath, tc.id, tc.token, h, nil)
 		a := l.Agent(tc.agent)
-		waitFor(t, tc.id+" in "+tc.agent, func() bool { return a.Snapshot().Connections == 1 })
+		testutil.WaitFor(t, tc.id+" in "+tc.agent, func() bool { return a.Snapshot().Connections == 1 })
 		if got, err := call(context.Background(), a); err != nil || got != tc.id {
 			t.Fatalf("%s via %s: %q, %v", tc.id, tc.agent, got, err)
 		}
 		stop()
-		waitFor(t, tc.id+" gone", func() bool { return a.Snapshot().Connections == 0 })
+		testutil.WaitFor(t, tc.id+" gone", func() bool { return a.Snapshot().Connections == 0 })
 	}
 	if n := l.Agent("auth").Snapshot().Connections; n != 0 {
 		t.Errorf("auth got %d connections", n)
@@ -227,7 +228,7 @@ func TestLeastInFlight(t *testing.T) {
 		hs[id] = h
 		runAgent(t, cfg.UnixPath, id, testToken, h, nil)
 	}
-	waitFor(t, "three connections", func() bool { return a.Snapshot().Connections == 3 })
+	testutil.WaitFor(t, "three connections", func() bool { return a.Snapshot().Connections == 3 })
 
 	const n = 30
 	ctx := context.Background()
@@ -287,7 +288,7 @@ func TestAgentKilledMidFlight(t *testing.T) {
 		h.gate, h.entered = gate, entered
 		stops[id] = runAgent(t, cfg.UnixPath, id, testToken, h, nil)
 	}
-	waitFor(t, "three connections", func() bool { return a.Snapshot().Connections == 3 })
+	testutil.WaitFor(t, "three connections", func() bool { return a.Snapshot().Connections == 3 })
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second) // hang guard only
 	defer cancel()
@@ -325,7 +326,7 @@ func TestAgentKilledMidFlight(t *testing.T) {
 			t.Fatalf("request on the killed agent: %q, %v; want ErrAgentConnLost", r.agent, r.err)
 		}
 	}
-	waitFor(t, "dead connection leaves the pool", func() bool { return a.Snapshot().Connections == 2 })
+	testutil.WaitFor(t, "dead connection leaves the pool", func() bool { return a.Snapshot().Connections == 2 })
 	close(gate)
 	for i := 0; i < n-n/3; i++ {
 		r := <-results
@@ -354,7 +355,7 @@ func TestReconnect(t *testing.T) {
 	runAgent(t, cfg.UnixPath, "waf-1", testToken, h, func(c *sdk.ReverseConfig) {
 		c.OnRegistered = func(id string) { mu.Lock(); ids = append(ids, id); mu.Unlock() }
 	})
-	waitFor(t, "registration", func() bool { return a.Snapshot().Connections == 1 })
+	testutil.WaitFor(t, "registration", func() bool { return a.Snapshot().Connections == 1 })
 	if _, err := call(context.Background(), a); err != nil {
 		t.Fatal(err)
 	}
@@ -363,7 +364,7 @@ func TestReconnect(t *testing.T) {
 	for _, s := range p.Sessions() {
 		_ = s.Close()
 	}
-	waitFor(t, "re-registration", func() bool {
+	testutil.WaitFor(t, "re-registration", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(ids) == 2 && a.Snapshot().Connections == 1
@@ -409,9 +410,9 @@ func TestConnectionLimits(t *testing.T) {
 		t.Fatalf("fourth connection of waf: %+v", r)
 	}
 	// A closed connection frees its slot.
-	waitFor(t, "three in the pool", func() bool { return l.Agent("waf").Snapshot().Connections == 3 })
+	testutil.WaitFor(t, "three in the pool", func() bool { return l.Agent("waf").Snapshot().Connections == 3 })
 	_ = c1.nc.Close()
-	waitFor(t, "slot freed", func() bool { return l.Agent("waf").Snapshot().Connections == 2 })
+	testutil.WaitFor(t, "slot freed", func() bool { return l.Agent("waf").Snapshot().Connections == 2 })
 	if _, r = reg("waf-1"); !r.Accepted {
 		t.Fatalf("after a close: %+v", r)
 	}
@@ -422,7 +423,7 @@ func TestConnectionLimits(t *testing.T) {
 }
 
 func TestTokenSources(t *testing.T) {
-	dir := shortDir(t)
+	dir := testutil.SocketDir(t)
 	file := filepath.Join(dir, "token")
 	if err := os.WriteFile(file, []byte("  from-file\n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -582,7 +583,7 @@ func TestShutdownDrain(t *testing.T) {
 	h.gate = make(chan struct{}) // never opens
 	h.entered = make(chan string, 4)
 	runAgent(t, cfg.UnixPath, "waf-1", testToken, h, func(c *sdk.ReverseConfig) { c.BackoffMin = time.Hour; c.BackoffMax = time.Hour })
-	waitFor(t, "registration", func() bool { return a.Snapshot().Connections == 1 })
+	testutil.WaitFor(t, "registration", func() bool { return a.Snapshot().Connections == 1 })
 	res := make(chan error, 1)
 	go func() { _, err := call(context.Background(), a); res <- err }()
 	<-h.entered
@@ -595,7 +596,7 @@ func TestShutdownDrain(t *testing.T) {
 	if err := <-res; !errors.Is(err, agentmux.ErrAgentConnLost) {
 		t.Fatalf("in flight at shutdown: %v", err)
 	}
-	waitFor(t, "agent handler canceled", func() bool { return h.canceled.Load() == 1 })
+	testutil.WaitFor(t, "agent handler canceled", func() bool { return h.canceled.Load() == 1 })
 	if _, err := a.Begin(agentmux.Wait{}); !errors.Is(err, agentmux.ErrAgentUnavailable) {
 		t.Fatalf("Begin after Close: %v", err)
 	}
@@ -631,6 +632,8 @@ func TestAgentCloseRefusesNewcomers(t *testing.T) {
 // TestPingLiveness: a registered peer that never answers pings is dropped
 // after the ping timeout.
 func TestPingLiveness(t *testing.T) {
+	// A silent connection is dropped after the ping timeout: any timeout
+	// works, since nothing ever answers.
 	cfg := testConfig(t)
 	cfg.PingInterval = 10 * time.Millisecond
 	cfg.PingTimeout = 40 * time.Millisecond
@@ -641,7 +644,7 @@ func TestPingLiveness(t *testing.T) {
 		t.Fatal(r.Error)
 	}
 	a := l.Agent("waf")
-	waitFor(t, "in pool", func() bool { return a.Snapshot().Connections == 1 })
+	testutil.WaitFor(t, "in pool", func() bool { return a.Snapshot().Connections == 1 })
 	// Read the pings but never answer: the proxy gives up.
 	pings := 0
 	for {
@@ -656,13 +659,13 @@ func TestPingLiveness(t *testing.T) {
 	if pings == 0 {
 		t.Error("no ping before the close")
 	}
-	waitFor(t, "dropped from the pool", func() bool { return a.Snapshot().Connections == 0 })
+	testutil.WaitFor(t, "dropped from the pool", func() bool { return a.Snapshot().Connections == 0 })
 	if _, err := a.Begin(agentmux.Wait{}); !errors.Is(err, agentmux.ErrAgentUnavailable) {
 		t.Fatalf("Begin: %v", err)
 	}
 	// An SDK agent answers the pings and stays.
 	runAgent(t, cfg.UnixPath, "waf-2", testToken, newHandler("waf-2"), nil)
-	waitFor(t, "sdk agent", func() bool { return a.Snapshot().Connections == 1 })
+	testutil.WaitFor(t, "sdk agent", func() bool { return a.Snapshot().Connections == 1 })
 	time.Sleep(5 * cfg.PingTimeout)
 	if got, err := call(context.Background(), a); err != nil || got != "waf-2" {
 		t.Fatalf("sdk agent after idle time: %q %v", got, err)
@@ -680,7 +683,7 @@ func TestPermanentRefusalBacksOff(t *testing.T) {
 		c.BackoffMin = time.Millisecond
 		c.BackoffMax = time.Hour // a permanent refusal waits this long
 	})
-	waitFor(t, "refusal", func() bool { return l.Stats().RejectedAuth == 1 })
+	testutil.WaitFor(t, "refusal", func() bool { return l.Stats().RejectedAuth == 1 })
 	time.Sleep(50 * time.Millisecond)
 	if n := l.Stats().RejectedAuth; n != 1 {
 		t.Fatalf("agent retried a permanent refusal %d times at the short backoff", n)
@@ -744,7 +747,7 @@ func TestShutdownSendsCancelAll(t *testing.T) {
 	if _, r := c.answer(); !r.Accepted {
 		t.Fatal(r.Error)
 	}
-	waitFor(t, "in pool", func() bool { return l.Agent("waf").Snapshot().Connections == 1 })
+	testutil.WaitFor(t, "in pool", func() bool { return l.Agent("waf").Snapshot().Connections == 1 })
 	_ = l.Close()
 	<-served
 	var types []protocol.MsgType
@@ -768,7 +771,7 @@ func TestPendingPerPeer(t *testing.T) {
 	l := startListener(t, cfg)
 	s1 := dialRaw(t, "unix", cfg.UnixPath)
 	s2 := dialRaw(t, "unix", cfg.UnixPath)
-	waitFor(t, "two pending", func() bool { return l.Stats().Pending == 2 })
+	testutil.WaitFor(t, "two pending", func() bool { return l.Stats().Pending == 2 })
 	c := dialRaw(t, "unix", cfg.UnixPath)
 	c.closed()
 	if s := l.Stats(); s.Busy != 1 {
@@ -776,7 +779,7 @@ func TestPendingPerPeer(t *testing.T) {
 	}
 	_ = s1.nc.Close()
 	_ = s2.nc.Close()
-	waitFor(t, "pending released", func() bool { return l.Stats().Pending == 0 })
+	testutil.WaitFor(t, "pending released", func() bool { return l.Stats().Pending == 0 })
 	c = dialRaw(t, "unix", cfg.UnixPath)
 	c.send(protocol.TypeRegistrationRequest, regReq("waf-1", testToken))
 	if _, r := c.answer(); !r.Accepted {

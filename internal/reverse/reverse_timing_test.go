@@ -9,6 +9,7 @@ import (
 
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/internal/conformance"
+	"github.com/zentinelproxy/sidecar/internal/testutil"
 	"github.com/zentinelproxy/sidecar/internal/udsclient"
 	"github.com/zentinelproxy/sidecar/protocol"
 	"github.com/zentinelproxy/sidecar/sdk"
@@ -20,13 +21,13 @@ func benchReverse(b *testing.B, h sdk.Handler) agentmux.Agent {
 	l := startListener(b, cfg)
 	runAgent(b, cfg.UnixPath, "waf-1", testToken, h, nil)
 	a := l.Agent("waf")
-	waitFor(b, "registration", func() bool { return a.Snapshot().Connections == 1 })
+	testutil.WaitFor(b, "registration", func() bool { return a.Snapshot().Connections == 1 })
 	return a
 }
 
 // benchUDS is the same agent served with sdk.ServeUDS and dialed by udsclient.Client.
 func benchUDS(b *testing.B, h sdk.Handler) agentmux.Agent {
-	path := filepath.Join(shortDir(b), "a.sock")
+	path := filepath.Join(testutil.SocketDir(b), "a.sock")
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- sdk.ServeUDS(ctx, path, h, nil) }()

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/zentinelproxy/sidecar/internal/config"
+	"github.com/zentinelproxy/sidecar/internal/testutil"
 )
 
 func TestListenerConfigs(t *testing.T) {
@@ -87,7 +88,7 @@ func TestLogGate(t *testing.T) {
 }
 
 func TestGroup(t *testing.T) {
-	sock := shortDir(t) + "/g.sock"
+	sock := testutil.SocketDir(t) + "/g.sock"
 	specs := []AgentSpec{
 		{Name: "waf", Address: "unix:" + sock, Options: map[string]string{"tokens": testToken}},
 		{Name: "bot", Address: "unix:" + sock, Options: map[string]string{"tokens": "bot-token"}},
@@ -110,7 +111,7 @@ func TestGroup(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, name, func() bool { return a.Snapshot().Connections == 1 })
+		testutil.WaitFor(t, name, func() bool { return a.Snapshot().Connections == 1 })
 		if got, err := call(context.Background(), a); err != nil || got != id {
 			t.Errorf("%s: %q, %v", name, got, err)
 		}

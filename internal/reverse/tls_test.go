@@ -2,20 +2,12 @@ package reverse
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
 	"net"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/zentinelproxy/sidecar/internal/testutil"
 	"github.com/zentinelproxy/sidecar/protocol"
 	"github.com/zentinelproxy/sidecar/sdk"
 )
@@ -28,70 +20,15 @@ type pki struct {
 // certificate signed by the CA and one signed by an unrelated CA.
 func newPKI(t *testing.T) pki {
 	t.Helper()
-	dir := shortDir(t)
-	write := func(name, typ string, der []byte) string {
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return p
+	ca, other := testutil.NewPKI(t, "test"), testutil.NewPKI(t, "other")
+	server := ca.Server(t, "server", "127.0.0.1")
+	client := ca.Client(t, "client", "waf-1")
+	stranger := other.Client(t, "other", "waf-1")
+	return pki{
+		ca: ca.CAFile, serverCert: server.CertFile, serverKey: server.KeyFile,
+		clientCert: client.CertFile, clientKey: client.KeyFile,
+		otherCert: stranger.CertFile, otherKey: stranger.KeyFile,
 	}
-	newKey := func() *ecdsa.PrivateKey {
-		k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return k
-	}
-	keyDER := func(k *ecdsa.PrivateKey) []byte {
-		b, err := x509.MarshalECPrivateKey(k)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return b
-	}
-	serial := int64(1)
-	newCA := func(name string) (*x509.Certificate, *ecdsa.PrivateKey, []byte) {
-		k := newKey()
-		serial++
-		tmpl := &x509.Certificate{
-			SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: name},
-			NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-			IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
-		}
-		der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &k.PublicKey, k)
-		if err != nil {
-			t.Fatal(err)
-		}
-		c, _ := x509.ParseCertificate(der)
-		return c, k, der
-	}
-	leaf := func(ca *x509.Certificate, caKey *ecdsa.PrivateKey, name string, usage x509.ExtKeyUsage) ([]byte, *ecdsa.PrivateKey) {
-		k := newKey()
-		serial++
-		tmpl := &x509.Certificate{
-			SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: name},
-			NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-			KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{usage},
-			IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
-		}
-		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &k.PublicKey, caKey)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return der, k
-	}
-	ca, caKey, caDER := newCA("test ca")
-	other, otherKey, _ := newCA("other ca")
-	var p pki
-	p.ca = write("ca.pem", "CERTIFICATE", caDER)
-	der, k := leaf(ca, caKey, "proxy", x509.ExtKeyUsageServerAuth)
-	p.serverCert, p.serverKey = write("server.pem", "CERTIFICATE", der), write("server.key", "EC PRIVATE KEY", keyDER(k))
-	der, k = leaf(ca, caKey, "waf-1", x509.ExtKeyUsageClientAuth)
-	p.clientCert, p.clientKey = write("client.pem", "CERTIFICATE", der), write("client.key", "EC PRIVATE KEY", keyDER(k))
-	der, k = leaf(other, otherKey, "waf-1", x509.ExtKeyUsageClientAuth)
-	p.otherCert, p.otherKey = write("other.pem", "CERTIFICATE", der), write("other.key", "EC PRIVATE KEY", keyDER(k))
-	return p
 }
 
 func TestMutualTLS(t *testing.T) {
@@ -110,7 +47,7 @@ func TestMutualTLS(t *testing.T) {
 		t.Fatal(err)
 	}
 	runAgent(t, addr, "waf-1", testToken, newHandler("waf-1"), func(c *sdk.ReverseConfig) { c.TLS = good })
-	waitFor(t, "mTLS registration", func() bool { return a.Snapshot().Connections == 1 })
+	testutil.WaitFor(t, "mTLS registration", func() bool { return a.Snapshot().Connections == 1 })
 	if got, err := call(context.Background(), a); err != nil || got != "waf-1" {
 		t.Fatalf("call over mTLS: %q, %v", got, err)
 	}
@@ -143,7 +80,7 @@ func TestMutualTLS(t *testing.T) {
 			t.Errorf("case %d: the proxy answered %q without a valid client certificate", i, buf[:n])
 		}
 		_ = nc.Close()
-		waitFor(t, "tls error counted", func() bool { return l.Stats().TLSErrors == uint64(i+1) })
+		testutil.WaitFor(t, "tls error counted", func() bool { return l.Stats().TLSErrors == uint64(i+1) })
 	}
 	if s := l.Stats(); s.Accepted != 1 || a.Snapshot().Connections != 1 {
 		t.Errorf("stats %+v", s)
@@ -157,7 +94,7 @@ func TestPlainTCP(t *testing.T) {
 	l := startListener(t, cfg)
 	a := l.Agent("waf")
 	runAgent(t, l.TCPAddr().String(), "waf-1", testToken, newHandler("waf-1"), nil)
-	waitFor(t, "tcp registration", func() bool { return a.Snapshot().Connections == 1 })
+	testutil.WaitFor(t, "tcp registration", func() bool { return a.Snapshot().Connections == 1 })
 	if got, err := call(context.Background(), a); err != nil || got != "waf-1" {
 		t.Fatalf("call over tcp: %q, %v", got, err)
 	}

@@ -13,6 +13,8 @@ import (
 
 	"github.com/zentinelproxy/sidecar/internal/config"
 	st "github.com/zentinelproxy/sidecar/internal/supervisor/supervisortest"
+	"github.com/zentinelproxy/sidecar/internal/testutil"
+	"github.com/zentinelproxy/sidecar/internal/testutil/testagent"
 	"github.com/zentinelproxy/sidecar/internal/transports"
 	"github.com/zentinelproxy/sidecar/protocol"
 	"github.com/zentinelproxy/sidecar/sdk"
@@ -89,7 +91,7 @@ func post(t *testing.T, url, body string) (int, string) {
 // connection, and the next request runs under the new policy; a change
 // of address builds a new instance that connects to the new agent.
 func TestReloadReusesInstanceByKey(t *testing.T) {
-	dir := st.Dir(t)
+	dir := testutil.SocketDir(t)
 	up := st.StartUpstream(t, "app")
 	sockA, sockB := filepath.Join(dir, "a.sock"), filepath.Join(dir, "b.sock")
 	agentA, lnA := serveCounting(t, sockA, "agent-a")
@@ -183,7 +185,7 @@ admin: {address: "127.0.0.1:0"}
 	if resp.StatusCode != 200 || agentB.bodyBytes.Load() != 0 {
 		t.Fatalf("after the address change: %d", resp.StatusCode)
 	}
-	st.WaitFor(t, "the old instance closed", func() bool { return !policy.Snapshot().Ready })
+	testutil.WaitFor(t, "the old instance closed", func() bool { return !policy.Snapshot().Ready })
 	if lnA.accepted.Load() != 1 {
 		t.Errorf("agent a accepted %d connections after it was dropped", lnA.accepted.Load())
 	}
@@ -193,9 +195,9 @@ admin: {address: "127.0.0.1:0"}
 // against real instances: the instance is kept exactly when
 // transports.InstanceKey is.
 func TestBuildAgentsReuse(t *testing.T) {
-	dir := st.Dir(t)
+	dir := testutil.SocketDir(t)
 	sock := filepath.Join(dir, "a.sock")
-	st.ServeAgent(t, sock, st.NewPolicyAgent())
+	testagent.Serve(t, sock, st.NewPolicyAgent())
 	mk := func(agent string) *config.Config {
 		t.Helper()
 		c, err := config.Parse([]byte(fmt.Sprintf(`

@@ -19,6 +19,8 @@ import (
 	"github.com/zentinelproxy/sidecar/examples/allowagent"
 	"github.com/zentinelproxy/sidecar/internal/config"
 	st "github.com/zentinelproxy/sidecar/internal/supervisor/supervisortest"
+	"github.com/zentinelproxy/sidecar/internal/testutil"
+	"github.com/zentinelproxy/sidecar/internal/testutil/testagent"
 	"github.com/zentinelproxy/sidecar/sdk"
 )
 
@@ -71,7 +73,7 @@ func adminURL(s *Supervisor) string { return "http://" + s.AdminAddr().String() 
 // TestServe runs a configuration with a Unix socket listener (no port to
 // race for), an upstream and a UDS agent until Run's context ends.
 func TestServe(t *testing.T) {
-	dir := st.Dir(t)
+	dir := testutil.SocketDir(t)
 	up := st.StartUpstream(t, "app")
 	agentSock := filepath.Join(dir, "allow.sock")
 	aln, err := sdk.ListenUDS(agentSock, nil)
@@ -138,7 +140,7 @@ admin: {address: "127.0.0.1:0"}
 }
 
 func TestMetricsAfterKnownMix(t *testing.T) {
-	dir := st.Dir(t)
+	dir := testutil.SocketDir(t)
 	up := st.StartUpstream(t, "app")
 	dead, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -147,7 +149,7 @@ func TestMetricsAfterKnownMix(t *testing.T) {
 	deadAddr := dead.Addr().String()
 	dead.Close() // nothing listens there: connections are refused
 	policy := st.NewPolicyAgent()
-	st.ServeAgent(t, filepath.Join(dir, "policy.sock"), policy)
+	testagent.Serve(t, filepath.Join(dir, "policy.sock"), policy)
 
 	path := filepath.Join(dir, "sidecar.yaml")
 	st.WriteConfig(t, path, fmt.Sprintf(`
@@ -249,10 +251,10 @@ admin: {address: "127.0.0.1:0"}
 // agent is connected, 503 naming it while it is down, 200 again when it
 // is back; a fail-open agent that is down does not matter.
 func TestReadyzFollowsFailClosedAgent(t *testing.T) {
-	dir := st.Dir(t)
+	dir := testutil.SocketDir(t)
 	up := st.StartUpstream(t, "app")
 	guardSock := filepath.Join(dir, "guard.sock")
-	stop := st.ServeAgent(t, guardSock, st.NewPolicyAgent())
+	stop := testagent.Serve(t, guardSock, st.NewPolicyAgent())
 	path := filepath.Join(dir, "sidecar.yaml")
 	st.WriteConfig(t, path, fmt.Sprintf(`
 listeners: [{address: "127.0.0.1:0"}]
@@ -268,7 +270,7 @@ admin: {address: "127.0.0.1:0"}
 	s := startWith(t, path, o)
 	readyz := func(want int) map[string]any {
 		var m map[string]any
-		st.WaitFor(t, fmt.Sprintf("readyz %d", want), func() bool {
+		testutil.WaitFor(t, fmt.Sprintf("readyz %d", want), func() bool {
 			var code int
 			code, m = st.GetJSON(t, adminURL(s)+"/readyz")
 			return code == want
@@ -290,7 +292,7 @@ admin: {address: "127.0.0.1:0"}
 	if resp.StatusCode != 503 {
 		t.Errorf("request with the agent down: %d", resp.StatusCode)
 	}
-	st.ServeAgent(t, guardSock, st.NewPolicyAgent())
+	testagent.Serve(t, guardSock, st.NewPolicyAgent())
 	readyz(200)
 	if code, _ := st.GetJSON(t, adminURL(s)+"/healthz"); code != 200 {
 		t.Errorf("healthz %d", code)
@@ -300,7 +302,7 @@ admin: {address: "127.0.0.1:0"}
 // TestShutdownDrains: Shutdown turns /readyz to 503 "shutting down" at
 // once, stops accepting, and lets the request in flight finish.
 func TestShutdownDrains(t *testing.T) {
-	dir := st.Dir(t)
+	dir := testutil.SocketDir(t)
 	release := make(chan struct{})
 	arrived := make(chan struct{}, 1)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -356,11 +358,11 @@ admin: {address: "127.0.0.1:0"}
 		defer cancel()
 		stopped <- s.Shutdown(ctx)
 	}()
-	st.WaitFor(t, "readyz 503 shutting down", func() bool {
+	testutil.WaitFor(t, "readyz 503 shutting down", func() bool {
 		code, m := st.GetJSON(t, adm+"/readyz")
 		return code == 503 && m["reason"] == "shutting down"
 	})
-	st.WaitFor(t, "the data listener closed", func() bool {
+	testutil.WaitFor(t, "the data listener closed", func() bool {
 		c, err := net.Dial("tcp", strings.TrimPrefix(data, "http://"))
 		if err == nil {
 			c.Close()
@@ -379,10 +381,10 @@ admin: {address: "127.0.0.1:0"}
 // TestAccessLogFile: with the access log on, a blocked and an allowed
 // request each leave one line in the file, flushed on shutdown.
 func TestAccessLogFile(t *testing.T) {
-	dir := st.Dir(t)
+	dir := testutil.SocketDir(t)
 	up := st.StartUpstream(t, "app")
 	sock := filepath.Join(dir, "policy.sock")
-	st.ServeAgent(t, sock, st.NewPolicyAgent())
+	testagent.Serve(t, sock, st.NewPolicyAgent())
 	logPath := filepath.Join(dir, "access.log")
 	path := filepath.Join(dir, "sidecar.yaml")
 	st.WriteConfig(t, path, fmt.Sprintf(`
@@ -446,7 +448,7 @@ access_log: {enabled: true, output: %q}
 // listener and its connections, binds one at a new address, closes one
 // whose address is gone, and refuses to change one in place.
 func TestReloadReverseListeners(t *testing.T) {
-	dir := st.Dir(t)
+	dir := testutil.SocketDir(t)
 	up := st.StartUpstream(t, "app")
 	rv1, rv2 := filepath.Join(dir, "rv1.sock"), filepath.Join(dir, "rv2.sock")
 	path := filepath.Join(dir, "sidecar.yaml")
@@ -481,7 +483,7 @@ agents:
 		return false
 	}
 	dial(rv1, "rv1")
-	st.WaitFor(t, "rv1 connected", func() bool { return connected("rv1") })
+	testutil.WaitFor(t, "rv1 connected", func() bool { return connected("rv1") })
 	first := s.set.reverse[0]
 
 	// A new route and a second reverse agent at a new address.
@@ -494,7 +496,7 @@ agents:
 		t.Error("the unchanged reverse listener was replaced")
 	}
 	dial(rv2, "rv2")
-	st.WaitFor(t, "rv2 connected", func() bool { return connected("rv2") })
+	testutil.WaitFor(t, "rv2 connected", func() bool { return connected("rv2") })
 
 	// Changing rv1's listener in place is refused; nothing changes.
 	st.WriteConfig(t, path, conf("", `, registration_timeout: "3s"`, ""))
@@ -511,7 +513,7 @@ agents:
 	if err := s.Reload(); err != nil {
 		t.Fatal(err)
 	}
-	st.WaitFor(t, "rv2's listener closed", func() bool {
+	testutil.WaitFor(t, "rv2's listener closed", func() bool {
 		c, err := net.Dial("unix", rv2)
 		if err == nil {
 			c.Close()

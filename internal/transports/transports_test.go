@@ -12,6 +12,8 @@ import (
 
 	"github.com/zentinelproxy/sidecar/internal/config"
 	st "github.com/zentinelproxy/sidecar/internal/supervisor/supervisortest"
+	"github.com/zentinelproxy/sidecar/internal/testutil"
+	"github.com/zentinelproxy/sidecar/internal/testutil/testagent"
 	"github.com/zentinelproxy/sidecar/internal/transports"
 )
 
@@ -168,9 +170,9 @@ func TestInstanceKeyNormalizes(t *testing.T) {
 }
 
 func TestDialingFactories(t *testing.T) {
-	dir := st.Dir(t)
+	dir := testutil.SocketDir(t)
 	sock := filepath.Join(dir, "a.sock")
-	st.ServeAgent(t, sock, st.NewPolicyAgent())
+	testagent.Serve(t, sock, st.NewPolicyAgent())
 	cfg, err := config.Parse(fmt.Appendf(nil, `
 listeners: [{address: "127.0.0.1:0"}]
 upstreams: [{name: app, address: "127.0.0.1:1"}]

@@ -8,23 +8,12 @@ import (
 	"time"
 
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
+	"github.com/zentinelproxy/sidecar/internal/testutil"
+	"github.com/zentinelproxy/sidecar/internal/testutil/testagent"
 	"github.com/zentinelproxy/sidecar/internal/udsclient"
 	"github.com/zentinelproxy/sidecar/protocol"
 	"github.com/zentinelproxy/sidecar/uds"
 )
-
-// waitFor polls cond until it holds, failing the test after hangGuard (a
-// liveness bound, not a speed assertion).
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(hangGuard)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v", what, hangGuard)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
 
 // dialLink connects a bare link and session to the agent at path (no
 // reconnects) over a socket whose kernel send buffer is as small as the
@@ -68,7 +57,7 @@ func dialLink(t *testing.T, path string, cfg udsclient.LinkConfig, messageTimeou
 // at its own deadline, and one without a deadline is released once the
 // agent reads again.
 func TestReadLoopNeverWritesToBackedUpAgent(t *testing.T) {
-	path := sockPath(t)
+	path := testutil.SocketPath(t)
 	const inFlight = 8
 	const limit = 64 << 10
 	const floodBatches = 64 // of 256 Pings
@@ -77,7 +66,7 @@ func TestReadLoopNeverWritesToBackedUpAgent(t *testing.T) {
 	var pingsSent atomic.Int64
 	floodErr := make(chan error, 1)
 	quit := make(chan struct{})
-	rawAgent(t, path, allCaps, func(nc net.Conn, fr *uds.FrameReader) {
+	testagent.Raw(t, path, allCaps, func(nc net.Conn, fr *uds.FrameReader) {
 		for n := 0; n < inFlight; {
 			typ, p, err := fr.Next()
 			if err != nil {
@@ -199,7 +188,7 @@ func TestReadLoopNeverWritesToBackedUpAgent(t *testing.T) {
 		_, err = ex.RequestHeaders(agentmux.Wait{}, headers())
 		released <- err
 	}()
-	waitFor(t, "the event waiting for room", func() bool { return link.Stats().Writer.Waits > waits })
+	testutil.WaitFor(t, "the event waiting for room", func() bool { return link.Stats().Writer.Waits > waits })
 	select {
 	case err := <-released:
 		t.Fatalf("event on a backed-up connection returned before the agent read: %v", err)

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
+	"github.com/zentinelproxy/sidecar/internal/testutil"
+	"github.com/zentinelproxy/sidecar/internal/testutil/testagent"
 	"github.com/zentinelproxy/sidecar/internal/udsclient"
 	"github.com/zentinelproxy/sidecar/protocol"
 	"github.com/zentinelproxy/sidecar/sdk"
@@ -25,17 +27,6 @@ import (
 // "promptly" before declaring a hang. It is a liveness bound, not a speed
 // assertion.
 const hangGuard = 10 * time.Second
-
-func sockPath(t testing.TB) string {
-	t.Helper()
-	// Unix socket paths are limited to 107 bytes; t.TempDir can be longer.
-	dir, err := os.MkdirTemp("", "uds")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	return filepath.Join(dir, "a.sock")
-}
 
 // testHandler answers with a request header op echoing x-id, blocks on
 // x-block until released or canceled, and blocks with "x-status".
@@ -88,23 +79,6 @@ func (h *testHandler) OnRequestHeaders(ctx context.Context, m *protocol.RequestH
 
 var allCaps = protocol.Capabilities{HandlesRequestHeaders: true, HandlesRequestBody: true, SupportsCancellation: true, SupportsStreaming: true}
 
-func startAgent(t testing.TB, path string, h sdk.Handler) context.CancelFunc {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	ln, err := sdk.ListenUDS(path, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = sdk.Serve(ctx, ln, h, nil)
-	}()
-	stop := func() { cancel(); <-done }
-	t.Cleanup(stop)
-	return stop
-}
-
 func newClient(t testing.TB, path string, mod func(*udsclient.Config)) *udsclient.Client {
 	t.Helper()
 	cfg := udsclient.DefaultConfig("test-agent", path)
@@ -154,8 +128,8 @@ func roundTrip(ctx context.Context, a agentmux.Agent, m *protocol.RequestHeaders
 }
 
 func TestThousandConcurrentNoCrossTalk(t *testing.T) {
-	path := sockPath(t)
-	startAgent(t, path, newTestHandler(allCaps))
+	path := testutil.SocketPath(t)
+	testagent.Serve(t, path, newTestHandler(allCaps))
 	c := newClient(t, path, nil)
 	const n = 1000
 	var wg sync.WaitGroup
@@ -186,9 +160,9 @@ func TestThousandConcurrentNoCrossTalk(t *testing.T) {
 }
 
 func TestSlowRequestDoesNotDelayFast(t *testing.T) {
-	path := sockPath(t)
+	path := testutil.SocketPath(t)
 	h := newTestHandler(allCaps)
-	startAgent(t, path, h)
+	testagent.Serve(t, path, h)
 	c := newClient(t, path, nil)
 	slowDone := make(chan error, 1)
 	go func() {
@@ -216,9 +190,9 @@ func TestSlowRequestDoesNotDelayFast(t *testing.T) {
 }
 
 func TestCancelReachesAgent(t *testing.T) {
-	path := sockPath(t)
+	path := testutil.SocketPath(t)
 	h := newTestHandler(allCaps)
-	startAgent(t, path, h)
+	testagent.Serve(t, path, h)
 	c := newClient(t, path, nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)
@@ -241,11 +215,11 @@ func TestCancelReachesAgent(t *testing.T) {
 }
 
 func TestMessageTimeoutCancelsAndCountsLate(t *testing.T) {
-	path := sockPath(t)
+	path := testutil.SocketPath(t)
 	// A raw agent that answers every RequestHeaders twice, the first time
 	// only after the proxy gave up.
 	release := make(chan struct{})
-	rawAgent(t, path, allCaps, func(nc net.Conn, fr *uds.FrameReader) {
+	testagent.Raw(t, path, allCaps, func(nc net.Conn, fr *uds.FrameReader) {
 		var cancels atomic.Int64
 		for {
 			typ, p, err := fr.Next()
@@ -282,9 +256,9 @@ func TestMessageTimeoutCancelsAndCountsLate(t *testing.T) {
 }
 
 func TestAgentDisappearsMidFlight(t *testing.T) {
-	path := sockPath(t)
+	path := testutil.SocketPath(t)
 	h := newTestHandler(allCaps)
-	stop := startAgent(t, path, h)
+	stop := testagent.Serve(t, path, h)
 	c := newClient(t, path, func(cfg *udsclient.Config) { cfg.MessageTimeout = time.Minute })
 	const n = 50
 	errc := make(chan error, n)
@@ -317,7 +291,7 @@ func TestAgentDisappearsMidFlight(t *testing.T) {
 		t.Fatalf("err = %v, want ErrAgentUnavailable", err)
 	}
 	// The agent comes back at the same path: the client reconnects.
-	startAgent(t, path, newTestHandler(allCaps))
+	testagent.Serve(t, path, newTestHandler(allCaps))
 	ctx, cancel := context.WithTimeout(context.Background(), hangGuard)
 	defer cancel()
 	if err := c.WaitReady(ctx); err != nil {
@@ -329,11 +303,11 @@ func TestAgentDisappearsMidFlight(t *testing.T) {
 }
 
 func TestMaxConcurrentRequestsAndQueue(t *testing.T) {
-	path := sockPath(t)
+	path := testutil.SocketPath(t)
 	caps := allCaps
 	caps.MaxConcurrentRequests = 2
 	h := newTestHandler(caps)
-	startAgent(t, path, h)
+	testagent.Serve(t, path, h)
 	c := newClient(t, path, func(cfg *udsclient.Config) { cfg.MaxQueue = 1; cfg.MessageTimeout = time.Minute })
 	errc := make(chan error, 3)
 	for i := 0; i < 3; i++ {
@@ -364,8 +338,8 @@ func TestMaxConcurrentRequestsAndQueue(t *testing.T) {
 }
 
 func TestHandlerErrorIsProtocolError(t *testing.T) {
-	path := sockPath(t)
-	startAgent(t, path, newTestHandler(allCaps))
+	path := testutil.SocketPath(t)
+	testagent.Serve(t, path, newTestHandler(allCaps))
 	c := newClient(t, path, nil)
 	if _, err := roundTrip(context.Background(), c, headers("x-fail", "1")); !errors.Is(err, agentmux.ErrAgentProtocol) {
 		t.Fatalf("err = %v, want ErrAgentProtocol", err)
@@ -374,56 +348,6 @@ func TestHandlerErrorIsProtocolError(t *testing.T) {
 	if _, err := roundTrip(context.Background(), c, headers("x-id", "1")); err != nil {
 		t.Fatal(err)
 	}
-}
-
-// rawAgent listens at path, answers the handshake with caps and hands each
-// connection to serve.
-func rawAgent(t testing.TB, path string, caps protocol.Capabilities, serve func(nc net.Conn, fr *uds.FrameReader)) *atomic.Int64 {
-	t.Helper()
-	ln, err := net.Listen("unix", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var conns atomic.Int64
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var open []net.Conn
-	go func() {
-		for {
-			nc, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			open = append(open, nc)
-			mu.Unlock()
-			conns.Add(1)
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer nc.Close()
-				fr := uds.NewFrameReader(nc)
-				if _, _, err := fr.Next(); err != nil {
-					return
-				}
-				resp := protocol.HandshakeResponse{ProtocolVersion: 2, AgentName: "raw", Accepted: true, Capabilities: caps}
-				if uds.WriteFrame(nc, &resp) != nil {
-					return
-				}
-				serve(nc, fr)
-			}()
-		}
-	}()
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		for _, c := range open {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	return &conns
 }
 
 func TestBadFramesFromAgentDropConnection(t *testing.T) {
@@ -438,10 +362,10 @@ func TestBadFramesFromAgentDropConnection(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			path := sockPath(t)
+			path := testutil.SocketPath(t)
 			// First connection misbehaves; later ones answer properly.
 			var n atomic.Int64
-			rawAgent(t, path, allCaps, func(nc net.Conn, fr *uds.FrameReader) {
+			testagent.Raw(t, path, allCaps, func(nc net.Conn, fr *uds.FrameReader) {
 				bad := n.Add(1) == 1
 				for {
 					typ, p, err := fr.Next()
@@ -485,8 +409,8 @@ func TestBadFramesFromAgentDropConnection(t *testing.T) {
 }
 
 func TestUndecodableReplyWithIDFailsOnlyThatRequest(t *testing.T) {
-	path := sockPath(t)
-	rawAgent(t, path, allCaps, func(nc net.Conn, fr *uds.FrameReader) {
+	path := testutil.SocketPath(t)
+	testagent.Raw(t, path, allCaps, func(nc net.Conn, fr *uds.FrameReader) {
 		for {
 			typ, p, err := fr.Next()
 			if err != nil {
@@ -520,8 +444,8 @@ func TestUndecodableReplyWithIDFailsOnlyThatRequest(t *testing.T) {
 }
 
 func TestUnknownFrameTypesSkipped(t *testing.T) {
-	path := sockPath(t)
-	rawAgent(t, path, allCaps, func(nc net.Conn, fr *uds.FrameReader) {
+	path := testutil.SocketPath(t)
+	testagent.Raw(t, path, allCaps, func(nc net.Conn, fr *uds.FrameReader) {
 		for {
 			typ, p, err := fr.Next()
 			if err != nil {
@@ -547,8 +471,8 @@ func TestUnknownFrameTypesSkipped(t *testing.T) {
 }
 
 func TestSilentAgentClosedByPingTimeout(t *testing.T) {
-	path := sockPath(t)
-	conns := rawAgent(t, path, allCaps, func(nc net.Conn, fr *uds.FrameReader) {
+	path := testutil.SocketPath(t)
+	conns := testagent.Raw(t, path, allCaps, func(nc net.Conn, fr *uds.FrameReader) {
 		for {
 			if _, _, err := fr.Next(); err != nil {
 				return // reads pings, never answers
@@ -572,15 +496,17 @@ func TestSilentAgentClosedByPingTimeout(t *testing.T) {
 }
 
 func TestPingAnsweredKeepsConnection(t *testing.T) {
-	path := sockPath(t)
-	startAgent(t, path, newTestHandler(allCaps))
+	path := testutil.SocketPath(t)
+	testagent.Serve(t, path, newTestHandler(allCaps))
+	// Three ping timeouts pass while the agent answers every 10ms ping; a
+	// 500ms timeout is far above any scheduling delay of a live agent.
 	c := newClient(t, path, func(cfg *udsclient.Config) {
-		cfg.PingInterval = 5 * time.Millisecond
-		cfg.PingTimeout = 200 * time.Millisecond
+		cfg.PingInterval = 10 * time.Millisecond
+		cfg.PingTimeout = 500 * time.Millisecond
 	})
 	sess := c.Sessions()[0]
-	for i := 0; i < 30; i++ {
-		time.Sleep(5 * time.Millisecond)
+	for i := 0; i < 150; i++ {
+		time.Sleep(10 * time.Millisecond)
 		if sess.Err() != nil {
 			t.Fatalf("live agent's connection closed: %v", sess.Err())
 		}
@@ -600,7 +526,7 @@ func TestHandshakeRefusals(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			path := sockPath(t)
+			path := testutil.SocketPath(t)
 			ln, err := net.Listen("unix", path)
 			if err != nil {
 				t.Fatal(err)
@@ -626,7 +552,7 @@ func TestHandshakeRefusals(t *testing.T) {
 }
 
 func TestListenUDSSocketFileSafety(t *testing.T) {
-	path := sockPath(t)
+	path := testutil.SocketPath(t)
 	// A stale socket (no listener) is replaced.
 	ln, err := net.Listen("unix", path)
 	if err != nil {

@@ -16,6 +16,8 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
+	"github.com/zentinelproxy/sidecar/internal/testutil"
+	"github.com/zentinelproxy/sidecar/internal/testutil/testagent"
 	"github.com/zentinelproxy/sidecar/internal/udsclient"
 	"github.com/zentinelproxy/sidecar/protocol"
 	"github.com/zentinelproxy/sidecar/uds"
@@ -35,7 +37,7 @@ func stalledFrame() []byte {
 func stallingAgent(t testing.TB, path string, want int) (stalled <-chan struct{}) {
 	ch := make(chan struct{})
 	var conn atomic.Int64
-	rawAgent(t, path, allCaps, func(nc net.Conn, fr *uds.FrameReader) {
+	testagent.Raw(t, path, allCaps, func(nc net.Conn, fr *uds.FrameReader) {
 		first := conn.Add(1) == 1
 		held := 0
 		for {
@@ -67,7 +69,7 @@ func stallingAgent(t testing.TB, path string, want int) (stalled <-chan struct{}
 // timeout; every request waiting on it fails with a lost connection, the
 // stall is counted and the client reconnects.
 func TestStalledFrameFailsRequestsPromptly(t *testing.T) {
-	path := sockPath(t)
+	path := testutil.SocketPath(t)
 	const n = 10
 	stalled := stallingAgent(t, path, n)
 	var logs logBuffer
@@ -129,7 +131,7 @@ func TestStalledFrameFailsRequestsPromptly(t *testing.T) {
 
 // TestStalledFrameLinkStats: the link's own counter and error.
 func TestStalledFrameLinkStats(t *testing.T) {
-	path := sockPath(t)
+	path := testutil.SocketPath(t)
 	stalled := stallingAgent(t, path, 1)
 	cfg := udsclient.DefaultConfig("stall", path)
 	cfg.FrameTimeout = 300 * time.Millisecond
@@ -179,7 +181,7 @@ func waitCond(t testing.TB, what string, cond func() bool) {
 // connPair is both ends of a real Unix socket connection.
 func connPair(t testing.TB) (a, b net.Conn) {
 	t.Helper()
-	ln, err := net.Listen("unix", sockPath(t))
+	ln, err := net.Listen("unix", testutil.SocketPath(t))
 	if err != nil {
 		t.Fatal(err)
 	}

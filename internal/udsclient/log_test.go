@@ -17,6 +17,8 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
+	"github.com/zentinelproxy/sidecar/internal/testutil"
+	"github.com/zentinelproxy/sidecar/internal/testutil/testagent"
 	"github.com/zentinelproxy/sidecar/internal/udsclient"
 	"github.com/zentinelproxy/sidecar/protocol"
 	"github.com/zentinelproxy/sidecar/uds"
@@ -154,9 +156,9 @@ func TestTopLevelKeys(t *testing.T) {
 // carries the agent field (the dataplane adds it); the transport's own
 // lines, its link's and its reconnect loop's must not add it again.
 func TestLogLinesCarryAgentOnce(t *testing.T) {
-	path := sockPath(t)
+	path := testutil.SocketPath(t)
 	var conn atomic.Int64
-	rawAgent(t, path, allCaps, func(nc net.Conn, fr *uds.FrameReader) {
+	testagent.Raw(t, path, allCaps, func(nc net.Conn, fr *uds.FrameReader) {
 		first := conn.Add(1) == 1
 		for {
 			typ, p, err := fr.Next()

@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
+	"github.com/zentinelproxy/sidecar/internal/testutil"
+	"github.com/zentinelproxy/sidecar/internal/testutil/testagent"
 	"github.com/zentinelproxy/sidecar/protocol"
 	"github.com/zentinelproxy/sidecar/uds"
 )
@@ -26,8 +28,8 @@ func TestRepliesAreNormalized(t *testing.T) {
 		"redirect-default": `{"request_id":%d,"decision":{"redirect":{"url":"/login","status":0}}}`,
 		"needs-more":       `{"request_id":%d,"decision":{"needs_more":{}}}`,
 	}
-	path := sockPath(t)
-	rawAgent(t, path, allCaps, func(nc net.Conn, fr *uds.FrameReader) {
+	path := testutil.SocketPath(t)
+	testagent.Raw(t, path, allCaps, func(nc net.Conn, fr *uds.FrameReader) {
 		answerRequestHeaders(nc, fr, func(m *protocol.RequestHeaders) []byte {
 			payload := `{"request_id":%d,"decision":"allow"}`
 			if r, ok := replies[string(m.Headers.Get("x-reply"))]; ok {

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/zentinelproxy/sidecar/internal/conformance"
+	"github.com/zentinelproxy/sidecar/internal/testutil"
+	"github.com/zentinelproxy/sidecar/internal/testutil/testagent"
 	"github.com/zentinelproxy/sidecar/internal/udsclient"
 	"github.com/zentinelproxy/sidecar/protocol"
 	"github.com/zentinelproxy/sidecar/sdk"
@@ -19,8 +21,8 @@ func benchHeaders() *protocol.RequestHeaders { return conformance.TypicalRequest
 type allowHandler struct{ sdk.Base }
 
 func benchClient(b *testing.B, conns int) *udsclient.Client {
-	path := sockPath(b)
-	startAgent(b, path, &allowHandler{sdk.Base{Caps: allCaps}})
+	path := testutil.SocketPath(b)
+	testagent.Serve(b, path, &allowHandler{sdk.Base{Caps: allCaps}})
 	c := newClient(b, path, func(cfg *udsclient.Config) { cfg.Conns = conns })
 	for c.Len() < conns {
 		time.Sleep(time.Millisecond)
@@ -44,7 +46,7 @@ func BenchmarkRoundTrip64Conns2(b *testing.B) { conformance.BenchRoundTrips(b, b
 // RequestHeaders frame out, an allow Decision frame back) over a bare Unix
 // socket with no framing logic: the floor the protocol stack is held to.
 func BenchmarkRawPingPong(b *testing.B) {
-	path := sockPath(b)
+	path := testutil.SocketPath(b)
 	req, _ := uds.AppendFrame(nil, benchHeaders())
 	resp, _ := uds.AppendFrame(nil, &protocol.Decision{RequestID: 1})
 	ln, err := net.Listen("unix", path)

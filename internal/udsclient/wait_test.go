@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
+	"github.com/zentinelproxy/sidecar/internal/testutil"
+	"github.com/zentinelproxy/sidecar/internal/testutil/testagent"
 	"github.com/zentinelproxy/sidecar/internal/udsclient"
 )
 
@@ -15,9 +17,9 @@ import (
 // message timeout is far away), and the agent's handler is canceled in
 // both cases. Waits for an in-flight slot end the same way.
 func TestWaitEndsExchangeOnHungAgent(t *testing.T) {
-	path := sockPath(t)
+	path := testutil.SocketPath(t)
 	h := newTestHandler(allCaps)
-	startAgent(t, path, h)
+	testagent.Serve(t, path, h)
 	c := newClient(t, path, func(cfg *udsclient.Config) {
 		cfg.MessageTimeout = time.Minute
 		cfg.MaxInFlight = 1

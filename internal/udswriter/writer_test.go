@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/zentinelproxy/sidecar/internal/testutil"
 	"github.com/zentinelproxy/sidecar/protocol"
 	"github.com/zentinelproxy/sidecar/uds"
 )
@@ -52,17 +53,6 @@ func socketPair(t *testing.T) (w, r net.Conn) {
 	return w, r
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(hangGuard)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v", what, hangGuard)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
 func chunk(i int) protocol.Message {
 	return (&protocol.BodyChunk{RequestID: 1, ChunkIndex: uint32(i), Data: make([]byte, 2048), TotalSize: -1, Progress: -1}).As(protocol.PhaseRequest)
 }
@@ -90,7 +80,7 @@ func TestPendingBytesCapped(t *testing.T) {
 		}
 		sent <- nil
 	}()
-	waitFor(t, "a data frame waiting for room", func() bool { return w.Stats().Waiting == 1 })
+	testutil.WaitFor(t, "a data frame waiting for room", func() bool { return w.Stats().Waiting == 1 })
 
 	if err := w.SendWait(chunk(-1), time.Now().Add(20*time.Millisecond), nil); !errors.Is(err, ErrWaitDeadline) {
 		t.Fatalf("with a deadline: %v, want ErrWaitDeadline", err)
@@ -182,7 +172,7 @@ func TestCloseReleasesWaiters(t *testing.T) {
 			}
 		}
 	}()
-	waitFor(t, "a data frame waiting for room", func() bool { return w.Stats().Waiting == 1 })
+	testutil.WaitFor(t, "a data frame waiting for room", func() bool { return w.Stats().Waiting == 1 })
 	w.Close()
 	select {
 	case err := <-errc:

@@ -14,7 +14,6 @@ import (
 	"os"
 	"sort"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -22,13 +21,13 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"github.com/zentinelproxy/sidecar/internal/testutil"
 	"github.com/zentinelproxy/sidecar/protocol"
 	"github.com/zentinelproxy/sidecar/sdk"
 )
 
-// LongWait bounds every wait so that a broken build fails instead of
-// hanging; never a performance assertion.
-const LongWait = 20 * time.Second
+// LongWait bounds every wait (see testutil.LongWait).
+const LongWait = testutil.LongWait
 
 // NoRedirects is an HTTP client that returns redirects as they are.
 var NoRedirects = &http.Client{
@@ -36,18 +35,6 @@ var NoRedirects = &http.Client{
 	CheckRedirect: func(*http.Request, []*http.Request) error {
 		return http.ErrUseLastResponse
 	},
-}
-
-// Dir is a short private directory for sockets (107-byte limit), removed
-// when the test ends.
-func Dir(t testing.TB) string {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "ops")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	return dir
 }
 
 // Upstream answers every request with 200, its name in the body and in
@@ -115,26 +102,6 @@ func (a *PolicyAgent) OnRequestHeaders(_ context.Context, m *protocol.RequestHea
 	return nil
 }
 
-// ServeAgent serves h on the Unix socket path until the returned stop
-// runs (or the test ends).
-func ServeAgent(t testing.TB, path string, h sdk.Handler) (stop func()) {
-	t.Helper()
-	ln, err := sdk.ListenUDS(path, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = sdk.Serve(ctx, ln, h, nil)
-	}()
-	var once sync.Once
-	stop = func() { once.Do(func() { cancel(); <-done }) }
-	t.Cleanup(stop)
-	return stop
-}
-
 // WriteConfig replaces the file at path with content atomically.
 func WriteConfig(t testing.TB, path, content string) {
 	t.Helper()
@@ -200,16 +167,4 @@ func GetJSON(t testing.TB, url string) (int, map[string]any) {
 	var m map[string]any
 	_ = json.NewDecoder(resp.Body).Decode(&m)
 	return resp.StatusCode, m
-}
-
-// WaitFor polls cond until it holds (bounded by LongWait).
-func WaitFor(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(LongWait)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }

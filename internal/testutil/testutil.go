@@ -1,0 +1,47 @@
+// Package testutil holds the helpers the tests of several packages share:
+// short socket directories, polling waits and a throwaway PKI (agents on
+// real Unix sockets are in testagent). It is imported by _test files only.
+package testutil
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// LongWait bounds every wait on something that should happen: generous,
+// because it only decides how long a broken build takes to fail, never
+// whether a working one passes.
+const LongWait = 30 * time.Second
+
+// SocketDir is a fresh directory with a short path, removed when the test
+// ends: a Unix socket path must stay under 108 bytes, which t.TempDir()
+// can exceed.
+func SocketDir(t testing.TB) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "sc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	return dir
+}
+
+// SocketPath is a socket path in a fresh SocketDir.
+func SocketPath(t testing.TB) string {
+	t.Helper()
+	return filepath.Join(SocketDir(t), "a.sock")
+}
+
+// WaitFor polls cond until it holds, failing the test after LongWait.
+func WaitFor(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(LongWait)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
