@@ -12,25 +12,8 @@ import (
 	"time"
 
 	"github.com/zentinelproxy/sidecar/internal/dataplane"
+	"github.com/zentinelproxy/sidecar/internal/testutil"
 )
-
-// syncBuffer is a bytes.Buffer safe for the Writer's goroutine and the test.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 func lines(t *testing.T, s string) []map[string]any {
 	t.Helper()
@@ -193,7 +176,7 @@ func TestRecordDoesNotAllocate(t *testing.T) {
 // TestWriterConcurrent: lines from many goroutines come out whole and
 // complete after Close.
 func TestWriterConcurrent(t *testing.T) {
-	var out syncBuffer
+	var out testutil.LogBuffer
 	w := NewWriter(&out, 512, 1<<20, time.Millisecond)
 	l, _ := New(w, DefaultConfig())
 	const workers, per = 4, 500
@@ -234,12 +217,12 @@ func TestWriterConcurrent(t *testing.T) {
 // stalledWriter blocks every write until released.
 type stalledWriter struct {
 	release chan struct{}
-	syncBuffer
+	testutil.LogBuffer
 }
 
 func (s *stalledWriter) Write(p []byte) (int, error) {
 	<-s.release
-	return s.syncBuffer.Write(p)
+	return s.LogBuffer.Write(p)
 }
 
 // TestWriterStalledOutput: a stalled output drops lines instead of
@@ -279,7 +262,7 @@ func TestWriterStalledOutput(t *testing.T) {
 }
 
 func TestWriterFlush(t *testing.T) {
-	var out syncBuffer
+	var out testutil.LogBuffer
 	w := NewWriter(&out, 1<<20, 0, time.Hour)
 	defer w.Close()
 	_, _ = w.Write([]byte("one\n"))

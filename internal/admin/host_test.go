@@ -2,14 +2,12 @@ package admin
 
 import (
 	"bufio"
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -19,6 +17,7 @@ import (
 	"github.com/zentinelproxy/sidecar/internal/config"
 	"github.com/zentinelproxy/sidecar/internal/dataplane"
 	"github.com/zentinelproxy/sidecar/internal/metrics"
+	"github.com/zentinelproxy/sidecar/internal/testutil"
 )
 
 // rawRequest sends one request over a fresh TCP connection, byte for byte,
@@ -192,28 +191,10 @@ func TestAllowedHostsConfigKey(t *testing.T) {
 	}
 }
 
-// lockedBuffer is a log sink safe for the server's goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (w *lockedBuffer) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.Write(p)
-}
-
-func (w *lockedBuffer) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.String()
-}
-
 // TestHostRefusalLogLimited: a burst of refused requests is counted in
 // full but logged at most once per refuseLogEvery.
 func TestHostRefusalLogLimited(t *testing.T) {
-	var logs lockedBuffer
+	var logs testutil.LogBuffer
 	addr, _ := hostFixture(t, func(c *Config) { c.Log = zerolog.New(&logs) })
 	began := time.Now()
 	const n = 50

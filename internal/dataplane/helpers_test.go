@@ -110,24 +110,7 @@ type proxy struct {
 	srv    *dataplane.Server
 	addr   string
 	client *http.Client
-	logs   *syncBuffer
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
+	logs   *testutil.LogBuffer
 }
 
 // configText renders a YAML configuration template; fields: Upstream
@@ -148,7 +131,7 @@ func configText(t testing.TB, tmpl string, data map[string]any) *config.Config {
 // startProxy serves cfg with agents on a loopback listener.
 func startProxy(t testing.TB, cfg *config.Config, agents map[string]agentmux.Agent, obs dataplane.Observer) *proxy {
 	t.Helper()
-	logs := &syncBuffer{}
+	logs := &testutil.LogBuffer{}
 	log := zerolog.New(logs).Level(zerolog.DebugLevel)
 	if _, bench := t.(*testing.B); bench {
 		log = log.Level(zerolog.WarnLevel)

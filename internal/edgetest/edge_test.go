@@ -2,7 +2,6 @@ package edgetest
 
 import (
 	"bufio"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -182,7 +181,7 @@ func TestEdgeTable(t *testing.T) {
 	// checked row by row above; here, whole-log properties.
 	t.Run("log lines have unique keys", func(t *testing.T) {
 		for _, line := range env.sc.log() {
-			if dup := duplicateKey(line); dup != "" {
+			if dup := testutil.DuplicateKey(line); dup != "" {
 				t.Errorf("key %q twice in %s", dup, line)
 			}
 		}
@@ -378,30 +377,4 @@ func quoteAll(s []string) string {
 		fmt.Fprintf(&b, "  %q\n", x)
 	}
 	return b.String()
-}
-
-// duplicateKey returns a top-level key that appears twice in a JSON
-// object line ("" if none, or if the line is not JSON).
-func duplicateKey(line string) string {
-	dec := json.NewDecoder(strings.NewReader(line))
-	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
-		return ""
-	}
-	seen := map[string]bool{}
-	for dec.More() {
-		tok, err := dec.Token()
-		if err != nil {
-			return ""
-		}
-		key, _ := tok.(string)
-		if seen[key] {
-			return key
-		}
-		seen[key] = true
-		var v json.RawMessage
-		if err := dec.Decode(&v); err != nil {
-			return ""
-		}
-	}
-	return ""
 }

@@ -2,12 +2,8 @@ package grpcclient_test
 
 import (
 	"bufio"
-	"bytes"
-	"encoding/json"
 	"errors"
-	"fmt"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -18,63 +14,8 @@ import (
 	"github.com/zentinelproxy/sidecar/grpcagent/pb"
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/internal/grpcclient"
+	"github.com/zentinelproxy/sidecar/internal/testutil"
 )
-
-// logBuffer collects log lines written from several goroutines.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-// topLevelKeys returns the keys of the JSON object line in order,
-// duplicates included (encoding/json's Unmarshal would hide them).
-func topLevelKeys(line []byte) ([]string, error) {
-	dec := json.NewDecoder(bytes.NewReader(line))
-	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
-		return nil, fmt.Errorf("not a JSON object (%v, %v)", tok, err)
-	}
-	var keys []string
-	for dec.More() {
-		tok, err := dec.Token()
-		if err != nil {
-			return nil, err
-		}
-		k, ok := tok.(string)
-		if !ok {
-			return nil, fmt.Errorf("key is %T", tok)
-		}
-		keys = append(keys, k)
-		depth := 0
-		for {
-			tok, err := dec.Token()
-			if err != nil {
-				return nil, err
-			}
-			switch tok {
-			case json.Delim('{'), json.Delim('['):
-				depth++
-			case json.Delim('}'), json.Delim(']'):
-				depth--
-			}
-			if depth == 0 {
-				break
-			}
-		}
-	}
-	return keys, nil
-}
 
 // TestLogLinesCarryAgentOnce: the logger a transport is given already
 // carries the agent field; the client's lines must not add it again.
@@ -104,7 +45,7 @@ func TestLogLinesCarryAgentOnce(t *testing.T) {
 			}
 		}
 	}
-	var logs logBuffer
+	var logs testutil.LogBuffer
 	const name = "dup-agent"
 	c := startRaw(t, a, func(cfg *grpcclient.Config) {
 		cfg.Name = name
@@ -126,7 +67,7 @@ func TestLogLinesCarryAgentOnce(t *testing.T) {
 	sc := bufio.NewScanner(strings.NewReader(logs.String()))
 	for sc.Scan() {
 		line := sc.Bytes()
-		keys, err := topLevelKeys(line)
+		keys, err := testutil.TopLevelKeys(line)
 		if err != nil {
 			t.Errorf("line %q: %v", line, err)
 			continue

@@ -173,29 +173,11 @@ func TestRefusalHidesUnknownID(t *testing.T) {
 	}
 }
 
-// syncBuffer is a log sink safe for the listener's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (w *syncBuffer) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.Write(p)
-}
-
-func (w *syncBuffer) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.String()
-}
-
 // TestRefusalLogNamesCauseNotToken: the proxy's log tells an unknown id
 // from a bad token, and never contains a token, offered or configured.
 func TestRefusalLogNamesCauseNotToken(t *testing.T) {
 	cfg := testConfig(t)
-	var logs syncBuffer
+	var logs testutil.LogBuffer
 	l, err := NewListener(cfg, zerolog.New(&logs).Level(zerolog.DebugLevel))
 	if err != nil {
 		t.Fatal(err)

@@ -72,7 +72,7 @@ func TestStalledFrameFailsRequestsPromptly(t *testing.T) {
 	path := testutil.SocketPath(t)
 	const n = 10
 	stalled := stallingAgent(t, path, n)
-	var logs logBuffer
+	var logs testutil.LogBuffer
 	c := newClient(t, path, func(cfg *udsclient.Config) {
 		cfg.Logger = zerolog.New(&logs).With().Str("agent", cfg.Name).Logger()
 		cfg.MessageTimeout = time.Minute

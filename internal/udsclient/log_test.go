@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"net"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -24,85 +23,6 @@ import (
 	"github.com/zentinelproxy/sidecar/uds"
 )
 
-// logBuffer collects log lines written from several goroutines.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-// waitLog waits until the log holds a line containing each of want.
-func (b *logBuffer) waitLog(t testing.TB, want ...string) {
-	t.Helper()
-	deadline := time.Now().Add(hangGuard)
-	for {
-		s, missing := b.String(), ""
-		for _, w := range want {
-			if !strings.Contains(s, w) {
-				missing = w
-				break
-			}
-		}
-		if missing == "" {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no log line containing %q; log:\n%s", missing, s)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
-// topLevelKeys returns the keys of the JSON object line in order,
-// duplicates included (encoding/json's Unmarshal would hide them).
-func topLevelKeys(line []byte) ([]string, error) {
-	dec := json.NewDecoder(bytes.NewReader(line))
-	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
-		return nil, fmt.Errorf("not a JSON object (%v, %v)", tok, err)
-	}
-	var keys []string
-	for dec.More() {
-		tok, err := dec.Token()
-		if err != nil {
-			return nil, err
-		}
-		k, ok := tok.(string)
-		if !ok {
-			return nil, fmt.Errorf("key is %T", tok)
-		}
-		keys = append(keys, k)
-		// Skip the value, however deeply nested.
-		depth := 0
-		for {
-			tok, err := dec.Token()
-			if err != nil {
-				return nil, err
-			}
-			switch tok {
-			case json.Delim('{'), json.Delim('['):
-				depth++
-			case json.Delim('}'), json.Delim(']'):
-				depth--
-			}
-			if depth == 0 {
-				break
-			}
-		}
-	}
-	return keys, nil
-}
-
 // checkLogKeys fails unless every line of log is a JSON object without
 // duplicate keys whose "agent" is name.
 func checkLogKeys(t testing.TB, log, name string) {
@@ -115,7 +35,7 @@ func checkLogKeys(t testing.TB, log, name string) {
 			continue
 		}
 		lines++
-		keys, err := topLevelKeys(line)
+		keys, err := testutil.TopLevelKeys(line)
 		if err != nil {
 			t.Errorf("line %q: %v", line, err)
 			continue
@@ -146,7 +66,7 @@ func checkLogKeys(t testing.TB, log, name string) {
 }
 
 func TestTopLevelKeys(t *testing.T) {
-	keys, err := topLevelKeys([]byte(`{"a":1,"b":{"a":[1,{"x":2}],"c":"}"},"a":[],"d":null}`))
+	keys, err := testutil.TopLevelKeys([]byte(`{"a":1,"b":{"a":[1,{"x":2}],"c":"}"},"a":[],"d":null}`))
 	if err != nil || strings.Join(keys, ",") != "a,b,a,d" {
 		t.Fatalf("keys %v, err %v", keys, err)
 	}
@@ -184,7 +104,7 @@ func TestLogLinesCarryAgentOnce(t *testing.T) {
 			}
 		}
 	})
-	var logs logBuffer
+	var logs testutil.LogBuffer
 	const name = "dup-agent"
 	log := zerolog.New(&logs).With().Str("agent", name).Logger()
 	c := newClient(t, path, func(cfg *udsclient.Config) {
@@ -196,7 +116,7 @@ func TestLogLinesCarryAgentOnce(t *testing.T) {
 	if _, err := roundTrip(context.Background(), c, headers()); !errors.Is(err, agentmux.ErrAgentProtocol) && !errors.Is(err, agentmux.ErrAgentConnLost) {
 		t.Fatalf("err = %v", err)
 	}
-	logs.waitLog(t, "unexpected type", "undecodable reply", "connection lost; reconnecting", "ping timeout")
+	logs.WaitLog(t, "unexpected type", "undecodable reply", "connection lost; reconnecting", "ping timeout")
 	c.Close()
 	checkLogKeys(t, logs.String(), name)
 }
