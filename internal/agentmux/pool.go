@@ -30,17 +30,20 @@ type Agent interface {
 
 // AgentStatus is a point-in-time view of an agent.
 type AgentStatus struct {
-	Name        string                `json:"name"`
-	Transport   string                `json:"transport"`
-	Connections int                   `json:"connections"`
-	Ready       bool                  `json:"ready"`
-	InFlight    int64                 `json:"in_flight"`
-	Late        uint64                `json:"late_replies"`
-	Timeouts    uint64                `json:"timeouts"`
-	Protocol    uint64                `json:"protocol_errors"`
-	Completed   uint64                `json:"completed"`
-	Caps        protocol.Capabilities `json:"capabilities"`
-	LastError   string                `json:"last_error,omitempty"`
+	Name        string `json:"name"`
+	Transport   string `json:"transport"`
+	Connections int    `json:"connections"`
+	Ready       bool   `json:"ready"`
+	InFlight    int64  `json:"in_flight"`
+	Late        uint64 `json:"late_replies"`
+	Timeouts    uint64 `json:"timeouts"`
+	Protocol    uint64 `json:"protocol_errors"`
+	Completed   uint64 `json:"completed"`
+	// SendWaits and ControlDropped: see Stats.
+	SendWaits      uint64                `json:"send_waits"`
+	ControlDropped uint64                `json:"control_dropped"`
+	Caps           protocol.Capabilities `json:"capabilities"`
+	LastError      string                `json:"last_error,omitempty"`
 }
 
 // Pool is a set of live sessions to one agent; new exchanges go to the
@@ -99,6 +102,8 @@ func (p *Pool) Remove(s *Session) {
 		p.retired.Protocol += st.Protocol
 		p.retired.Completed += st.Completed
 		p.retired.Cancels += st.Cancels
+		p.retired.SendWaits += st.SendWaits
+		p.retired.ControlDropped += st.ControlDropped
 	}
 	p.sessions.Store(&next)
 }
@@ -181,6 +186,9 @@ func (p *Pool) Snapshot() AgentStatus {
 		Timeouts:  p.retired.Timeouts,
 		Protocol:  p.retired.Protocol,
 		Completed: p.retired.Completed,
+
+		SendWaits:      p.retired.SendWaits,
+		ControlDropped: p.retired.ControlDropped,
 	}
 	p.mu.Unlock()
 	for _, s := range *p.sessions.Load() {
@@ -191,6 +199,8 @@ func (p *Pool) Snapshot() AgentStatus {
 		st.Timeouts += x.Timeouts
 		st.Protocol += x.Protocol
 		st.Completed += x.Completed
+		st.SendWaits += x.SendWaits
+		st.ControlDropped += x.ControlDropped
 		st.Caps = s.caps
 	}
 	st.Ready = st.Connections > 0

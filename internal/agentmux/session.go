@@ -130,6 +130,17 @@ type Stats struct {
 	Cancels   uint64 // CancelRequest frames sent
 	Protocol  uint64 // malformed replies
 	Completed uint64 // events answered
+	// SendWaits counts events that waited for room in the connection's
+	// pending bytes; ControlDropped counts pings, pongs and cancels dropped
+	// because even the room kept for them was full (links that report
+	// them, see BackpressureReporter).
+	SendWaits      uint64
+	ControlDropped uint64
+}
+
+// BackpressureReporter is implemented by links with a bounded send queue.
+type BackpressureReporter interface {
+	Backpressure() (sendWaits, controlDropped uint64)
 }
 
 // Session multiplexes requests over one agent connection.
@@ -193,7 +204,7 @@ func (s *Session) Err() error {
 
 // Stats returns a snapshot of the counters.
 func (s *Session) Stats() Stats {
-	return Stats{
+	st := Stats{
 		InFlight:  s.inflight.Load(),
 		Waiting:   s.waiting.Load(),
 		Late:      s.late.Load(),
@@ -202,6 +213,10 @@ func (s *Session) Stats() Stats {
 		Protocol:  s.protoErrs.Load(),
 		Completed: s.completed.Load(),
 	}
+	if br, ok := s.link.(BackpressureReporter); ok {
+		st.SendWaits, st.ControlDropped = br.Backpressure()
+	}
+	return st
 }
 
 // CountProtocolError records a malformed frame the transport could not

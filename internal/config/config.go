@@ -195,6 +195,12 @@ type Agent struct {
 	MaxInFlight int `yaml:"max_in_flight"`
 	// MaxQueue caps requests waiting for a slot (default 1024).
 	MaxQueue int `yaml:"max_queue"`
+	// MaxPendingBytes caps the bytes queued or being written per
+	// connection (uds and reverse; default 4MiB): past it an event waits
+	// for room within its deadline, and pings, pongs and cancels that find
+	// no room are dropped, so a peer that stops reading cannot make the
+	// proxy buffer without bound.
+	MaxPendingBytes Size `yaml:"max_pending_bytes"`
 	// Timeouts of the conversation.
 	Timeouts AgentTimeouts `yaml:"timeouts"`
 	// FailureMode is closed (default) or open.
@@ -457,6 +463,7 @@ func (c *Config) SetDefaults() {
 		setInt(&a.Conns, 1)
 		setInt(&a.MaxInFlight, 1024)
 		setInt(&a.MaxQueue, 1024)
+		setSize(&a.MaxPendingBytes, 4<<20)
 		setDur(&a.Timeouts.Connect, time.Second)
 		setDur(&a.Timeouts.Handshake, 2*time.Second)
 		setDur(&a.Timeouts.Message, time.Second)

@@ -131,6 +131,9 @@ func (v *validator) agents() {
 		if a.MaxQueue < 0 {
 			v.failf(p+".max_queue", "must not be negative")
 		}
+		if a.MaxPendingBytes < 64<<10 || a.MaxPendingBytes > 256<<20 {
+			v.failf(p+".max_pending_bytes", "%s is not in 64KiB..256MiB", a.MaxPendingBytes)
+		}
 		v.positive(p+".timeouts.connect", a.Timeouts.Connect)
 		v.positive(p+".timeouts.handshake", a.Timeouts.Handshake)
 		v.positive(p+".timeouts.message", a.Timeouts.Message)

@@ -42,6 +42,10 @@ var (
 		"Requests replayed on another upstream connection after a stale keep-alive connection failed before any response byte.", nil, nil)
 	descUpFlushes = prometheus.NewDesc(Namespace+"_upstream_pool_flushes_total",
 		"Idle upstream pools dropped at a stale keep-alive connection (an upstream restart).", nil, nil)
+	descSendWaits = prometheus.NewDesc(Namespace+"_agent_send_waits_total",
+		"Events that waited for room in a connection's pending bytes (max_pending_bytes), per agent.", []string{"agent"}, nil)
+	descCtlDropped = prometheus.NewDesc(Namespace+"_agent_control_frames_dropped_total",
+		"Pings, pongs and cancels dropped because a connection's send queue was full, per agent.", []string{"agent"}, nil)
 	descLimits = prometheus.NewDesc(Namespace+"_agent_limits_exceeded_total",
 		"Agent replies over their header limits (operations, bytes, value size, header block); the agent's failure mode applied.", nil, nil)
 
@@ -56,7 +60,7 @@ type scrapeCollector struct{ m *Metrics }
 func (c *scrapeCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descAgentConns, descAgentInFlight, descAgentReady, descAgentCompleted,
 		descInFlight, descAborted, descRevAccepted, descRevRejected, descRevConns, descRevDelayed,
-		descRejected, descAbsolute, descAcceptErrors, descClamped, descUpRetries, descUpFlushes, descLimits} {
+		descRejected, descAbsolute, descAcceptErrors, descClamped, descUpRetries, descUpFlushes, descLimits, descSendWaits, descCtlDropped} {
 		ch <- d
 	}
 }
@@ -72,6 +76,8 @@ func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
 			}
 			ch <- prometheus.MustNewConstMetric(descAgentReady, prometheus.GaugeValue, ready, st.Name)
 			ch <- prometheus.MustNewConstMetric(descAgentCompleted, prometheus.CounterValue, float64(st.Completed), st.Name)
+			ch <- prometheus.MustNewConstMetric(descSendWaits, prometheus.CounterValue, float64(st.SendWaits), st.Name)
+			ch <- prometheus.MustNewConstMetric(descCtlDropped, prometheus.CounterValue, float64(st.ControlDropped), st.Name)
 		}
 	}
 	if f := c.m.stats.Load(); f != nil {

@@ -123,6 +123,9 @@ type AgentConfig struct {
 	// FrameTimeout overrides the listener's FrameTimeout for this agent's
 	// connections (0: inherit; Validate fills it in).
 	FrameTimeout time.Duration
+	// MaxPending overrides the listener's MaxPendingBytes for this agent's
+	// connections (0: inherit; Validate fills it in).
+	MaxPending int
 }
 
 // TLSConfig enables TLS on the TCP listener.
@@ -226,7 +229,7 @@ func (c *Config) Validate() error {
 			return fmt.Errorf("%w: agent %q configured twice", ErrReverseConfig, a.Name)
 		}
 		seen[a.Name] = true
-		if a.MaxInFlight < 0 || a.MaxQueue < 0 || a.MessageTimeout < 0 || a.FrameTimeout < 0 {
+		if a.MaxInFlight < 0 || a.MaxQueue < 0 || a.MessageTimeout < 0 || a.FrameTimeout < 0 || a.MaxPending < 0 {
 			return fmt.Errorf("%w: agent %q: negative limit", ErrReverseConfig, a.Name)
 		}
 		if len(a.IDs) == 0 {
@@ -234,6 +237,9 @@ func (c *Config) Validate() error {
 		}
 		if a.FrameTimeout == 0 {
 			a.FrameTimeout = c.FrameTimeout
+		}
+		if a.MaxPending == 0 {
+			a.MaxPending = c.MaxPendingBytes
 		}
 		for _, p := range a.IDs {
 			if p == "" || strings.TrimSpace(p) != p {

@@ -567,7 +567,7 @@ func (l *Listener) serveRegistered(nc net.Conn, reg *registration) {
 	link := udsclient.NewLink(nc, udsclient.LinkConfig{
 		Name:            a.cfg.Name,
 		WriteTimeout:    l.cfg.WriteTimeout,
-		MaxPendingBytes: l.cfg.MaxPendingBytes,
+		MaxPendingBytes: a.cfg.MaxPending,
 		PingInterval:    pingInterval,
 		PingTimeout:     l.cfg.PingTimeout,
 		FrameTimeout:    a.cfg.FrameTimeout,

@@ -22,6 +22,8 @@ type AgentSpec struct {
 	MessageTimeout time.Duration
 	// FrameTimeout bounds a started frame (0: the listener's default).
 	FrameTimeout time.Duration
+	// MaxPending caps the bytes queued per connection (0: the listener's).
+	MaxPending int
 	// Options are the agent's options; see ListenerConfigs for the keys.
 	Options map[string]string
 }
@@ -108,6 +110,7 @@ func ListenerConfigs(specs []AgentSpec) ([]Config, error) {
 			MaxQueue:       s.MaxQueue,
 			MessageTimeout: s.MessageTimeout,
 			FrameTimeout:   s.FrameTimeout,
+			MaxPending:     s.MaxPending,
 		}
 		if v := s.Options["ids"]; v != "" {
 			a.IDs = splitList(v)

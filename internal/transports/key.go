@@ -34,6 +34,8 @@ type Key struct {
 	// Message bounds the wait for each reply; Frame a frame once begun.
 	Message time.Duration
 	Frame   time.Duration
+	// MaxPending caps the bytes queued per connection (uds, reverse).
+	MaxPending int
 	// Options are the transport's options in a canonical form (TLS files,
 	// server name and health interval for grpc; tokens, ids and listener
 	// settings for reverse; uds takes none).
@@ -44,10 +46,10 @@ type Key struct {
 // when they change, per transport:
 //
 //	uds      name, address, conns, max_in_flight, max_queue,
-//	         timeouts connect, handshake, message, frame
+//	         max_pending_bytes, timeouts connect, handshake, message, frame
 //	grpc     name, address, conns, max_in_flight, max_queue,
 //	         timeouts connect+handshake (one dial budget), message; options
-//	reverse  name, address, max_in_flight, max_queue,
+//	reverse  name, address, max_in_flight, max_queue, max_pending_bytes,
 //	         timeouts message, frame; options (the agents dial in: no
 //	         conns, connect or handshake of ours)
 //
@@ -74,6 +76,7 @@ func InstanceKey(a config.Agent) Key {
 		Handshake:   a.Timeouts.Handshake,
 		Message:     a.Timeouts.Message,
 		Frame:       a.Timeouts.Frame,
+		MaxPending:  int(a.MaxPendingBytes),
 		Options:     canonicalOptions(a.Options),
 	}
 	switch a.Transport {
@@ -81,7 +84,7 @@ func InstanceKey(a config.Agent) Key {
 		k.Address = udsPath(a.Address)
 	case config.TransportGRPC:
 		k.Connect, k.Handshake = a.Timeouts.Connect+a.Timeouts.Handshake, 0
-		k.Frame = 0
+		k.Frame, k.MaxPending = 0, 0
 	case config.TransportReverse:
 		k.Conns, k.Connect, k.Handshake = 0, 0, 0
 	}

@@ -50,6 +50,7 @@ func UDSConfig(a *config.Agent, log zerolog.Logger) udsclient.Config {
 	c.HandshakeTimeout = a.Timeouts.Handshake
 	c.MessageTimeout = a.Timeouts.Message
 	c.FrameTimeout = a.Timeouts.Frame
+	c.MaxPendingBytes = int(a.MaxPendingBytes)
 	c.Logger = log
 	return c
 }
@@ -127,6 +128,7 @@ func ReverseSpecs(cfg *config.Config) []reverse.AgentSpec {
 			MaxQueue:       a.MaxQueue,
 			MessageTimeout: a.Timeouts.Message,
 			FrameTimeout:   a.Timeouts.Frame,
+			MaxPending:     int(a.MaxPendingBytes),
 			Options:        a.Options,
 		})
 	}

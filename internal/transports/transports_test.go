@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -33,6 +34,7 @@ var (
 		"Timeouts.Handshake": {config.TransportUDS, config.TransportGRPC},
 		"Timeouts.Message":   {config.TransportUDS, config.TransportGRPC, config.TransportReverse},
 		"Timeouts.Frame":     {config.TransportUDS, config.TransportReverse},
+		"MaxPendingBytes":    {config.TransportUDS, config.TransportReverse},
 		"Options":            {config.TransportUDS, config.TransportGRPC, config.TransportReverse},
 	}
 	policyFields = []string{"FailureMode", "Timeouts.Request", "RequestBody", "ResponseBody", "Limits"}
@@ -85,6 +87,8 @@ func change(t *testing.T, a config.Agent, field string) config.Agent {
 		b.Timeouts.Message += time.Second
 	case "Timeouts.Frame":
 		b.Timeouts.Frame += time.Second
+	case "MaxPendingBytes":
+		b.MaxPendingBytes += 1 << 20
 	case "Timeouts.Request":
 		b.Timeouts.Request += time.Second
 	case "Options":
@@ -216,5 +220,41 @@ routes: [{name: r, upstream: app, agents: [a, g, r]}]
 	}
 	if specs := transports.ReverseSpecs(cfg); len(specs) != 1 || specs[0].Name != "r" || specs[0].Options["allow_no_token"] != "true" {
 		t.Errorf("reverse specs %+v", specs)
+	}
+}
+
+// TestMaxPendingBytesKey: agents[].max_pending_bytes reaches the UDS
+// client and the reverse listener's agent, and is validated.
+func TestMaxPendingBytesKey(t *testing.T) {
+	cfg, err := config.Parse([]byte(`
+listeners: [{address: "127.0.0.1:0"}]
+upstreams: [{name: app, address: "127.0.0.1:1"}]
+agents:
+  - {name: u, transport: uds, address: /run/u.sock, max_pending_bytes: 1MiB}
+  - {name: r, transport: reverse, address: "unix:/run/r.sock", max_pending_bytes: 2MiB, options: {allow_no_token: "true"}}
+  - {name: d, transport: uds, address: /run/d.sock}
+routes: [{upstream: app, agents: [u]}]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := transports.UDSConfig(&cfg.Agents[0], zerolog.Nop()).MaxPendingBytes; got != 1<<20 {
+		t.Errorf("uds max pending %d, want 1MiB", got)
+	}
+	if got := transports.UDSConfig(&cfg.Agents[2], zerolog.Nop()).MaxPendingBytes; got != 4<<20 {
+		t.Errorf("uds default max pending %d, want 4MiB", got)
+	}
+	specs := transports.ReverseSpecs(cfg)
+	if len(specs) != 1 || specs[0].MaxPending != 2<<20 {
+		t.Errorf("reverse specs %+v", specs)
+	}
+	_, err = config.Parse([]byte(`
+listeners: [{address: "127.0.0.1:0"}]
+upstreams: [{name: app, address: "127.0.0.1:1"}]
+agents: [{name: u, transport: uds, address: /run/u.sock, max_pending_bytes: 1KiB}]
+routes: [{upstream: app, agents: [u]}]
+`))
+	if err == nil || !strings.Contains(err.Error(), "max_pending_bytes") {
+		t.Errorf("1KiB accepted: %v", err)
 	}
 }

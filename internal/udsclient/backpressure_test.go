@@ -209,6 +209,10 @@ func TestReadLoopNeverWritesToBackedUpAgent(t *testing.T) {
 	if sess.Err() != nil {
 		t.Fatalf("session failed: %v", sess.Err())
 	}
+	// The waits reach the session's (and so the agent's) counters.
+	if ss := sess.Stats(); ss.SendWaits == 0 || ss.SendWaits != link.Stats().Writer.Waits || ss.ControlDropped != link.Stats().Writer.ControlDropped {
+		t.Fatalf("session stats %+v, writer %+v", ss, link.Stats().Writer)
+	}
 	st = link.Stats()
 	t.Logf("pings %d, frames in %d, pongs sent %d, writer %+v", pingsSent.Load(), st.FramesIn, st.PongsSent, st.Writer)
 }

@@ -137,6 +137,12 @@ func (l *Link) Stats() LinkStats {
 		PongsSent: l.pongsSent.Load(), FrameTimeouts: l.frameTimeouts.Load(), Writer: l.w.Stats()}
 }
 
+// Backpressure implements agentmux.BackpressureReporter.
+func (l *Link) Backpressure() (sendWaits, controlDropped uint64) {
+	st := l.w.Stats()
+	return st.Waits, st.ControlDropped
+}
+
 // RemoteAddr is the peer's address.
 func (l *Link) RemoteAddr() net.Addr { return l.nc.RemoteAddr() }
 
