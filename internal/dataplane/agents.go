@@ -66,10 +66,11 @@ func (rs *reqState) begin(i int) error {
 	if !ok {
 		return errBudget(sl)
 	}
-	t0 := time.Now()
+	t0 := mono()
 	ex, err := sl.ra.a.agent.Begin(w)
-	sl.spent += time.Since(t0)
-	rs.agentTime[rs.phaseNow] += time.Since(t0)
+	d := mono() - t0
+	sl.spent += d
+	rs.agentTime[rs.phaseNow] += d
 	if err != nil {
 		return err
 	}
@@ -140,7 +141,7 @@ func (rs *reqState) headerEvent(i int, p protocol.Phase) bool {
 		rs.srv.obs.AgentEvent(rs.rt.idx, sl.ra.a.idx, p, false, OutcomeTimeout, 0)
 		return rs.failure(i, p, false, errBudget(sl))
 	}
-	t0 := time.Now()
+	t0 := mono()
 	var reply *agentmux.Reply
 	var err error
 	if req {
@@ -148,7 +149,7 @@ func (rs *reqState) headerEvent(i int, p protocol.Phase) bool {
 	} else {
 		reply, err = sl.ex.ResponseHeaders(w, &rs.rsh)
 	}
-	d := time.Since(t0)
+	d := mono() - t0
 	sl.spent += d
 	if req {
 		rs.agentTime[PhaseRequestHeaders] += d

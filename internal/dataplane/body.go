@@ -94,6 +94,10 @@ func (s *bodySource) touch() {
 	if s.conn == nil || s.idle <= 0 {
 		return
 	}
+	if uc, ok := s.conn.(*upConn); ok {
+		extendRead(uc, s.idle)
+		return
+	}
 	now := time.Now()
 	if now.Sub(s.extended) > s.idle/4 {
 		s.extended = now
@@ -359,9 +363,9 @@ func (rs *reqState) runChunk(p protocol.Phase, data []byte, last, stream bool) (
 				continue
 			}
 		}
-		t0 := time.Now()
+		t0 := mono()
 		reply, err := sl.ex.BodyChunk(w, p, m)
-		d := time.Since(t0)
+		d := mono() - t0
 		if !stream {
 			sl.spent += d
 		}
@@ -503,6 +507,9 @@ func (rs *reqState) responseBody() bool {
 		}
 		src.prefix = in
 	}
+	if len(rs.active[1]) == 0 && cl >= 0 && cl <= passChunk && len(src.prefix) == 0 {
+		return rs.smallResponse(cl)
+	}
 	size := cl
 	if len(rs.active[1]) > 0 || cl < 0 {
 		size = -1
@@ -514,6 +521,38 @@ func (rs *reqState) responseBody() bool {
 	rs.streaming = true
 	ctx.Response.SetBodyStream(&rs.respBody, size)
 	return true
+}
+
+// smallResponse relays a response body of known length no agent inspects
+// and no larger than one read buffer as a plain body: read whole, then
+// written with the headers in one write. Streaming it instead costs a
+// stream object's round of calls, deadline extensions and a deferred
+// finish (~7% of a proxied request with a small body); a body this small
+// gains nothing from streaming. A failure while reading it is still a
+// clean 502, since nothing has been sent.
+func (rs *reqState) smallResponse(cl int) bool {
+	buf := rs.chunkBuf(protocol.PhaseResponse)[:cl]
+	n, last, err := rs.respSrc.read(buf, true)
+	if err == nil && !last && n == cl {
+		// Full, but the end not seen yet: it must come now.
+		var one [1]byte
+		var m int
+		m, last, err = rs.respSrc.read(one[:], true)
+		if err == nil && m != 0 {
+			err = io.ErrUnexpectedEOF
+		}
+	}
+	if err == nil && (!last || n != cl) {
+		err = io.ErrUnexpectedEOF
+	}
+	if err != nil {
+		rs.bodyReadFailed(protocol.PhaseResponse, err)
+		return false
+	}
+	rs.upBodyDone = true
+	rs.finishResponseHeaders()
+	rs.ctx.Response.SetBody(buf[:n])
+	return false
 }
 
 // respStream is the client response body: the listener pulls it as it

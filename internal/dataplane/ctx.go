@@ -26,7 +26,7 @@ func (rs *reqState) agentWait(sl *slot) (w agentmux.Wait, ok bool) {
 		return w, true
 	}
 	left := sl.ra.timeout - sl.spent
-	w.Deadline = time.Now().Add(left)
+	w.Deadline = at(mono() + left)
 	return w, left > 0
 }
 

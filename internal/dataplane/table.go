@@ -335,13 +335,21 @@ func (t *table) agentNames() []string {
 	return n
 }
 
+// wrapUp wraps a dialed upstream connection in an upConn.
+func wrapUp(c net.Conn, err error) (net.Conn, error) {
+	if err != nil {
+		return nil, err
+	}
+	return &upConn{Conn: c}, nil
+}
+
 func newUpstream(u config.Upstream) *upstream {
 	up := &upstream{name: u.Name, nameB: []byte(u.Name), cfg: u}
 	addr := u.Address
 	connect := u.ConnectTimeout
-	dial := func(a string) (net.Conn, error) { return fasthttp.DialTimeout(a, connect) }
+	dial := func(a string) (net.Conn, error) { return wrapUp(fasthttp.DialTimeout(a, connect)) }
 	if path, ok := strings.CutPrefix(addr, "unix:"); ok {
-		dial = func(string) (net.Conn, error) { return net.DialTimeout("unix", path, connect) }
+		dial = func(string) (net.Conn, error) { return wrapUp(net.DialTimeout("unix", path, connect)) }
 		addr = "localhost"
 	}
 	up.hostHdr = []byte(addr)

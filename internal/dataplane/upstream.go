@@ -8,7 +8,6 @@ import (
 	"os"
 	"strconv"
 	"syscall"
-	"time"
 
 	"github.com/valyala/fasthttp"
 
@@ -185,7 +184,7 @@ func staleConn(err error) bool {
 // sendRequest writes the request head and body.
 func (rs *reqState) sendRequest(conn net.Conn) error {
 	up := rs.rt.up
-	_ = conn.SetWriteDeadline(time.Now().Add(up.cfg.IdleTimeout))
+	extendWrite(conn, up.cfg.IdleTimeout)
 	rs.reqSent = true
 	bw := up.hc.AcquireWriter(conn)
 	err := rs.writeHead(bw)
@@ -218,7 +217,6 @@ func (rs *reqState) writeBody(bw *bufio.Writer, conn net.Conn) error {
 	chunked := rs.upChunked
 	pipe := rs.reqMode == reqBodyPipe
 	idle := rs.rt.up.cfg.IdleTimeout
-	var extended time.Time
 	for {
 		buf := rs.chunkBuf(protocol.PhaseRequest)
 		n, last, err := rs.reqSrc.read(buf, rs.fill(protocol.PhaseRequest))
@@ -235,10 +233,7 @@ func (rs *reqState) writeBody(bw *bufio.Writer, conn net.Conn) error {
 		if last {
 			rs.reqBodyEOF = true
 		}
-		if now := time.Now(); now.Sub(extended) > idle/4 {
-			extended = now
-			_ = conn.SetWriteDeadline(now.Add(idle))
-		}
+		extendWrite(conn, idle)
 		if len(data) > 0 {
 			var werr error
 			if chunked {
@@ -277,7 +272,7 @@ func (rs *reqState) writeBody(bw *bufio.Writer, conn net.Conn) error {
 // body is left on the connection as a stream.
 func (rs *reqState) readHead(conn net.Conn) error {
 	up := rs.rt.up
-	_ = conn.SetReadDeadline(time.Now().Add(up.cfg.ResponseTimeout))
+	extendRead(conn, up.cfg.ResponseTimeout)
 	rs.upWrap = eofConn{Conn: conn}
 	br := up.hc.AcquireReader(&rs.upWrap)
 	resp := &rs.upResp
