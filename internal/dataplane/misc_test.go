@@ -596,3 +596,39 @@ routes: [{name: r, upstream: app}]
 		t.Fatalf("ListenAndServe: %v", err)
 	}
 }
+
+// TestTruncatedSmallResponseIs502: a small body of known length is read
+// whole before anything is sent, so an upstream that closes early gets
+// the client a clean 502 rather than a cut-off 200.
+func TestTruncatedSmallResponseIs502(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				buf := make([]byte, 4096)
+				if _, err := c.Read(buf); err != nil {
+					return
+				}
+				_, _ = c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhalf!"))
+			}()
+		}
+	}()
+	cfg := configText(t, oneAgentConfig, map[string]any{"Upstream": ln.Addr().String(), "Chain": ""})
+	p := startProxy(t, cfg, nil, nil)
+	resp, body := p.do(t, "GET", "/", nil)
+	if resp.StatusCode != 502 {
+		t.Fatalf("got %d %q, want 502", resp.StatusCode, body)
+	}
+	if st := p.srv.Stats(); st.UpstreamErrors != 1 || st.ResponseAborted != 0 {
+		t.Errorf("upstream errors %d, aborted %d", st.UpstreamErrors, st.ResponseAborted)
+	}
+}
