@@ -1,0 +1,60 @@
+package dataplane_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/zentinelproxy/sidecar/internal/agentmux"
+	"github.com/zentinelproxy/sidecar/sdk"
+)
+
+// TestAllocsProxiedRequest is the allocation gate of the request path: a
+// proxied GET allocates nothing in the whole process (client, proxy,
+// upstream) without an agent, and with a headers agent only the agent's
+// fresh per-event handler context (one allocation; see package sdk). It
+// counts every allocation of the process, so it runs without the race
+// detector, after a warm-up that fills the pools.
+func TestAllocsProxiedRequest(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	for _, tc := range []struct {
+		name  string
+		agent bool
+		max   float64
+	}{
+		{"no agent", false, 0},
+		{"headers agent", true, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			up := fastUpstream(t)
+			data := map[string]any{"Upstream": up, "Chain": ""}
+			agents := map[string]agentmux.Agent{}
+			if tc.agent {
+				spec := agentSpec{Path: serveAgent(t, &agentFuncs{Base: sdk.Base{Caps: headersOnly()}})}
+				data["Chain"] = "a"
+				data["Agents"] = map[string]agentSpec{"a": spec}
+				agents["a"] = udsAgent(t, "a", spec.Path, nil)
+			}
+			p := startProxy(t, configText(t, oneAgentConfig, data), agents, nil)
+			hc := &fasthttp.HostClient{Addr: p.addr, MaxConns: 1, ReadTimeout: 5 * time.Second}
+			req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+			req.SetRequestURI("http://x/alloc")
+			do := func() {
+				if err := hc.Do(req, resp); err != nil || resp.StatusCode() != 200 {
+					t.Fatalf("%v %d", err, resp.StatusCode())
+				}
+			}
+			for i := 0; i < 200; i++ {
+				do()
+			}
+			n := testing.AllocsPerRun(500, do)
+			t.Logf("%.2f allocations per request", n)
+			if n > tc.max {
+				t.Errorf("%.2f allocations per proxied request, want at most %v", n, tc.max)
+			}
+		})
+	}
+}
