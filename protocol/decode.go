@@ -64,6 +64,8 @@ func (m *RequestHeaders) Decode(payload []byte) error {
 			m.Headers, err = s.headers(m.Headers[:0], "headers", true)
 		case "metadata":
 			err = s.metadata(&m.Metadata)
+		case "inline_body":
+			m.HasInlineBody, err = s.inlineBody(&m.InlineBody)
 		default:
 			err = s.skip()
 		}
@@ -255,7 +257,15 @@ func (m *BodyChunk) Decode(payload []byte) error {
 	m.Reset()
 	m.raw = loadRaw(m.raw, payload)
 	s := newScanner(m.raw)
-	return s.document(func(key []byte) (err error) {
+	return s.document(s.chunkFields(m))
+}
+
+// chunkFields returns the member reader of a body chunk object (for
+// document or nested). RequestHeaders uses it for its inline body too, so
+// that the chunk's data is decoded in place in the event's buffer. It is
+// inlined: the closure stays on the caller's stack.
+func (s *scanner) chunkFields(m *BodyChunk) func(key []byte) error {
+	return func(key []byte) (err error) {
 		switch string(key) {
 		case "request_id":
 			m.RequestID, _, err = s.u64("request_id", math.MaxUint64)
@@ -277,7 +287,7 @@ func (m *BodyChunk) Decode(payload []byte) error {
 			err = s.skip()
 		}
 		return err
-	})
+	}
 }
 
 // size reads a non-negative byte count; null reads as -1 (unknown).

@@ -36,6 +36,9 @@ func AppendRequestHeaders(dst []byte, m *RequestHeaders) []byte {
 	dst = appendHeaders(dst, m.Headers)
 	dst = append(dst, `,"metadata":`...)
 	dst = appendMetadata(dst, &m.Metadata)
+	if m.HasInlineBody {
+		dst = appendInlineBody(dst, &m.InlineBody)
+	}
 	return append(dst, '}')
 }
 
@@ -226,7 +229,16 @@ func AppendBodyChunk(dst []byte, m *BodyChunk, t MsgType) []byte {
 	dst = slices.Grow(dst, 128+base64.StdEncoding.EncodedLen(len(m.Data)))
 	dst = append(dst, `{"request_id":`...)
 	dst = strconv.AppendUint(dst, m.RequestID, 10)
-	dst = append(dst, `,"chunk_index":`...)
+	dst = append(dst, ',')
+	return appendChunkFields(dst, m, t)
+}
+
+// appendChunkFields writes the members of a body chunk after request_id
+// (chunk_index, data, is_last, then total_size and the progress key of t
+// when known) and closes the object. A chunk inlined in RequestHeaders is
+// the same object without request_id.
+func appendChunkFields(dst []byte, m *BodyChunk, t MsgType) []byte {
+	dst = append(dst, `"chunk_index":`...)
 	dst = strconv.AppendUint(dst, uint64(m.ChunkIndex), 10)
 	dst = append(dst, `,"data":"`...)
 	dst = base64.StdEncoding.AppendEncode(dst, m.Data)

@@ -62,9 +62,10 @@ const (
 	ctxAudit // and from here on, ErrProtocolField again
 	ctxRequestMutation
 	ctxResponseMutation
+	ctxInlineBody
 )
 
-var ctxNames = [...]string{"", "metadata.", "decision.", "decision.block.", "decision.redirect.", "audit.", "request_body_mutation.", "response_body_mutation."}
+var ctxNames = [...]string{"", "metadata.", "decision.", "decision.block.", "decision.redirect.", "audit.", "request_body_mutation.", "response_body_mutation.", "inline_body."}
 
 // Errors are the cold path: fmt is fine here. They name the field and the
 // offset, never the payload's content.

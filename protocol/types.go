@@ -177,6 +177,13 @@ type RequestHeaders struct {
 	HasBody   bool
 	Headers   Headers
 	Metadata  Metadata
+	// HasInlineBody says the event carries chunk 0 of the request body in
+	// InlineBody ("inline_body", sent only to an agent that negotiated
+	// FeatureInlineBody); the Decision to the event answers that chunk too.
+	HasInlineBody bool
+	// InlineBody is chunk 0 of the request body when HasInlineBody. Its
+	// RequestID is not on the wire (the event's is); a decoder leaves it 0.
+	InlineBody BodyChunk
 
 	raw []byte // decoder-owned backing store
 }
@@ -397,6 +404,9 @@ type Capabilities struct {
 	HandlesResponseBody    bool `json:"handles_response_body"`
 	SupportsStreaming      bool `json:"supports_streaming"`
 	SupportsCancellation   bool `json:"supports_cancellation"`
+	// SupportsInlineBody: the agent takes chunk 0 of a buffered request
+	// body inside RequestHeaders (FeatureInlineBody). Written only when true.
+	SupportsInlineBody bool `json:"supports_inline_body,omitempty"`
 	// MaxConcurrentRequests of 0 means the agent sets no limit.
 	MaxConcurrentRequests uint32 `json:"max_concurrent_requests,omitempty"`
 }
@@ -420,6 +430,10 @@ const (
 	FeatureCancellation = "cancellation"
 	FeatureBodyMutation = "body_mutation"
 	FeatureStreaming    = "streaming"
+	// FeatureInlineBody: the proxy can send chunk 0 of a buffered request
+	// body inside RequestHeaders to an agent that declares
+	// supports_inline_body, and take one Decision for both.
+	FeatureInlineBody = "inline_body"
 )
 
 // HandshakeRequest (0x01) is the first frame on a proxy-initiated connection.

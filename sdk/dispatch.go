@@ -33,7 +33,15 @@ type Event struct {
 	decision protocol.Decision
 	body     BodyReply
 	next     *Event
+	buf      []byte // see Buffer
 }
+
+// Buffer is storage that stays with the Event through the pool: a
+// transport whose decoded messages alias the bytes they were decoded from
+// may receive the event's message into it, so that they stay valid while
+// the event is handled without an allocation per event. It is the
+// transport's to size; the SDK never reads it.
+func (e *Event) Buffer() *[]byte { return &e.buf }
 
 // RequestID of the event.
 func (e *Event) RequestID() uint64 {
@@ -65,7 +73,13 @@ var eventPool = sync.Pool{New: func() any { return new(Event) }}
 func AcquireEvent() *Event { return eventPool.Get().(*Event) }
 
 // ReleaseEvent returns ev to the pool.
-func ReleaseEvent(ev *Event) { ev.next = nil; eventPool.Put(ev) }
+func ReleaseEvent(ev *Event) {
+	ev.next = nil
+	if cap(ev.buf) > 64<<10 {
+		ev.buf = nil // one big body should not stay pinned in the pool
+	}
+	eventPool.Put(ev)
+}
 
 // reqState serializes the events of a request while its handler runs and
 // is the context that handler sees. It is allocated fresh each time a
@@ -136,7 +150,8 @@ type Dispatcher struct {
 
 	mu      sync.Mutex
 	reqs    map[uint64]*reqState
-	wg      sync.WaitGroup
+	running int           // handler runs not finished; guarded by mu
+	drained chan struct{} // closed when running drops to 0 (Close waits); guarded by mu
 	workers *workerPool
 }
 
@@ -149,8 +164,15 @@ func NewDispatcher(parent context.Context, h Handler, out Sender) *Dispatcher {
 	return d
 }
 
-// Dispatch hands ev to the handler. The dispatcher owns ev afterwards.
-func (d *Dispatcher) Dispatch(ev *Event) {
+// Dispatch hands ev to the handler, on a worker goroutine. The dispatcher
+// owns ev afterwards. (A read loop run by Serve may instead handle an
+// event itself when the connection is otherwise idle; see Serve.)
+func (d *Dispatcher) Dispatch(ev *Event) { d.dispatch(ev, nil) }
+
+// dispatch is Dispatch; r is the Serve loop whose reading goroutine calls
+// it, or nil. It reports false when it handled ev in the calling goroutine
+// and another goroutine took over reading meanwhile (see Serve).
+func (d *Dispatcher) dispatch(ev *Event, r *reader) (reading bool) {
 	id := ev.RequestID()
 	d.mu.Lock()
 	if st := d.reqs[id]; st != nil {
@@ -162,22 +184,30 @@ func (d *Dispatcher) Dispatch(ev *Event) {
 		}
 		st.tail = ev
 		d.mu.Unlock()
-		return
+		return true
 	}
 	if d.base.Err() != nil {
 		d.mu.Unlock()
 		ReleaseEvent(ev)
-		return
+		return true
 	}
 	st := &reqState{d: d} // the handler's context: fresh, never reused
 	d.reqs[id] = st
-	d.wg.Add(1)
+	d.running++
+	// Handling it right here saves the hand-off to a worker (a goroutine
+	// wake-up, often a thread wake-up): when nothing else is in progress,
+	// or, on a busy connection, when nothing more is buffered and the
+	// handlers run here lately were quick.
+	here := r != nil && r.mayHandle(len(d.reqs) == 1)
 	d.mu.Unlock()
+	if here {
+		return r.handle(id, st, ev)
+	}
 	d.workers.run(task{d: d, id: id, st: st, ev: ev})
+	return true
 }
 
 func (d *Dispatcher) run(id uint64, st *reqState, ev *Event) {
-	defer d.wg.Done()
 	for ev != nil {
 		d.handle(st, ev)
 		ReleaseEvent(ev)
@@ -191,12 +221,18 @@ func (d *Dispatcher) run(id uint64, st *reqState, ev *Event) {
 			ev.next = nil
 		} else {
 			delete(d.reqs, id)
+			// Expired for good: whatever still holds the context (a
+			// derived context, an AfterFunc, a goroutine the handler
+			// started) sees it done. (Under d.mu, as in Cancel.)
+			st.cancel()
+			d.running--
+			if d.running == 0 && d.drained != nil {
+				close(d.drained)
+				d.drained = nil
+			}
 		}
 		d.mu.Unlock()
 	}
-	// Expired for good: whatever still holds the context (a derived
-	// context, an AfterFunc, a goroutine the handler started) sees it done.
-	st.cancel()
 }
 
 func (d *Dispatcher) handle(ctx context.Context, ev *Event) {
@@ -208,6 +244,9 @@ func (d *Dispatcher) handle(ctx context.Context, ev *Event) {
 		ev.decision.RequestID = id
 		if ev.Type == protocol.TypeRequestHeaders {
 			err = d.h.OnRequestHeaders(ctx, &ev.RequestHeaders, &ev.decision)
+			if err == nil && ev.RequestHeaders.HasInlineBody && ctx.Err() == nil {
+				err = d.inlineBody(ctx, ev) // inline.go
+			}
 		} else {
 			err = d.h.OnResponseHeaders(ctx, &ev.ResponseHeaders, &ev.decision)
 		}
@@ -283,5 +322,15 @@ func (d *Dispatcher) Close() {
 	d.mu.Unlock()
 	d.unhook()
 	d.CancelAll()
-	d.wg.Wait()
+	d.mu.Lock()
+	for d.running > 0 {
+		if d.drained == nil {
+			d.drained = make(chan struct{})
+		}
+		ch := d.drained
+		d.mu.Unlock()
+		<-ch
+		d.mu.Lock()
+	}
+	d.mu.Unlock()
 }

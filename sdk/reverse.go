@@ -255,7 +255,7 @@ func dialRegister(ctx context.Context, cfg *ReverseConfig, h Handler) (*idleConn
 	req := protocol.RegistrationRequest{
 		ProtocolVersion: protocol.Version,
 		AgentID:         cfg.AgentID,
-		Capabilities:    h.Capabilities(),
+		Capabilities:    DeclaredCapabilities(h),
 		AuthToken:       token,
 		Metadata:        cfg.Metadata,
 	}

@@ -157,7 +157,7 @@ func ServeConn(ctx context.Context, nc net.Conn, h Handler, opts *Options) error
 		_ = nc.Close()
 		return fmt.Errorf("%w: %v", ErrSDKHandshake, err)
 	}
-	resp, herr := handshake.Answer(&req, o.Name, h.Capabilities())
+	resp, herr := handshake.Answer(&req, o.Name, DeclaredCapabilities(h))
 	_ = nc.SetWriteDeadline(time.Now().Add(o.WriteTimeout))
 	werr := uds.WriteFrame(nc, &resp)
 	_ = nc.SetDeadline(time.Time{})
@@ -206,43 +206,49 @@ func serveFrames(ctx context.Context, nc net.Conn, fr *uds.FrameReader, h Handle
 	// The handshake's read deadline is over: frames are bounded from here.
 	fr.SetFrameTimeout(o.FrameTimeout)
 	pong := new(protocol.Pong) // encoded before Send returns: reused
-	for {
-		t, payload, err := fr.Next()
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil
+	// The read loop: Serve dispatches the events next returns and may run
+	// a lone request's handler in the reading goroutine (see Serve). Its
+	// own frames (Pongs, agent errors) only ever queue.
+	next := func() (*Event, error) {
+		for {
+			t, payload, err := fr.Next()
+			if err != nil {
+				return nil, err
 			}
-			return err
-		}
-		switch t {
-		case protocol.TypeRequestHeaders, protocol.TypeRequestBodyChunk,
-			protocol.TypeResponseHeaders, protocol.TypeResponseBodyChunk:
-			ev := AcquireEvent()
-			if err := ev.Decode(t, payload); err != nil {
-				ReleaseEvent(ev)
-				if id, ok := protocol.PeekRequestID(payload); ok {
-					o.Logger.Warn().Err(err).Uint64("request_id", id).Msg("undecodable event from proxy")
-					_ = out.SendError(id, "undecodable event")
-					continue
+			switch t {
+			case protocol.TypeRequestHeaders, protocol.TypeRequestBodyChunk,
+				protocol.TypeResponseHeaders, protocol.TypeResponseBodyChunk:
+				ev := AcquireEvent()
+				if err := ev.Decode(t, payload); err != nil {
+					ReleaseEvent(ev)
+					if id, ok := protocol.PeekRequestID(payload); ok {
+						o.Logger.Warn().Err(err).Uint64("request_id", id).Msg("undecodable event from proxy")
+						_ = out.SendError(id, "undecodable event")
+						continue
+					}
+					return nil, fmt.Errorf("sdk: undecodable %s without request_id: %w", t, err)
 				}
-				return fmt.Errorf("sdk: undecodable %s without request_id: %w", t, err)
+				return ev, nil
+			case protocol.TypeCancelRequest:
+				var m protocol.CancelRequest
+				if m.Decode(payload) == nil {
+					d.Cancel(m.RequestID)
+				}
+			case protocol.TypeCancelAll:
+				d.CancelAll()
+			case protocol.TypePing:
+				// Queued for the writer goroutine, never written here.
+				if (*protocol.Ping)(pong).Decode(payload) == nil {
+					_ = w.Send(pong)
+				}
+			case protocol.TypePong:
+			default:
+				o.Logger.Debug().Uint8("type", uint8(t)).Msg("skipping frame of unknown type")
 			}
-			d.Dispatch(ev)
-		case protocol.TypeCancelRequest:
-			var m protocol.CancelRequest
-			if m.Decode(payload) == nil {
-				d.Cancel(m.RequestID)
-			}
-		case protocol.TypeCancelAll:
-			d.CancelAll()
-		case protocol.TypePing:
-			// Queued for the writer goroutine, never written here.
-			if (*protocol.Ping)(pong).Decode(payload) == nil {
-				_ = w.Send(pong)
-			}
-		case protocol.TypePong:
-		default:
-			o.Logger.Debug().Uint8("type", uint8(t)).Msg("skipping frame of unknown type")
 		}
 	}
+	if err := d.Serve(next, fr.Buffered); err != nil && ctx.Err() == nil {
+		return err
+	}
+	return nil
 }

@@ -134,6 +134,11 @@ func NewFrameReaderSize(r io.Reader, size int) *FrameReader {
 	return &FrameReader{br: bufio.NewReaderSize(r, size), max: protocol.MaxFrameSize, src: r}
 }
 
+// Buffered is the number of bytes already read from the connection and
+// not yet returned by Next: more than zero means the next frame (or part
+// of it) is at hand without waiting.
+func (fr *FrameReader) Buffered() int { return fr.br.Buffered() }
+
 // SetMaxFrameSize sets the accepted frame length (never above 16 MiB), e.g.
 // low for a first frame and back to the limit afterwards.
 func (fr *FrameReader) SetMaxFrameSize(n int) {

@@ -588,12 +588,17 @@ func (x *RequestMetadata) GetTimestamp() []byte {
 }
 
 type RequestHeaders struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Method        []byte                 `protobuf:"bytes,1,opt,name=method,proto3" json:"method,omitempty"`
-	Uri           []byte                 `protobuf:"bytes,2,opt,name=uri,proto3" json:"uri,omitempty"`
-	Headers       []*Header              `protobuf:"bytes,3,rep,name=headers,proto3" json:"headers,omitempty"`
-	HasBody       bool                   `protobuf:"varint,4,opt,name=has_body,json=hasBody,proto3" json:"has_body,omitempty"`
-	Metadata      *RequestMetadata       `protobuf:"bytes,5,opt,name=metadata,proto3" json:"metadata,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Method   []byte                 `protobuf:"bytes,1,opt,name=method,proto3" json:"method,omitempty"`
+	Uri      []byte                 `protobuf:"bytes,2,opt,name=uri,proto3" json:"uri,omitempty"`
+	Headers  []*Header              `protobuf:"bytes,3,rep,name=headers,proto3" json:"headers,omitempty"`
+	HasBody  bool                   `protobuf:"varint,4,opt,name=has_body,json=hasBody,proto3" json:"has_body,omitempty"`
+	Metadata *RequestMetadata       `protobuf:"bytes,5,opt,name=metadata,proto3" json:"metadata,omitempty"`
+	// Chunk 0 of the request body (chunk_index 0), sent only to an agent
+	// that declared supports_inline_body when the proxy offered the
+	// inline_body feature. Absent: no body in this event. The Decision to
+	// this event answers the headers and this chunk.
+	InlineBody    *RequestBodyChunk `protobuf:"bytes,6,opt,name=inline_body,json=inlineBody,proto3" json:"inline_body,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -659,6 +664,13 @@ func (x *RequestHeaders) GetHasBody() bool {
 func (x *RequestHeaders) GetMetadata() *RequestMetadata {
 	if x != nil {
 		return x.Metadata
+	}
+	return nil
+}
+
+func (x *RequestHeaders) GetInlineBody() *RequestBodyChunk {
+	if x != nil {
+		return x.InlineBody
 	}
 	return nil
 }
@@ -1898,8 +1910,11 @@ type Capabilities struct {
 	SupportsStreaming      bool                   `protobuf:"varint,5,opt,name=supports_streaming,json=supportsStreaming,proto3" json:"supports_streaming,omitempty"`
 	SupportsCancellation   bool                   `protobuf:"varint,6,opt,name=supports_cancellation,json=supportsCancellation,proto3" json:"supports_cancellation,omitempty"`
 	MaxConcurrentRequests  uint32                 `protobuf:"varint,7,opt,name=max_concurrent_requests,json=maxConcurrentRequests,proto3" json:"max_concurrent_requests,omitempty"` // 0: no agent-side limit
-	unknownFields          protoimpl.UnknownFields
-	sizeCache              protoimpl.SizeCache
+	// The agent takes chunk 0 of a buffered request body inside
+	// RequestHeaders (feature inline_body).
+	SupportsInlineBody bool `protobuf:"varint,8,opt,name=supports_inline_body,json=supportsInlineBody,proto3" json:"supports_inline_body,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *Capabilities) Reset() {
@@ -1981,6 +1996,13 @@ func (x *Capabilities) GetMaxConcurrentRequests() uint32 {
 	return 0
 }
 
+func (x *Capabilities) GetSupportsInlineBody() bool {
+	if x != nil {
+		return x.SupportsInlineBody
+	}
+	return false
+}
+
 var File_agent_proto protoreflect.FileDescriptor
 
 const file_agent_proto_rawDesc = "" +
@@ -2019,13 +2041,15 @@ const file_agent_proto_rawDesc = "" +
 	"\vupstream_id\x18\a \x01(\fR\n" +
 	"upstreamId\x12 \n" +
 	"\vtraceparent\x18\b \x01(\fR\vtraceparent\x12\x1c\n" +
-	"\ttimestamp\x18\t \x01(\fR\ttimestamp\"\xca\x01\n" +
+	"\ttimestamp\x18\t \x01(\fR\ttimestamp\"\x90\x02\n" +
 	"\x0eRequestHeaders\x12\x16\n" +
 	"\x06method\x18\x01 \x01(\fR\x06method\x12\x10\n" +
 	"\x03uri\x18\x02 \x01(\fR\x03uri\x123\n" +
 	"\aheaders\x18\x03 \x03(\v2\x19.zentinel.agent.v2.HeaderR\aheaders\x12\x19\n" +
 	"\bhas_body\x18\x04 \x01(\bR\ahasBody\x12>\n" +
-	"\bmetadata\x18\x05 \x01(\v2\".zentinel.agent.v2.RequestMetadataR\bmetadata\"\xd2\x01\n" +
+	"\bmetadata\x18\x05 \x01(\v2\".zentinel.agent.v2.RequestMetadataR\bmetadata\x12D\n" +
+	"\vinline_body\x18\x06 \x01(\v2#.zentinel.agent.v2.RequestBodyChunkR\n" +
+	"inlineBody\"\xd2\x01\n" +
 	"\x10RequestBodyChunk\x12\x1f\n" +
 	"\vchunk_index\x18\x01 \x01(\rR\n" +
 	"chunkIndex\x12\x12\n" +
@@ -2134,7 +2158,7 @@ const file_agent_proto_rawDesc = "" +
 	"\baccepted\x18\x03 \x01(\bH\x00R\baccepted\x88\x01\x01\x12\x14\n" +
 	"\x05error\x18\x04 \x01(\tR\x05error\x12C\n" +
 	"\fcapabilities\x18\x05 \x01(\v2\x1f.zentinel.agent.v2.CapabilitiesR\fcapabilitiesB\v\n" +
-	"\t_accepted\"\x82\x03\n" +
+	"\t_accepted\"\xb4\x03\n" +
 	"\fCapabilities\x126\n" +
 	"\x17handles_request_headers\x18\x01 \x01(\bR\x15handlesRequestHeaders\x120\n" +
 	"\x14handles_request_body\x18\x02 \x01(\bR\x12handlesRequestBody\x128\n" +
@@ -2142,7 +2166,8 @@ const file_agent_proto_rawDesc = "" +
 	"\x15handles_response_body\x18\x04 \x01(\bR\x13handlesResponseBody\x12-\n" +
 	"\x12supports_streaming\x18\x05 \x01(\bR\x11supportsStreaming\x123\n" +
 	"\x15supports_cancellation\x18\x06 \x01(\bR\x14supportsCancellation\x126\n" +
-	"\x17max_concurrent_requests\x18\a \x01(\rR\x15maxConcurrentRequests*.\n" +
+	"\x17max_concurrent_requests\x18\a \x01(\rR\x15maxConcurrentRequests\x120\n" +
+	"\x14supports_inline_body\x18\b \x01(\bR\x12supportsInlineBody*.\n" +
 	"\x05Phase\x12\x11\n" +
 	"\rPHASE_REQUEST\x10\x00\x12\x12\n" +
 	"\x0ePHASE_RESPONSE\x10\x012\x9d\x02\n" +
@@ -2209,32 +2234,33 @@ var file_agent_proto_depIdxs = []int32{
 	22, // 10: zentinel.agent.v2.AgentMessage.agent_error:type_name -> zentinel.agent.v2.AgentError
 	4,  // 11: zentinel.agent.v2.RequestHeaders.headers:type_name -> zentinel.agent.v2.Header
 	5,  // 12: zentinel.agent.v2.RequestHeaders.metadata:type_name -> zentinel.agent.v2.RequestMetadata
-	4,  // 13: zentinel.agent.v2.ResponseHeaders.headers:type_name -> zentinel.agent.v2.Header
-	11, // 14: zentinel.agent.v2.AgentDecision.allow:type_name -> zentinel.agent.v2.Allow
-	12, // 15: zentinel.agent.v2.AgentDecision.block:type_name -> zentinel.agent.v2.Block
-	13, // 16: zentinel.agent.v2.AgentDecision.redirect:type_name -> zentinel.agent.v2.Redirect
-	14, // 17: zentinel.agent.v2.AgentDecision.needs_more_decision:type_name -> zentinel.agent.v2.NeedsMore
-	15, // 18: zentinel.agent.v2.AgentDecision.request_headers:type_name -> zentinel.agent.v2.HeaderOp
-	15, // 19: zentinel.agent.v2.AgentDecision.response_headers:type_name -> zentinel.agent.v2.HeaderOp
-	17, // 20: zentinel.agent.v2.AgentDecision.request_body_mutation:type_name -> zentinel.agent.v2.BodyMutation
-	17, // 21: zentinel.agent.v2.AgentDecision.response_body_mutation:type_name -> zentinel.agent.v2.BodyMutation
-	16, // 22: zentinel.agent.v2.AgentDecision.audit:type_name -> zentinel.agent.v2.AuditMetadata
-	4,  // 23: zentinel.agent.v2.Block.headers:type_name -> zentinel.agent.v2.Header
-	1,  // 24: zentinel.agent.v2.HeaderOp.operation:type_name -> zentinel.agent.v2.HeaderOp.Operation
-	0,  // 25: zentinel.agent.v2.BodyMutation.phase:type_name -> zentinel.agent.v2.Phase
-	2,  // 26: zentinel.agent.v2.HealthResponse.status:type_name -> zentinel.agent.v2.HealthResponse.Status
-	27, // 27: zentinel.agent.v2.CapabilityResponse.capabilities:type_name -> zentinel.agent.v2.Capabilities
-	3,  // 28: zentinel.agent.v2.AgentProcessorV2.ProcessStream:input_type -> zentinel.agent.v2.AgentMessage
-	23, // 29: zentinel.agent.v2.AgentProcessorV2.HealthCheck:input_type -> zentinel.agent.v2.HealthRequest
-	25, // 30: zentinel.agent.v2.AgentProcessorV2.GetCapabilities:input_type -> zentinel.agent.v2.CapabilityRequest
-	3,  // 31: zentinel.agent.v2.AgentProcessorV2.ProcessStream:output_type -> zentinel.agent.v2.AgentMessage
-	24, // 32: zentinel.agent.v2.AgentProcessorV2.HealthCheck:output_type -> zentinel.agent.v2.HealthResponse
-	26, // 33: zentinel.agent.v2.AgentProcessorV2.GetCapabilities:output_type -> zentinel.agent.v2.CapabilityResponse
-	31, // [31:34] is the sub-list for method output_type
-	28, // [28:31] is the sub-list for method input_type
-	28, // [28:28] is the sub-list for extension type_name
-	28, // [28:28] is the sub-list for extension extendee
-	0,  // [0:28] is the sub-list for field type_name
+	7,  // 13: zentinel.agent.v2.RequestHeaders.inline_body:type_name -> zentinel.agent.v2.RequestBodyChunk
+	4,  // 14: zentinel.agent.v2.ResponseHeaders.headers:type_name -> zentinel.agent.v2.Header
+	11, // 15: zentinel.agent.v2.AgentDecision.allow:type_name -> zentinel.agent.v2.Allow
+	12, // 16: zentinel.agent.v2.AgentDecision.block:type_name -> zentinel.agent.v2.Block
+	13, // 17: zentinel.agent.v2.AgentDecision.redirect:type_name -> zentinel.agent.v2.Redirect
+	14, // 18: zentinel.agent.v2.AgentDecision.needs_more_decision:type_name -> zentinel.agent.v2.NeedsMore
+	15, // 19: zentinel.agent.v2.AgentDecision.request_headers:type_name -> zentinel.agent.v2.HeaderOp
+	15, // 20: zentinel.agent.v2.AgentDecision.response_headers:type_name -> zentinel.agent.v2.HeaderOp
+	17, // 21: zentinel.agent.v2.AgentDecision.request_body_mutation:type_name -> zentinel.agent.v2.BodyMutation
+	17, // 22: zentinel.agent.v2.AgentDecision.response_body_mutation:type_name -> zentinel.agent.v2.BodyMutation
+	16, // 23: zentinel.agent.v2.AgentDecision.audit:type_name -> zentinel.agent.v2.AuditMetadata
+	4,  // 24: zentinel.agent.v2.Block.headers:type_name -> zentinel.agent.v2.Header
+	1,  // 25: zentinel.agent.v2.HeaderOp.operation:type_name -> zentinel.agent.v2.HeaderOp.Operation
+	0,  // 26: zentinel.agent.v2.BodyMutation.phase:type_name -> zentinel.agent.v2.Phase
+	2,  // 27: zentinel.agent.v2.HealthResponse.status:type_name -> zentinel.agent.v2.HealthResponse.Status
+	27, // 28: zentinel.agent.v2.CapabilityResponse.capabilities:type_name -> zentinel.agent.v2.Capabilities
+	3,  // 29: zentinel.agent.v2.AgentProcessorV2.ProcessStream:input_type -> zentinel.agent.v2.AgentMessage
+	23, // 30: zentinel.agent.v2.AgentProcessorV2.HealthCheck:input_type -> zentinel.agent.v2.HealthRequest
+	25, // 31: zentinel.agent.v2.AgentProcessorV2.GetCapabilities:input_type -> zentinel.agent.v2.CapabilityRequest
+	3,  // 32: zentinel.agent.v2.AgentProcessorV2.ProcessStream:output_type -> zentinel.agent.v2.AgentMessage
+	24, // 33: zentinel.agent.v2.AgentProcessorV2.HealthCheck:output_type -> zentinel.agent.v2.HealthResponse
+	26, // 34: zentinel.agent.v2.AgentProcessorV2.GetCapabilities:output_type -> zentinel.agent.v2.CapabilityResponse
+	32, // [32:35] is the sub-list for method output_type
+	29, // [29:32] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	29, // [29:29] is the sub-list for extension extendee
+	0,  // [0:29] is the sub-list for field type_name
 }
 
 func init() { file_agent_proto_init() }

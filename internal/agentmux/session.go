@@ -90,6 +90,11 @@ type Reply struct {
 	// reply belonged to, or by Deliver for a decision that breaks the
 	// schema; the waiter gets ErrAgentProtocol.
 	Err error
+	// Buf is the transport's: bytes the decoded reply may alias. It
+	// travels with the Reply (a transport that decodes into a spare Reply
+	// may reuse the spare's Buf), so it stays valid exactly as long as the
+	// reply does.
+	Buf []byte
 }
 
 // RequestID returns the request id of the reply.
@@ -151,9 +156,15 @@ type Session struct {
 	sem  chan struct{}
 
 	mu      sync.Mutex
-	pending map[uint64]*Exchange
-	err     error // set once when the session fails
+	pending map[uint64]*Exchange // the exchanges waiting for a reply, by request id
+	err     error                // set once when the session fails
 	done    chan struct{}
+	// One timer per session bounds every waiting event (see arm and
+	// expire): it is armed for the earliest deadline of a waiting event
+	// and only moved when an event with an earlier one starts waiting, so
+	// an event that is answered in time costs no timer operation at all.
+	timer   *time.Timer // time.AfterFunc(s.expire); guarded by mu
+	armedAt time.Time   // when timer fires; zero: not armed; guarded by mu
 
 	inflight  atomic.Int64
 	waiting   atomic.Int64
@@ -224,10 +235,7 @@ func (s *Session) Stats() Stats {
 func (s *Session) CountProtocolError() { s.protoErrs.Add(1) }
 
 var exchangePool = sync.Pool{New: func() any {
-	e := &Exchange{ch: make(chan struct{}, 1), reply: new(Reply)}
-	e.timer = time.NewTimer(time.Hour)
-	e.timer.Stop()
-	return e
+	return &Exchange{ch: make(chan struct{}, 1), reply: new(Reply)}
 }}
 
 // Begin opens an exchange for one HTTP request: it waits for an in-flight
@@ -247,22 +255,19 @@ func (s *Session) Begin(w Wait) (*Exchange, error) {
 			return nil, err
 		}
 	}
+	select {
+	case <-s.done:
+		// The session failed (a failure after this check is found by the
+		// exchange's first event, under the lock).
+		<-s.sem
+		return nil, s.Err()
+	default:
+	}
 	e := exchangePool.Get().(*Exchange)
 	e.s = s
 	e.id = NextRequestID()
 	e.state = stateIdle
 	e.err = nil
-	s.mu.Lock()
-	if s.err != nil {
-		err := s.err
-		s.mu.Unlock()
-		<-s.sem
-		e.s = nil
-		exchangePool.Put(e)
-		return nil, err
-	}
-	s.pending[e.id] = e
-	s.mu.Unlock()
 	s.inflight.Add(1)
 	return e, nil
 }
@@ -325,11 +330,12 @@ func (s *Session) Deliver(r *Reply) *Reply {
 	id := r.RequestID()
 	s.mu.Lock()
 	e := s.pending[id]
-	if e == nil || e.state != stateWaiting {
+	if e == nil {
 		s.mu.Unlock()
 		s.late.Add(1)
 		return r
 	}
+	delete(s.pending, id)
 	old := e.reply
 	e.reply = r
 	e.state = stateAnswered
@@ -351,13 +357,66 @@ func (s *Session) Fail(err error) {
 	}
 	s.err = fmt.Errorf("%w: %s: %v", ErrAgentConnLost, s.cfg.Name, err)
 	close(s.done)
+	if s.timer != nil {
+		s.timer.Stop()
+		s.armedAt = time.Time{}
+	}
 	for _, e := range s.pending {
-		if e.state == stateWaiting {
-			e.state = stateFailed
+		e.state = stateFailed
+		e.ch <- struct{}{}
+	}
+	clear(s.pending)
+	s.mu.Unlock()
+}
+
+// arm makes sure the session's timer fires no later than dl; called with
+// s.mu held when an event with deadline dl starts waiting.
+func (s *Session) arm(dl, now time.Time) {
+	if !s.armedAt.IsZero() && !dl.Before(s.armedAt) {
+		return // it fires earlier already; expire re-arms for the rest
+	}
+	s.armedAt = dl
+	if s.timer == nil {
+		s.timer = time.AfterFunc(dl.Sub(now), s.expire)
+		return
+	}
+	s.timer.Reset(dl.Sub(now))
+}
+
+// expire runs when the session's timer fires: it wakes every waiting
+// event whose deadline has passed (they fail with ErrAgentTimeout) and
+// re-arms the timer for the earliest deadline left. Most of the time the
+// event it was armed for was answered long ago and it only re-arms: with
+// a message timeout of 1s, that is about once a second per busy session,
+// and it walks the session's pending exchanges (at most its in-flight
+// limit) under the lock. A timeout is noticed when the timer fires, as
+// precisely as a timer per event would.
+func (s *Session) expire() {
+	now := time.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.armedAt = time.Time{}
+	if s.err != nil {
+		return
+	}
+	var next time.Time
+	for id, e := range s.pending {
+		if e.dl.IsZero() {
+			continue
+		}
+		if !now.Before(e.dl) {
+			delete(s.pending, id)
+			e.state = stateExpired
 			e.ch <- struct{}{}
+			continue
+		}
+		if next.IsZero() || e.dl.Before(next) {
+			next = e.dl
 		}
 	}
-	s.mu.Unlock()
+	if !next.IsZero() {
+		s.arm(next, now)
+	}
 }
 
 // Close closes the link (which fails the session).
@@ -377,9 +436,10 @@ type exchangeState uint8
 const (
 	stateIdle exchangeState = iota
 	stateWaiting
-	stateAnswered
+	stateAnswered // also between events, until the next one waits
 	stateFailed
-	stateDead // timed out or canceled: no further events
+	stateExpired // the session's timer found the deadline passed; as dead
+	stateDead    // timed out or canceled: no further events
 )
 
 // Exchange is one HTTP request's conversation with one agent.
@@ -388,11 +448,14 @@ const (
 type Exchange struct {
 	s     *Session
 	id    uint64
-	state exchangeState // guarded by s.mu
+	state exchangeState // written under s.mu; see settle for reads
 	reply *Reply
-	ch    chan struct{}
-	timer *time.Timer
+	ch    chan struct{} // one token per wake-up: answered, failed or expired
 	err   error
+	// The deadline of the waiting event and whether it is MessageTimeout's
+	// (rather than the caller's); guarded by s.mu, read by expire.
+	dl    time.Time
+	byMsg bool
 
 	cancelMsg protocol.CancelRequest
 }
@@ -430,6 +493,14 @@ func (e *Exchange) call(w Wait, msg protocol.Message, chunk bool, index uint32) 
 		return nil, e.err
 	}
 	t := msg.MsgType()
+	// One deadline covers the wait for room to send and for the reply:
+	// the earlier of the caller's and MessageTimeout from now.
+	var dl, now time.Time
+	byMsg := false
+	if s.cfg.MessageTimeout > 0 || !w.Deadline.IsZero() {
+		now = time.Now()
+		dl, byMsg = s.deadline(w, now)
+	}
 	s.mu.Lock()
 	if s.err != nil {
 		err := s.err
@@ -438,18 +509,19 @@ func (e *Exchange) call(w Wait, msg protocol.Message, chunk bool, index uint32) 
 		return nil, err
 	}
 	e.state = stateWaiting
-	s.mu.Unlock()
-	// One deadline covers the wait for room to send and for the reply:
-	// the earlier of the caller's and MessageTimeout from now.
-	var dl time.Time
-	byMsg := false
-	if s.cfg.MessageTimeout > 0 || !w.Deadline.IsZero() {
-		dl, byMsg = s.deadline(w, time.Now())
+	e.dl, e.byMsg = dl, byMsg
+	s.pending[e.id] = e
+	if !dl.IsZero() {
+		s.arm(dl, now)
 	}
+	s.mu.Unlock()
 	if err := s.link.Send(msg, Wait{Deadline: dl, Cancel: w.Cancel}); err != nil {
+		woken := exchangeState(stateWaiting)
 		if !e.abandon() {
-			<-e.ch // Fail already woke us: consume the token
-		} else if errors.Is(err, ErrAgentTimeout) || errors.Is(err, ErrAgentCanceled) {
+			<-e.ch // Fail or the timer already woke us: consume the token
+			woken = e.settle()
+		}
+		if woken != stateFailed && (errors.Is(err, ErrAgentTimeout) || errors.Is(err, ErrAgentCanceled)) {
 			// No room to queue the event in time: the same as no reply
 			// in time (the connection is backed up, not lost).
 			return nil, e.abandoned(err)
@@ -457,48 +529,41 @@ func (e *Exchange) call(w Wait, msg protocol.Message, chunk bool, index uint32) 
 		e.err = fmt.Errorf("%w: %s: send %s: %v", ErrAgentConnLost, s.cfg.Name, t, err)
 		return nil, e.err
 	}
-	var tc <-chan time.Time
-	if !dl.IsZero() {
-		e.timer.Reset(time.Until(dl))
-		tc = e.timer.C
-	}
-	var why error
-	select {
-	case <-e.ch:
-	case <-w.Cancel:
-		if w.expired(time.Now()) {
-			why = fmt.Errorf("%w: %s: request deadline exceeded", ErrAgentTimeout, s.cfg.Name)
-		} else {
-			why = fmt.Errorf("%w: %s: canceled", ErrAgentCanceled, s.cfg.Name)
+	if w.Cancel == nil {
+		<-e.ch
+	} else {
+		select {
+		case <-e.ch:
+		case <-w.Cancel:
+			if e.abandon() {
+				var why error
+				if w.expired(time.Now()) {
+					why = fmt.Errorf("%w: %s: request deadline exceeded", ErrAgentTimeout, s.cfg.Name)
+				} else {
+					why = fmt.Errorf("%w: %s: canceled", ErrAgentCanceled, s.cfg.Name)
+				}
+				return nil, e.abandoned(why)
+			}
+			// The reply (or the end of the session, or the deadline) won
+			// the race with the cancel; take it.
+			<-e.ch
 		}
-	case <-tc:
-		if byMsg {
+	}
+	switch e.settle() {
+	case stateFailed:
+		s.mu.Lock()
+		err := s.err
+		s.mu.Unlock()
+		e.err = err
+		return nil, err
+	case stateExpired:
+		var why error
+		if e.byMsg {
 			why = fmt.Errorf("%w: %s: no reply to %s within %v", ErrAgentTimeout, s.cfg.Name, t, s.cfg.MessageTimeout)
 		} else {
 			why = fmt.Errorf("%w: %s: request deadline exceeded", ErrAgentTimeout, s.cfg.Name)
 		}
-	}
-	if tc != nil {
-		e.timer.Stop()
-	}
-	if why != nil && !e.abandon() {
-		// The reply won the race with the deadline; take it.
-		<-e.ch
-		why = nil
-	}
-	if why != nil {
 		return nil, e.abandoned(why)
-	}
-	s.mu.Lock()
-	failed := e.state == stateFailed
-	if !failed {
-		e.state = stateIdle
-	}
-	err := s.err
-	s.mu.Unlock()
-	if failed {
-		e.err = err
-		return nil, err
 	}
 	r := e.reply
 	if r.Err != nil {
@@ -520,6 +585,14 @@ func (e *Exchange) call(w Wait, msg protocol.Message, chunk bool, index uint32) 
 	s.completed.Add(1)
 	return r, nil
 }
+
+// settle reads how a waiting event ended, once its token was taken. No
+// lock is needed: whoever ended the wait (Deliver, Fail, expire) set the
+// state under s.mu before sending the token, and nobody changes a state
+// that is no longer waiting except this exchange's own goroutine. An
+// answered state stays until the next event (it is not waiting, so a
+// second reply is late), an expired one for good (e.err is set).
+func (e *Exchange) settle() exchangeState { return e.state }
 
 // abandoned ends an exchange whose event timed out or was canceled (why
 // wraps ErrAgentTimeout or ErrAgentCanceled) and tells the agent.
@@ -545,6 +618,7 @@ func (e *Exchange) abandon() bool {
 	if e.state != stateWaiting {
 		return false
 	}
+	delete(s.pending, e.id)
 	e.state = stateDead
 	return true
 }
@@ -603,9 +677,8 @@ func (e *Exchange) Cancel(reason string) {
 // returned must not be used afterwards.
 func (e *Exchange) Finish() {
 	s := e.s
-	s.mu.Lock()
-	delete(s.pending, e.id)
-	s.mu.Unlock()
+	// Nothing of it is left in s.pending: an event's wait always ends
+	// with its entry removed (by Deliver, Fail, expire or abandon).
 	<-s.sem
 	s.inflight.Add(-1)
 	e.s = nil

@@ -3,6 +3,7 @@ package agentmux
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -81,5 +82,88 @@ func TestCancelAfterDeadlineIsTimeout(t *testing.T) {
 	}
 	if s.Stats().Timeouts != 1 {
 		t.Fatalf("timeouts %d, want 1", s.Stats().Timeouts)
+	}
+}
+
+// silentLink accepts every event and never answers; sent reports each
+// event's request id.
+type silentLink struct{ sent chan uint64 }
+
+func (l *silentLink) Send(m protocol.Message, _ Wait) error {
+	if rh, ok := m.(*protocol.RequestHeaders); ok {
+		l.sent <- rh.RequestID
+	}
+	return nil
+}
+func (l *silentLink) SendControl(protocol.Message) error { return nil }
+func (l *silentLink) Close() error                       { return nil }
+
+// TestSessionTimerEarliestDeadline: the session's one timer serves every
+// waiting event. An event whose deadline is earlier than those already
+// waiting moves it forward and times out (ErrAgentTimeout) while the
+// others go on waiting; they are answered normally afterwards, and the
+// one after them times out by MessageTimeout.
+func TestSessionTimerEarliestDeadline(t *testing.T) {
+	l := &silentLink{sent: make(chan uint64, 4)}
+	s := NewSession(l, protocol.Capabilities{}, SessionConfig{Name: "a", MaxInFlight: 4, MessageTimeout: time.Hour})
+	type result struct {
+		id  uint64
+		err error
+	}
+	done := make(chan result, 4)
+	call := func(w Wait) {
+		e, err := s.Begin(Wait{})
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer e.Finish()
+		_, err = e.RequestHeaders(w, &protocol.RequestHeaders{})
+		done <- result{e.RequestID(), err}
+	}
+	go call(Wait{}) // waits up to MessageTimeout (an hour)
+	slow := <-l.sent
+	go call(Wait{Deadline: time.Now().Add(20 * time.Millisecond)})
+	fast := <-l.sent
+	select {
+	case r := <-done:
+		if r.id != fast || !errors.Is(r.err, ErrAgentTimeout) {
+			t.Fatalf("request %d ended with %v; want %d to time out", r.id, r.err, fast)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the earlier deadline did not fire")
+	}
+	r := new(Reply)
+	r.Type = protocol.TypeDecision
+	r.Decision.RequestID = slow
+	s.Deliver(r)
+	if r := <-done; r.id != slow || r.err != nil {
+		t.Fatalf("request %d ended with %v; want %d answered", r.id, r.err, slow)
+	}
+	if st := s.Stats(); st.Timeouts != 1 || st.Completed != 1 {
+		t.Fatalf("stats %+v, want 1 timeout and 1 completed", st)
+	}
+}
+
+// TestSessionTimerMessageTimeout: an event answered by nobody fails by
+// MessageTimeout with a message naming it, and its reply is late.
+func TestSessionTimerMessageTimeout(t *testing.T) {
+	l := &silentLink{sent: make(chan uint64, 1)}
+	s := NewSession(l, protocol.Capabilities{}, SessionConfig{Name: "a", MaxInFlight: 1, MessageTimeout: 10 * time.Millisecond})
+	e, err := s.Begin(Wait{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Finish()
+	_, err = e.RequestHeaders(Wait{}, &protocol.RequestHeaders{})
+	if !errors.Is(err, ErrAgentTimeout) || !strings.Contains(err.Error(), "no reply to RequestHeaders") {
+		t.Fatalf("got %v, want a message timeout", err)
+	}
+	r := new(Reply)
+	r.Type = protocol.TypeDecision
+	r.Decision.RequestID = <-l.sent
+	s.Deliver(r)
+	if st := s.Stats(); st.Late != 1 || st.Timeouts != 1 {
+		t.Fatalf("stats %+v, want the reply counted late", st)
 	}
 }

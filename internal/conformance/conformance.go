@@ -53,6 +53,9 @@ var Cases = []Case{
 	{"LateReplyDiscarded", testLateReply},
 	{"ConcurrentInterleaved", testConcurrent},
 	{"AgentErrors", testAgentErrors},
+	{"InlineBodyNegotiated", testInlineNegotiated},
+	{"InlineBodyWhole", testInlineWhole},
+	{"InlineBodyConversation", testInlineConversation},
 }
 
 // Run runs every case as a subtest.
@@ -231,6 +234,9 @@ func testCapabilities(t *testing.T, dial Dial) {
 	caps.MaxConcurrentRequests = 7
 	caps.SupportsStreaming = false
 	a := dial(t, &handler{Base: sdk.Base{Caps: caps}})
+	// The SDK adds supports_inline_body to an agent that handles request
+	// bodies, and the proxy offers the feature.
+	caps.SupportsInlineBody = true
 	if got := a.Capabilities(); got != caps {
 		t.Fatalf("agent capabilities %+v, want %+v", got, caps)
 	}

@@ -125,6 +125,11 @@ func (rs *reqState) headerEvent(i int, p protocol.Phase) bool {
 	}
 	req := p == protocol.PhaseRequest
 	if req {
+		// Chunk 0 of the body rides along for an agent with inline_body
+		// (inline.go); its way to agent i may change the headers too.
+		if !rs.inlineBefore(i) {
+			return false
+		}
 		if rs.viewDirty {
 			rs.buildRequestView()
 		}
@@ -166,6 +171,9 @@ func (rs *reqState) headerEvent(i int, p protocol.Phase) bool {
 		return false
 	}
 	if req {
+		if rs.rh.HasInlineBody {
+			rs.inlineAfter(i, &reply.Decision)
+		}
 		rs.finishEarly(i)
 	}
 	return true

@@ -146,12 +146,23 @@ func (rs *reqState) chunkBuf(p protocol.Phase) []byte {
 // buffered limit among them (0: none buffers) and false when a failure
 // ended the request.
 func (rs *reqState) collectBodyAgents(p protocol.Phase) (int, bool) {
+	return rs.collectBodyAgentsTo(p, rs.nslots)
+}
+
+// collectBodyAgentsTo is collectBodyAgents for the agents below slot hi.
+// Agents whose say over the body already ended (an inline chunk answered
+// for good, inline.go) are not listed again.
+func (rs *reqState) collectBodyAgentsTo(p protocol.Phase, hi int) (int, bool) {
 	rs.phaseNow = PhaseIndex(p, true)
 	act := rs.active[p][:0]
 	limit := 0
-	for i := 0; i < rs.nslots; i++ {
+	done := flagReqBodyDone | flagReqSkip
+	if p == protocol.PhaseResponse {
+		done = flagRespBodyDone | flagRespSkip
+	}
+	for i := 0; i < hi; i++ {
 		sl := &rs.slots[i]
-		if sl.flags&flagFailed != 0 || sl.ra.body[p].mode == bodyNone {
+		if sl.flags&(flagFailed|done) != 0 || sl.ra.body[p].mode == bodyNone {
 			continue
 		}
 		if caps, known := rs.knownCaps(sl); known && !caps.Handles(p, true) {
@@ -184,24 +195,25 @@ func (rs *reqState) requestBody() bool {
 	if !rs.hasReqBody {
 		return true
 	}
-	req := &rs.ctx.Request
-	src := &rs.reqSrc
-	src.r = req.BodyStream()
-	src.conn = rs.conn
-	src.ec, _ = rs.conn.(*eofConn)
-	src.idle = rs.lst.cfg.BodyTimeout
-	cl := req.Header.ContentLength()
-	rs.total[0] = int64(cl)
-	if cl < 0 {
-		rs.total[0] = -1
+	if rs.inl.err != nil {
+		// Reading ahead for an inline body failed (inline.go): reported
+		// here, where the body phase would have met it.
+		rs.bodyReadFailed(protocol.PhaseRequest, rs.inl.err)
+		return false
 	}
-	src.want = rs.total[0]
-	src.max = int64(rs.lst.cfg.MaxRequestBody)
+	src := &rs.reqSrc
+	cl := rs.reqSource()
 	limit, ok := rs.collectBodyAgents(protocol.PhaseRequest)
 	if !ok {
 		return false
 	}
+	if rs.inl.used {
+		return rs.finishInlined()
+	}
 	rs.reqMode = reqBodyPass
+	if limit == 0 {
+		rs.replayPreRead() // nothing buffers: the bytes read ahead go first
+	}
 	if len(rs.active[0]) == 0 {
 		return true
 	}
@@ -228,6 +240,25 @@ func (rs *reqState) requestBody() bool {
 	return true
 }
 
+// reqSource sets up the reader of the client's request body (once more is
+// harmless) and returns its Content-Length (-1: chunked).
+func (rs *reqState) reqSource() int {
+	req := &rs.ctx.Request
+	src := &rs.reqSrc
+	src.r = req.BodyStream()
+	src.conn = rs.conn
+	src.ec, _ = rs.conn.(*eofConn)
+	src.idle = rs.lst.cfg.BodyTimeout
+	cl := req.Header.ContentLength()
+	rs.total[0] = int64(cl)
+	if cl < 0 {
+		rs.total[0] = -1
+	}
+	src.want = rs.total[0]
+	src.max = int64(rs.lst.cfg.MaxRequestBody)
+	return cl
+}
+
 // bufferBody reads up to limit+1 bytes of phase p's body ahead. complete
 // reports that the whole body fits in limit; otherwise the buffered agents
 // over their limit are rejected (413/502) or dropped with the skip mark,
@@ -238,8 +269,8 @@ func (rs *reqState) bufferBody(p protocol.Phase, limit int, known int64) (in []b
 		src = &rs.respSrc
 	}
 	size := known
+	in = rs.bufIn(p)
 	if known < 0 || known <= int64(limit) {
-		in = rs.bufIn(p)
 		for !src.eof && len(in) <= limit {
 			want := min(limit+1-len(in), 64<<10)
 			in = slices.Grow(in, want)
@@ -297,8 +328,13 @@ func (rs *reqState) bufferBody(p protocol.Phase, limit int, known int64) (in []b
 	return in, complete, true
 }
 
+// bufIn is the buffer of phase p's body, holding the request body bytes
+// read ahead for an inline body (inline.go), if any.
 func (rs *reqState) bufIn(p protocol.Phase) []byte {
 	if p == protocol.PhaseRequest {
+		if rs.inl.pre {
+			return rs.inReq
+		}
 		return rs.inReq[:0]
 	}
 	return rs.inResp[:0]

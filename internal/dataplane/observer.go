@@ -141,6 +141,7 @@ type Stats struct {
 	UpstreamStale     uint64 `json:"upstream_stale"`     // idle pools dropped after a stale keep-alive connection
 	UpstreamRetries   uint64 `json:"upstream_retries"`   // requests replayed on another connection after a stale one
 	LimitsExceeded    uint64 `json:"limits_exceeded"`    // agent replies over their header limits (failure policy applied)
+	InlineBodies      uint64 `json:"inline_bodies"`      // RequestHeaders events that carried chunk 0 of the request body (inline_body)
 	// Rejected counts request heads answered 400/408/414/431 by reason
 	// (RejectReasons).
 	Rejected map[string]uint64 `json:"rejected"`
@@ -150,7 +151,7 @@ type counters struct {
 	requests, blocked, failOpen, failClosed, refused, skipped   atomic.Uint64
 	upErrors, upTimeouts, clientGone, aborted                   atomic.Uint64
 	acceptErrors, connClamped, absoluteForm, upStale, upRetries atomic.Uint64
-	limits                                                      atomic.Uint64
+	limits, inlined                                             atomic.Uint64
 	rejected                                                    [numRejects]atomic.Uint64
 	inflight                                                    atomic.Int64
 }
@@ -174,6 +175,7 @@ func (c *counters) snapshot() Stats {
 		UpstreamStale:     c.upStale.Load(),
 		UpstreamRetries:   c.upRetries.Load(),
 		LimitsExceeded:    c.limits.Load(),
+		InlineBodies:      c.inlined.Load(),
 		Rejected:          make(map[string]uint64, numRejects),
 	}
 	for i := range c.rejected {

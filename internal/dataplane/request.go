@@ -146,6 +146,7 @@ type reqState struct {
 	total     [2]int64
 	respBody  respStream
 	streaming bool
+	inl       inlineState // chunk 0 inline in RequestHeaders (inline.go)
 
 	// Upstream.
 	upCC       any // *fasthttp.clientConn; its type is unexported
@@ -247,6 +248,7 @@ func (rs *reqState) release() {
 	rs.inResp = trim(rs.inResp, 1<<20)
 	rs.buf = trim(rs.buf, 256<<10)
 	rs.respBody.reset()
+	rs.inl = inlineState{}
 	rs.mut = trim(rs.mut, 1<<20)
 	rs.active[0], rs.active[1] = rs.active[0][:0], rs.active[1][:0]
 	rs.total = [2]int64{}

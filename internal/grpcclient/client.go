@@ -118,6 +118,9 @@ func dialOptions(cfg *Config) ([]grpc.DialOption, error) {
 		// Replies are matched by request_id on one stream; a transparent
 		// retry would only buffer messages.
 		grpc.WithDisableRetry(),
+		// Fixed flow-control windows (see grpcwire.WindowSize).
+		grpc.WithInitialWindowSize(grpcwire.WindowSize),
+		grpc.WithInitialConnWindowSize(grpcwire.WindowSize),
 		grpc.WithUserAgent(cfg.ClientName),
 	}
 	if cfg.KeepaliveTime > 0 {
@@ -304,10 +307,19 @@ func (c *Client) watchHealth(cli pb.AgentProcessorV2Client, l *link, sess *agent
 }
 
 func (c *Client) readLoop(l *link, sess *agentmux.Session, log zerolog.Logger) error {
-	var f grpcwire.Frame
+	// Each message is received into the Buf of the spare reply it is
+	// decoded into (the decision aliases it), so receiving allocates
+	// nothing of ours; Deliver hands the buffer on with the reply.
+	var f grpcwire.FrameInto
 	r := new(agentmux.Reply)
 	for {
-		if err := l.stream.RecvMsg(&f); err != nil {
+		if cap(r.Buf) > 64<<10 {
+			r.Buf = nil // one big reply should not stay pinned
+		}
+		f.Buf = r.Buf[:0]
+		err := l.stream.RecvMsg(&f)
+		r.Buf = f.Buf
+		if err != nil {
 			return streamError(err)
 		}
 		id := f.RequestID
@@ -322,14 +334,17 @@ func (c *Client) readLoop(l *link, sess *agentmux.Session, log zerolog.Logger) e
 		}
 		switch f.Payload {
 		case grpcwire.PayloadDecision:
+			l.out.Answered(id)
 			r.Type = protocol.TypeDecision
 			r.Err = f.DecodeDecision(&r.Decision)
 			r = sess.Deliver(r)
 		case grpcwire.PayloadBodyMutation:
+			l.out.Answered(id)
 			r.Type = protocol.TypeBodyMutation
 			r.Err = f.DecodeBodyMutation(&r.Mutation)
 			r = sess.Deliver(r)
 		case grpcwire.PayloadAgentError:
+			l.out.Answered(id)
 			msg, err := f.AgentError()
 			if err == nil {
 				err = fmt.Errorf("%w: %q", grpcwire.ErrGRPCAgentError, clip(msg))
@@ -393,8 +408,28 @@ type link struct {
 }
 
 // Send implements agentmux.Link. The Outbox never waits (its queue is
-// bounded by count and fails when full), so w is not needed.
-func (l *link) Send(m protocol.Message, _ agentmux.Wait) error { return l.out.Put(m) }
+// bounded by count and fails when full), so w is not needed. An event
+// that finds nothing else being sent goes to the stream from the calling
+// goroutine when that cannot block (grpcwire.Outbox.SendEvent): the read
+// loop reports the answers that prove earlier events were written.
+func (l *link) Send(m protocol.Message, _ agentmux.Wait) error {
+	return l.out.SendEvent(eventID(m), m)
+}
+
+// eventID is the request id of an event.
+func eventID(m protocol.Message) uint64 {
+	switch m := m.(type) {
+	case *protocol.RequestHeaders:
+		return m.RequestID
+	case *protocol.ResponseHeaders:
+		return m.RequestID
+	case *protocol.RequestBodyChunk:
+		return m.RequestID
+	case *protocol.ResponseBodyChunk:
+		return m.RequestID
+	}
+	return 0
+}
 
 // SendControl implements agentmux.Link.
 func (l *link) SendControl(m protocol.Message) error { return l.out.Put(m) }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"unsafe"
 
 	"google.golang.org/grpc/encoding"
 	grpcproto "google.golang.org/grpc/encoding/proto"
@@ -32,6 +33,15 @@ var (
 // MaxMessageSize is the largest gRPC message in either direction.
 const MaxMessageSize = protocol.MaxGRPCMessageSize
 
+// WindowSize is the HTTP/2 flow-control window, per stream and per
+// connection, that both ends of the transport set. A fixed window turns
+// off grpc-go's bandwidth-delay estimation, which otherwise answers every
+// received data frame of a quiet connection with a PING and a window
+// update (two more frames and a dozen allocations per round trip with one
+// request in flight). 4 MiB lets one stream carry about 200 MB/s over a
+// 20 ms round trip, and bounds what a peer can have in flight unread.
+const WindowSize = 4 << 20
+
 // Codec returns the gRPC codec of this transport. It is named "proto" and
 // is a superset of gRPC's protobuf codec: any proto.Message goes through
 // the standard codec, while *Outgoing (an AgentMessage already encoded by
@@ -50,10 +60,17 @@ func (c *codec) Name() string { return grpcproto.Name }
 
 func (c *codec) Marshal(v any) (mem.BufferSlice, error) {
 	if o, ok := v.(*Outgoing); ok {
-		b := o.buf
-		o.buf = nil
+		b, sb := o.buf, o.small
+		o.buf, o.small = nil, nil
 		if b == nil {
 			return nil, fmt.Errorf("%w: empty outgoing message", ErrGRPCMessageType)
+		}
+		if sb != nil {
+			// The one-element slice lives with the pooled bytes: no
+			// allocation. gRPC reads it until it frees the buffer, which
+			// hands both back to the pool together.
+			sb.bs[0] = b
+			return sb.bs[:], nil
 		}
 		return mem.BufferSlice{b}, nil
 	}
@@ -61,21 +78,41 @@ func (c *codec) Marshal(v any) (mem.BufferSlice, error) {
 }
 
 func (c *codec) Unmarshal(data mem.BufferSlice, v any) error {
-	f, ok := v.(*Frame)
-	if !ok {
+	switch f := v.(type) {
+	case *Frame:
+		// One allocation per message: the decoded fields alias it, so it
+		// must not be reused while a handler or waiter holds them.
+		f.parse(data.Materialize())
+	case *FrameInto:
+		n := data.Len()
+		if cap(f.Buf) < n {
+			f.Buf = make([]byte, n, max(n, 512))
+		}
+		f.Buf = f.Buf[:n]
+		data.CopyTo(f.Buf)
+		f.parse(f.Buf)
+	default:
 		return c.std.Unmarshal(data, v)
 	}
-	// One allocation per message: the decoded fields alias it, so it must
-	// not be reused while a handler or waiter holds them.
-	f.parse(data.Materialize())
 	// A malformed message fails its own request only, never the stream.
 	return nil
+}
+
+// FrameInto is a Frame received into a buffer the caller provides: the
+// message is copied into Buf (grown when too small) instead of a fresh
+// allocation, and the decoded fields alias Buf. The caller must not
+// receive into the same Buf again while they are in use: the proxy keeps
+// each Buf with the reply decoded from it (agentmux.Reply.Buf).
+type FrameInto struct {
+	Frame
+	Buf []byte
 }
 
 // Outgoing is one encoded AgentMessage on its way to SendMsg. The codec
 // takes its buffer (gRPC frees it once written).
 type Outgoing struct {
-	buf mem.Buffer
+	buf   mem.Buffer
+	small *smallBuf // buf's pooled storage, when it came from smallBufs
 }
 
 // Len is the encoded size in bytes.
@@ -90,7 +127,7 @@ func (o *Outgoing) Len() int {
 func (o *Outgoing) Free() {
 	if o.buf != nil {
 		o.buf.Free()
-		o.buf = nil
+		o.buf, o.small = nil, nil
 	}
 }
 
@@ -110,10 +147,13 @@ func (o *Outgoing) Encode(msg protocol.Message, limit int) error {
 		return fmt.Errorf("%w: %s of %d bytes exceeds the limit of %d bytes", ErrGRPCMessageTooLarge, w.t, size, limit)
 	}
 	o.Free()
-	pool := mem.DefaultBufferPool()
 	if size <= smallBufSize {
-		pool = &smallBufs
+		sb := smallBufs.get(size)
+		sb.b = w.append(sb.b[:0])
+		o.buf, o.small = mem.NewBuffer(&sb.b, &smallBufs), sb
+		return nil
 	}
+	pool := mem.DefaultBufferPool()
 	buf := pool.Get(size)
 	*buf = w.append((*buf)[:0])
 	o.buf = mem.NewBuffer(buf, pool)
@@ -131,20 +171,35 @@ var smallBufs smallPool
 
 type smallPool struct{ p sync.Pool }
 
-func (s *smallPool) Get(n int) *[]byte {
-	if v := s.p.Get(); v != nil {
-		b := v.(*[]byte)
-		*b = (*b)[:n]
-		return b
-	}
-	b := make([]byte, n, smallBufSize)
-	return &b
+// smallBuf is the pooled storage of a small message: its bytes, and the
+// one-element mem.BufferSlice that Marshal hands to gRPC. b comes first:
+// the *[]byte gRPC gives back to Put points at the whole smallBuf.
+type smallBuf struct {
+	b  []byte
+	bs [1]mem.Buffer
 }
 
-func (s *smallPool) Put(b *[]byte) {
-	if cap(*b) == smallBufSize {
-		s.p.Put(b)
+func (s *smallPool) get(n int) *smallBuf {
+	if v := s.p.Get(); v != nil {
+		sb := v.(*smallBuf)
+		sb.b = sb.b[:n]
+		return sb
 	}
+	return &smallBuf{b: make([]byte, n, smallBufSize)}
+}
+
+// Get implements mem.BufferPool (gRPC does not call it on this pool).
+func (s *smallPool) Get(n int) *[]byte { return &s.get(n).b }
+
+// Put implements mem.BufferPool: gRPC calls it once the buffer made by
+// Encode is written (or freed unsent).
+func (s *smallPool) Put(b *[]byte) {
+	if cap(*b) != smallBufSize {
+		return
+	}
+	sb := (*smallBuf)(unsafe.Pointer(b))
+	sb.bs[0] = nil
+	s.p.Put(sb)
 }
 
 // EncodeAgentError encodes an agent error for request id into o.

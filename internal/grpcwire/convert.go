@@ -19,6 +19,7 @@ func CapabilitiesToPB(c protocol.Capabilities) *pb.Capabilities {
 		SupportsStreaming:      c.SupportsStreaming,
 		SupportsCancellation:   c.SupportsCancellation,
 		MaxConcurrentRequests:  c.MaxConcurrentRequests,
+		SupportsInlineBody:     c.SupportsInlineBody,
 	}
 }
 
@@ -35,6 +36,7 @@ func CapabilitiesFromPB(c *pb.Capabilities) protocol.Capabilities {
 		SupportsStreaming:      c.SupportsStreaming,
 		SupportsCancellation:   c.SupportsCancellation,
 		MaxConcurrentRequests:  c.MaxConcurrentRequests,
+		SupportsInlineBody:     c.SupportsInlineBody,
 	}
 }
 

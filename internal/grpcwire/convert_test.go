@@ -83,6 +83,18 @@ func protocolMessages() []struct {
 		{"cancel all", protocol.TypeCancelAll, &protocol.CancelAll{Reason: b("shutdown")}},
 		{"ping", protocol.TypePing, &protocol.Ping{Sequence: 7, TimestampMs: 1763719200000}},
 		{"pong", protocol.TypePong, &protocol.Ping{Sequence: 8, TimestampMs: -1}},
+		{"request headers inline body", protocol.TypeRequestHeaders, &protocol.RequestHeaders{
+			RequestID: 12, Method: b("POST"), URI: b("/upload"), HasBody: true, Headers: hdrs("host", "example.com", "content-length", "256"),
+			HasInlineBody: true, InlineBody: protocol.BodyChunk{Data: binary, IsLast: true, TotalSize: 256, Progress: 256},
+		}},
+		{"request headers inline first chunk", protocol.TypeRequestHeaders, &protocol.RequestHeaders{
+			RequestID: 13, Method: b("POST"), URI: b("/"), HasBody: true,
+			HasInlineBody: true, InlineBody: protocol.BodyChunk{Data: b("first"), TotalSize: -1, Progress: -1},
+		}},
+		{"request headers inline empty", protocol.TypeRequestHeaders, &protocol.RequestHeaders{
+			RequestID: 14, Method: b("POST"), URI: b("/"), HasBody: true,
+			HasInlineBody: true, InlineBody: protocol.BodyChunk{IsLast: true, TotalSize: 0, Progress: 0},
+		}},
 	}
 }
 
@@ -391,6 +403,12 @@ func TestCapabilitiesRoundTrip(t *testing.T) {
 	caps := protocol.Capabilities{HandlesRequestHeaders: true, HandlesResponseBody: true, SupportsCancellation: true, MaxConcurrentRequests: 100}
 	if got := CapabilitiesFromPB(CapabilitiesToPB(caps)); got != caps {
 		t.Fatalf("capabilities %+v, want %+v", got, caps)
+	}
+	inline := protocol.Capabilities{HandlesRequestHeaders: true, HandlesRequestBody: true, SupportsInlineBody: true}
+	if p := CapabilitiesToPB(inline); !p.SupportsInlineBody {
+		t.Fatal("supports_inline_body lost on the way to protobuf")
+	} else if got := CapabilitiesFromPB(p); got != inline {
+		t.Fatalf("capabilities %+v, want %+v", got, inline)
 	}
 	if got := CapabilitiesFromPB(nil); got != (protocol.Capabilities{}) {
 		t.Fatalf("nil capabilities %+v", got)

@@ -78,6 +78,14 @@ func RequestHeadersToPB(dst *pb.RequestHeaders, m *protocol.RequestHeaders) {
 	md.UpstreamId = src.UpstreamID
 	md.Traceparent = src.Traceparent
 	md.Timestamp = src.Timestamp
+	if m.HasInlineBody {
+		if dst.InlineBody == nil {
+			dst.InlineBody = new(pb.RequestBodyChunk)
+		}
+		RequestBodyChunkToPB(dst.InlineBody, &m.InlineBody)
+	} else {
+		dst.InlineBody = nil
+	}
 }
 
 // RequestHeadersFromPB fills dst (reset first) from src with request id id.
@@ -100,6 +108,10 @@ func RequestHeadersFromPB(dst *protocol.RequestHeaders, id uint64, src *pb.Reque
 			Traceparent:   md.Traceparent,
 			Timestamp:     md.Timestamp,
 		}
+	}
+	if ib := src.GetInlineBody(); ib != nil {
+		dst.HasInlineBody = true
+		bodyChunkFromPB(&dst.InlineBody, 0, ib.GetChunkIndex(), ib.GetData(), ib.GetIsLast(), ib.TotalSize, ib.BytesReceived)
 	}
 }
 

@@ -40,6 +40,7 @@ const (
 	fReqHeaders          = 3
 	fReqHasBody          = 4
 	fReqMetadata         = 5
+	fReqInlineBody       = 6
 	fChunkIndex          = 1
 	fChunkData           = 2
 	fChunkIsLast         = 3
@@ -221,9 +222,13 @@ func appendMetadata(dst []byte, md *protocol.Metadata) []byte {
 }
 
 func sizeRequestHeaders(m *protocol.RequestHeaders) int {
-	return sizeBytesField(fReqMethod, m.Method) + sizeBytesField(fReqURI, m.URI) +
+	n := sizeBytesField(fReqMethod, m.Method) + sizeBytesField(fReqURI, m.URI) +
 		sizeHeaders(fReqHeaders, m.Headers) + sizeBoolField(fReqHasBody, m.HasBody) +
 		sizeMessageField(fReqMetadata, sizeMetadata(&m.Metadata))
+	if m.HasInlineBody {
+		n += sizeMessageField(fReqInlineBody, sizeBodyChunk(&m.InlineBody))
+	}
+	return n
 }
 
 func appendRequestHeaders(dst []byte, m *protocol.RequestHeaders) []byte {
@@ -232,7 +237,13 @@ func appendRequestHeaders(dst []byte, m *protocol.RequestHeaders) []byte {
 	dst = appendHeaders(dst, fReqHeaders, m.Headers)
 	dst = appendBoolField(dst, fReqHasBody, m.HasBody)
 	dst = appendMessageHeader(dst, fReqMetadata, sizeMetadata(&m.Metadata))
-	return appendMetadata(dst, &m.Metadata)
+	dst = appendMetadata(dst, &m.Metadata)
+	if m.HasInlineBody {
+		// The inline body is a RequestBodyChunk message (field 6).
+		dst = appendMessageHeader(dst, fReqInlineBody, sizeBodyChunk(&m.InlineBody))
+		dst = appendBodyChunk(dst, &m.InlineBody)
+	}
+	return dst
 }
 
 func sizeBodyChunk(m *protocol.BodyChunk) int {
@@ -791,6 +802,12 @@ func (f *Frame) DecodeRequestHeaders(m *protocol.RequestHeaders) error {
 			m.Headers, err = decodeHeaders(m.Headers, fl.b)
 		case fl.num == fReqMetadata:
 			err = decodeMetadata(fl.b, &m.Metadata)
+		case fl.num == fReqInlineBody:
+			// Another occurrence merges into the message, as protobuf does.
+			if !m.HasInlineBody {
+				m.HasInlineBody, m.InlineBody = true, protocol.BodyChunk{TotalSize: -1, Progress: -1}
+			}
+			err = decodeBodyChunk(fl.b, &m.InlineBody)
 		}
 		if err != nil {
 			return err
@@ -804,7 +821,14 @@ func (f *Frame) DecodeRequestHeaders(m *protocol.RequestHeaders) error {
 func (f *Frame) DecodeBodyChunk(m *protocol.BodyChunk) error {
 	m.Reset()
 	m.RequestID = f.RequestID
-	fl := fields(f.body)
+	return decodeBodyChunk(f.body, m)
+}
+
+// decodeBodyChunk reads the fields of a RequestBodyChunk or
+// ResponseBodyChunk message body into m (a chunk event's payload, or the
+// inline body of a RequestHeaders).
+func decodeBodyChunk(b []byte, m *protocol.BodyChunk) error {
+	fl := fields(b)
 	for fl.next() {
 		switch {
 		case fl.num == fChunkData && fl.typ == protowire.BytesType:
@@ -882,9 +906,11 @@ func decodeHeaderOp(b []byte) (protocol.HeaderOp, error) {
 }
 
 func decodeBodyMutation(b []byte, m *protocol.BodyMutation) error {
-	var data []byte
-	var phase uint64
-	present := false
+	// Start from what m holds (zero for a first occurrence): a repeated
+	// occurrence of an embedded mutation merges into it, as protobuf
+	// merges a repeated message field.
+	phase := uint64(m.Phase)
+	data, present := mutationData(m)
 	f := fields(b)
 	for f.next() {
 		switch {

@@ -190,6 +190,10 @@ func randMessage(r *rand.Rand) (protocol.MsgType, any) {
 		m.Metadata = protocol.Metadata{CorrelationID: randBytes(r, 8), ClientIP: randBytes(r, 8), ClientPort: r.IntN(65536),
 			Protocol: randBytes(r, 8), ServerName: randBytes(r, 8), RouteID: randBytes(r, 8), UpstreamID: randBytes(r, 8),
 			Traceparent: randBytes(r, 8), Timestamp: randBytes(r, 8)}
+		if r.IntN(2) == 0 {
+			m.HasInlineBody = true
+			m.InlineBody = protocol.BodyChunk{Data: randBytes(r, 300), IsLast: r.IntN(2) == 0, TotalSize: randSize(r), Progress: randSize(r)}
+		}
 		return protocol.TypeRequestHeaders, m
 	case 1, 2:
 		t := protocol.TypeRequestBodyChunk

@@ -22,7 +22,7 @@ var (
 )
 
 // ProxyFeatures are the features this proxy offers.
-var ProxyFeatures = []string{protocol.FeatureCancellation, protocol.FeatureBodyMutation, protocol.FeatureStreaming}
+var ProxyFeatures = []string{protocol.FeatureCancellation, protocol.FeatureBodyMutation, protocol.FeatureStreaming, protocol.FeatureInlineBody}
 
 // NewRequest is the proxy's HandshakeRequest.
 func NewRequest(clientName string) protocol.HandshakeRequest {
@@ -55,6 +55,9 @@ func CheckResponse(req *protocol.HandshakeRequest, resp *protocol.HandshakeRespo
 	if !slices.Contains(req.SupportedFeatures, protocol.FeatureStreaming) {
 		caps.SupportsStreaming = false
 	}
+	if !slices.Contains(req.SupportedFeatures, protocol.FeatureInlineBody) {
+		caps.SupportsInlineBody = false
+	}
 	return caps, nil
 }
 
@@ -64,6 +67,10 @@ func Answer(req *protocol.HandshakeRequest, agentName string, caps protocol.Capa
 	if req.ProtocolVersion != protocol.Version {
 		err := fmt.Errorf("%w: proxy speaks %d, agent speaks %d", ErrHandshakeVersion, req.ProtocolVersion, protocol.Version)
 		return protocol.HandshakeResponse{ProtocolVersion: protocol.Version, AgentName: agentName, Accepted: false, Error: err.Error()}, err
+	}
+	// An agent declares inline_body only to a proxy that offered it.
+	if !slices.Contains(req.SupportedFeatures, protocol.FeatureInlineBody) {
+		caps.SupportsInlineBody = false
 	}
 	return protocol.HandshakeResponse{ProtocolVersion: protocol.Version, AgentName: agentName, Accepted: true, Capabilities: caps}, nil
 }

@@ -10,7 +10,8 @@ import (
 
 func TestCheckResponse(t *testing.T) {
 	req := NewRequest("sidecar/test")
-	caps := protocol.Capabilities{HandlesRequestHeaders: true, SupportsCancellation: true, SupportsStreaming: true, MaxConcurrentRequests: 7}
+	caps := protocol.Capabilities{HandlesRequestHeaders: true, HandlesRequestBody: true, SupportsCancellation: true, SupportsStreaming: true,
+		SupportsInlineBody: true, MaxConcurrentRequests: 7}
 	tests := []struct {
 		name string
 		req  protocol.HandshakeRequest
@@ -26,7 +27,11 @@ func TestCheckResponse(t *testing.T) {
 		{"features not offered are masked",
 			protocol.HandshakeRequest{ProtocolVersion: 2, SupportedFeatures: []string{protocol.FeatureBodyMutation}},
 			protocol.HandshakeResponse{ProtocolVersion: 2, Accepted: true, Capabilities: caps}, nil,
-			protocol.Capabilities{HandlesRequestHeaders: true, MaxConcurrentRequests: 7}},
+			protocol.Capabilities{HandlesRequestHeaders: true, HandlesRequestBody: true, MaxConcurrentRequests: 7}},
+		{"inline body offered and declared",
+			protocol.HandshakeRequest{ProtocolVersion: 2, SupportedFeatures: []string{protocol.FeatureInlineBody}},
+			protocol.HandshakeResponse{ProtocolVersion: 2, Accepted: true, Capabilities: caps}, nil,
+			protocol.Capabilities{HandlesRequestHeaders: true, HandlesRequestBody: true, SupportsInlineBody: true, MaxConcurrentRequests: 7}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -78,5 +83,33 @@ func TestAnswerAndRegistration(t *testing.T) {
 	}
 	if err := CheckRegistrationResponse(&protocol.RegistrationResponse{Accepted: false, Error: "unknown agent"}); !errors.Is(err, ErrHandshakeRefused) {
 		t.Fatal(err)
+	}
+}
+
+// The proxy offers inline_body; an agent declares it only to a proxy that
+// offered it, and the proxy uses it only when both have it.
+func TestInlineBodyNegotiation(t *testing.T) {
+	req := NewRequest("sidecar/test")
+	found := false
+	for _, f := range req.SupportedFeatures {
+		found = found || f == protocol.FeatureInlineBody
+	}
+	if !found {
+		t.Fatalf("proxy features %v lack %q", req.SupportedFeatures, protocol.FeatureInlineBody)
+	}
+	caps := protocol.Capabilities{HandlesRequestHeaders: true, HandlesRequestBody: true, SupportsInlineBody: true}
+	r, err := Answer(&req, "a", caps)
+	if err != nil || !r.Capabilities.SupportsInlineBody {
+		t.Fatalf("answer to a proxy offering inline_body: %+v, %v", r.Capabilities, err)
+	}
+	old := protocol.HandshakeRequest{ProtocolVersion: 2, SupportedFeatures: []string{protocol.FeatureCancellation, protocol.FeatureStreaming}}
+	r, err = Answer(&old, "a", caps)
+	if err != nil || r.Capabilities.SupportsInlineBody {
+		t.Fatalf("answer to a proxy without inline_body declares it: %+v, %v", r.Capabilities, err)
+	}
+	// An agent that does not declare it does not get it.
+	resp := protocol.HandshakeResponse{ProtocolVersion: 2, Accepted: true, Capabilities: protocol.Capabilities{HandlesRequestHeaders: true, HandlesRequestBody: true}}
+	if got, err := CheckResponse(&req, &resp); err != nil || got.SupportsInlineBody {
+		t.Fatalf("undeclared inline_body: %+v, %v", got, err)
 	}
 }

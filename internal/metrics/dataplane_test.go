@@ -187,9 +187,10 @@ func TestDataplaneMix(t *testing.T) {
 		`sidecar_agent_decisions_total{agent="policy",decision="allow"}`:              7,
 		`sidecar_agent_decisions_total{agent="policy",decision="block"}`:              3,
 		`sidecar_agent_decisions_total{agent="policy",decision="redirect"}`:           2,
-		`sidecar_agent_decisions_total{agent="policy",decision="continue"}`:           2, // the two body chunks
-		`sidecar_agent_latency_seconds_count{agent="policy",phase="request_headers"}`: 12,
-		`sidecar_agent_latency_seconds_count{agent="policy",phase="request_body"}`:    2,
+		`sidecar_agent_decisions_total{agent="policy",decision="continue"}`:           0,  // both bodies went inline (one chunk each):
+		`sidecar_agent_latency_seconds_count{agent="policy",phase="request_headers"}`: 12, // the headers event decided them
+		`sidecar_agent_latency_seconds_count{agent="policy",phase="request_body"}`:    0,
+		`sidecar_agent_inline_bodies_total`:                                           2,
 		`sidecar_agent_errors_total{agent="gone-open",kind="unavailable"}`:            4,
 		`sidecar_agent_errors_total{agent="gone-closed",kind="unavailable"}`:          2,
 		`sidecar_agent_errors_total{agent="policy",kind="late_reply"}`:                0,

@@ -339,7 +339,7 @@ func TestScrapeTimeAgents(t *testing.T) {
 		defer mu.Unlock()
 		return append([]agentmux.AgentStatus(nil), st...)
 	})
-	m.SetStats(func() dataplane.Stats { return dataplane.Stats{InFlight: 5, ResponseAborted: 2} })
+	m.SetStats(func() dataplane.Stats { return dataplane.Stats{InFlight: 5, ResponseAborted: 2, InlineBodies: 4} })
 	v := values(t, m.Registry())
 	expect(t, v, `sidecar_agent_connections{agent="waf",transport="uds"}`, 2)
 	expect(t, v, `sidecar_agent_connections{agent="auth",transport="grpc"}`, 0)
@@ -352,6 +352,7 @@ func TestScrapeTimeAgents(t *testing.T) {
 	expect(t, v, `sidecar_agent_errors_total{agent="waf",kind="timeout"}`, 1)
 	expect(t, v, `sidecar_requests_in_flight`, 5)
 	expect(t, v, `sidecar_responses_aborted_total`, 2)
+	expect(t, v, `sidecar_agent_inline_bodies_total`, 4)
 
 	mu.Lock()
 	st[1].Connections, st[1].Ready = 1, true

@@ -48,6 +48,8 @@ var (
 		"Pings, pongs and cancels dropped because a connection's send queue was full, per agent.", []string{"agent"}, nil)
 	descLimits = prometheus.NewDesc(Namespace+"_agent_limits_exceeded_total",
 		"Agent replies over their header limits (operations, bytes, value size, header block); the agent's failure mode applied.", nil, nil)
+	descInline = prometheus.NewDesc(Namespace+"_agent_inline_bodies_total",
+		"RequestHeaders events that carried the first chunk of a buffered request body (feature inline_body), each saving an agent round trip.", nil, nil)
 
 	// descLate shares its family with the per-event agent errors counter.
 	descLate = prometheus.NewDesc(Namespace+"_agent_errors_total", agentErrorsHelp, []string{"agent", "kind"}, nil)
@@ -60,7 +62,7 @@ type scrapeCollector struct{ m *Metrics }
 func (c *scrapeCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descAgentConns, descAgentInFlight, descAgentReady, descAgentCompleted,
 		descInFlight, descAborted, descRevAccepted, descRevRejected, descRevConns, descRevDelayed,
-		descRejected, descAbsolute, descAcceptErrors, descClamped, descUpRetries, descUpFlushes, descLimits, descSendWaits, descCtlDropped} {
+		descRejected, descAbsolute, descAcceptErrors, descClamped, descUpRetries, descUpFlushes, descLimits, descSendWaits, descCtlDropped, descInline} {
 		ch <- d
 	}
 }
@@ -93,6 +95,7 @@ func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descUpRetries, prometheus.CounterValue, float64(st.UpstreamRetries))
 		ch <- prometheus.MustNewConstMetric(descUpFlushes, prometheus.CounterValue, float64(st.UpstreamStale))
 		ch <- prometheus.MustNewConstMetric(descLimits, prometheus.CounterValue, float64(st.LimitsExceeded))
+		ch <- prometheus.MustNewConstMetric(descInline, prometheus.CounterValue, float64(st.InlineBodies))
 	}
 	if f := c.m.reverse.Load(); f != nil {
 		for _, l := range (*f)() {

@@ -215,11 +215,12 @@ admin: {address: "127.0.0.1:0"}
 		`sidecar_requests_total{outcome="failed_open",route="app"}`:                   0,
 		`sidecar_request_duration_seconds_count{route="app"}`:                         11,
 		`sidecar_agent_decisions_total{agent="policy",decision="allow"}`:              6,
-		`sidecar_agent_decisions_total{agent="policy",decision="continue"}`:           1, // the body chunk, passed
+		`sidecar_agent_decisions_total{agent="policy",decision="continue"}`:           0, // the body went inline with its headers
 		`sidecar_agent_decisions_total{agent="policy",decision="block"}`:              3,
 		`sidecar_agent_decisions_total{agent="policy",decision="redirect"}`:           2,
 		`sidecar_agent_latency_seconds_count{agent="policy",phase="request_headers"}`: 11,
-		`sidecar_agent_latency_seconds_count{agent="policy",phase="request_body"}`:    1,
+		`sidecar_agent_latency_seconds_count{agent="policy",phase="request_body"}`:    0,
+		`sidecar_agent_inline_bodies_total`:                                           1,
 		`sidecar_agent_errors_total{agent="down-open",kind="unavailable"}`:            4,
 		`sidecar_agent_errors_total{agent="down-closed",kind="unavailable"}`:          2,
 		`sidecar_agent_errors_total{agent="policy",kind="late_reply"}`:                0,

@@ -71,7 +71,9 @@ type Stats struct {
 
 // Writer is the one writer of a connection, in the manner of grpc-go's
 // control buffer: a sender encodes its frame into the pending batch under
-// a short lock and never waits on the socket; a dedicated goroutine writes
+// a short lock (a data frame that finds the lock taken is encoded outside
+// it and copied in, so that senders do not queue behind each other's
+// encoding) and never waits on the socket; a dedicated goroutine writes
 // whatever is pending with a single Write per batch (bounded by the write
 // timeout), so frames that queue up while a write is in progress leave
 // together. Pending bytes are capped (Config.MaxPendingBytes).
@@ -215,29 +217,56 @@ func (w *Writer) SendContext(ctx context.Context, m protocol.Message) error {
 }
 
 func (w *Writer) sendData(m protocol.Message, ctx context.Context, deadline time.Time, cancel <-chan struct{}) error {
-	var timer *time.Timer
-	defer func() {
-		if timer != nil {
-			timer.Stop()
+	// Nobody else queueing: encode straight into the pending batch, as
+	// long as nothing is waiting for room and it fits (nearly always).
+	if w.mu.TryLock() {
+		if w.err == nil && w.waiting == 0 {
+			start := len(w.buf)
+			b, err := uds.AppendFrame(w.buf, m)
+			w.buf = b
+			if err != nil {
+				w.buf = w.buf[:start]
+				w.mu.Unlock()
+				return err
+			}
+			n := len(w.buf) - start
+			if w.pending == 0 || w.pending+n <= w.data {
+				if w.raw != nil && w.idle && !w.busy {
+					w.flush(n)
+					return nil
+				}
+				w.commit(n)
+				return nil
+			}
+			w.buf = w.buf[:start] // no room: the slow path below waits
 		}
-	}()
+		w.mu.Unlock()
+	}
+	// Others are queueing: encode outside the lock (a microsecond for a
+	// typical RequestHeaders, which serialized many senders when done
+	// under it) and only copy the frame into the batch under it.
+	sp := scratchPool.Get().(*[]byte)
+	f, err := uds.AppendFrame((*sp)[:0], m)
+	if err != nil {
+		putScratch(sp, f)
+		return err
+	}
+	n := len(f)
+	var timer *time.Timer
 	w.mu.Lock()
 	for waited := false; ; {
 		if w.err != nil {
 			err := w.err
 			w.mu.Unlock()
+			putScratch(sp, f)
+			stopTimer(timer)
 			return err
 		}
-		start := len(w.buf)
-		b, err := uds.AppendFrame(w.buf, m)
-		w.buf = b
-		if err != nil {
-			w.mu.Unlock()
-			return err
-		}
-		n := len(w.buf) - start
 		// Waiting senders go first: a new frame does not overtake them.
 		if w.pending == 0 || (w.pending+n <= w.data && (w.waiting == 0 || waited)) {
+			w.buf = append(w.buf, f...)
+			putScratch(sp, f)
+			stopTimer(timer)
 			if w.raw != nil && w.idle && !w.busy {
 				w.flush(n)
 				return nil
@@ -245,7 +274,6 @@ func (w *Writer) sendData(m protocol.Message, ctx context.Context, deadline time
 			w.commit(n)
 			return nil
 		}
-		w.buf = w.buf[:start]
 		// The slow path: the connection is backed up.
 		if !waited {
 			w.stats.Waits++
@@ -286,9 +314,30 @@ func (w *Writer) sendData(m protocol.Message, ctx context.Context, deadline time
 			}
 			pending := w.pending
 			w.mu.Unlock()
+			putScratch(sp, f)
+			stopTimer(timer)
 			return fmt.Errorf("%w (%d bytes pending, limit %d)", why, pending, w.limit)
 		}
 		waited = true
+	}
+}
+
+// scratchPool holds the buffers data frames are encoded into before they
+// are copied into the pending batch.
+var scratchPool = sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b }}
+
+// putScratch returns a scratch buffer (grown to f) to the pool, unless a
+// big frame made it big: one burst of big bodies should not stay pinned.
+func putScratch(sp *[]byte, f []byte) {
+	if cap(f) <= 64<<10 {
+		*sp = f[:0]
+		scratchPool.Put(sp)
+	}
+}
+
+func stopTimer(t *time.Timer) {
+	if t != nil {
+		t.Stop()
 	}
 }
 

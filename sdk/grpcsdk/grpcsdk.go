@@ -98,6 +98,9 @@ func newGRPCServer(h sdk.Handler, opts *Options, sopts ...grpc.ServerOption) (*g
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
 		// Stop returns only once every stream's handlers have returned.
 		grpc.WaitForHandlers(true),
+		// Fixed flow-control windows (see grpcwire.WindowSize).
+		grpc.InitialWindowSize(grpcwire.WindowSize),
+		grpc.InitialConnWindowSize(grpcwire.WindowSize),
 	}
 	srv := grpc.NewServer(append(base, sopts...)...)
 	svc := &grpcService{h: h, o: o}
@@ -116,7 +119,7 @@ type grpcService struct {
 // GetCapabilities answers the proxy's negotiation like the UDS handshake.
 func (s *grpcService) GetCapabilities(_ context.Context, req *pb.CapabilityRequest) (*pb.CapabilityResponse, error) {
 	hr := grpcwire.CapabilityRequestFromPB(req)
-	resp, err := handshake.Answer(&hr, s.o.Name, s.h.Capabilities())
+	resp, err := handshake.Answer(&hr, s.o.Name, sdk.DeclaredCapabilities(s.h))
 	if err != nil {
 		s.o.Logger.Warn().Err(err).Str("client", hr.ClientName).Msg("refused proxy")
 	}
@@ -140,8 +143,14 @@ func (s *grpcService) HealthCheck(ctx context.Context, _ *pb.HealthRequest) (*pb
 // grpcSender answers through a stream's Outbox.
 type grpcSender struct{ out *grpcwire.Outbox }
 
-// Send implements sdk.Sender; the Outbox never waits, so ctx is not needed.
-func (s grpcSender) Send(_ context.Context, m protocol.Message) error { return s.out.Put(m) }
+// Send implements sdk.Sender. A reply that finds nothing queued or being
+// sent goes to the stream from the handler's goroutine, without the
+// hand-off to the Outbox's sender (grpcwire.Outbox.PutDirect); otherwise
+// it is queued. It only waits when gRPC's write quota for the stream is
+// used up, which takes a proxy that stopped reading behind a full
+// flow-control window: then until the stream ends, which is when ctx
+// ends too unless that proxy still sends CancelRequest.
+func (s grpcSender) Send(_ context.Context, m protocol.Message) error { return s.out.PutDirect(m) }
 
 func (s grpcSender) SendError(id uint64, reason string) error {
 	return s.out.PutAgentError(id, reason)
@@ -157,63 +166,86 @@ func (s *grpcService) ProcessStream(stream pb.AgentProcessorV2_ProcessStreamServ
 	sendDone := make(chan error, 1)
 	go func() { sendDone <- out.Run() }()
 	d := sdk.NewDispatcher(stream.Context(), s.h, grpcSender{out: out})
-	var f grpcwire.Frame
-	var err error
-	for {
-		if err = stream.RecvMsg(&f); err != nil {
-			break
+	// Each message is received into the buffer of a pooled Event (the
+	// decoded event aliases it), so receiving allocates nothing of ours; a
+	// message that is not an event leaves the Event spare for the next.
+	var f grpcwire.FrameInto
+	var spare *sdk.Event
+	defer func() {
+		if spare != nil {
+			sdk.ReleaseEvent(spare)
 		}
-		id := f.RequestID
-		if f.Err != nil {
-			log.Warn().Err(f.Err).Uint64("request_id", id).Msg("undecodable message from proxy")
-			if id != 0 {
+	}()
+	// The read loop: Serve dispatches the events next returns and may run
+	// a lone request's handler in the reading goroutine (see sdk's
+	// Dispatcher.Serve). gRPC does not tell whether more messages are
+	// already received: only an event of an otherwise idle stream is
+	// handled that way.
+	next := func() (*sdk.Event, error) {
+		for {
+			if spare == nil {
+				spare = sdk.AcquireEvent()
+			}
+			buf := spare.Buffer()
+			f.Buf = (*buf)[:0]
+			err := stream.RecvMsg(&f)
+			*buf = f.Buf
+			if err != nil {
+				return nil, err
+			}
+			id := f.RequestID
+			if f.Err != nil {
+				log.Warn().Err(f.Err).Uint64("request_id", id).Msg("undecodable message from proxy")
+				if id != 0 {
+					_ = out.PutAgentError(id, "undecodable event")
+				}
+				continue
+			}
+			ev := spare
+			var derr error
+			switch f.Payload {
+			case grpcwire.PayloadRequestHeaders:
+				ev.Type = protocol.TypeRequestHeaders
+				derr = f.DecodeRequestHeaders(&ev.RequestHeaders)
+			case grpcwire.PayloadRequestBodyChunk:
+				ev.Type = protocol.TypeRequestBodyChunk
+				derr = f.DecodeBodyChunk(&ev.Chunk)
+			case grpcwire.PayloadResponseHeaders:
+				ev.Type = protocol.TypeResponseHeaders
+				derr = f.DecodeResponseHeaders(&ev.ResponseHeaders)
+			case grpcwire.PayloadResponseBodyChunk:
+				ev.Type = protocol.TypeResponseBodyChunk
+				derr = f.DecodeBodyChunk(&ev.Chunk)
+			default:
+				ev = nil
+				switch f.Payload {
+				case grpcwire.PayloadCancel:
+					d.Cancel(id)
+				case grpcwire.PayloadCancelAll:
+					d.CancelAll()
+				case grpcwire.PayloadPing:
+					var p protocol.Pong
+					if f.DecodePing((*protocol.Ping)(&p)) == nil {
+						_ = out.Put(&p)
+					}
+				case grpcwire.PayloadPong:
+				default:
+					log.Debug().Uint64("request_id", id).Uint8("payload", uint8(f.Payload)).Msg("skipping stream message of unexpected type")
+				}
+			}
+			if ev == nil {
+				continue
+			}
+			if derr != nil {
+				log.Warn().Err(derr).Uint64("request_id", id).Msg("undecodable event from proxy")
 				_ = out.PutAgentError(id, "undecodable event")
+				continue // the spare is reused
 			}
-			continue
+			spare = nil
+			return ev, nil
 		}
-		var ev *sdk.Event
-		var derr error
-		switch f.Payload {
-		case grpcwire.PayloadRequestHeaders:
-			ev = sdk.AcquireEvent()
-			ev.Type = protocol.TypeRequestHeaders
-			derr = f.DecodeRequestHeaders(&ev.RequestHeaders)
-		case grpcwire.PayloadRequestBodyChunk:
-			ev = sdk.AcquireEvent()
-			ev.Type = protocol.TypeRequestBodyChunk
-			derr = f.DecodeBodyChunk(&ev.Chunk)
-		case grpcwire.PayloadResponseHeaders:
-			ev = sdk.AcquireEvent()
-			ev.Type = protocol.TypeResponseHeaders
-			derr = f.DecodeResponseHeaders(&ev.ResponseHeaders)
-		case grpcwire.PayloadResponseBodyChunk:
-			ev = sdk.AcquireEvent()
-			ev.Type = protocol.TypeResponseBodyChunk
-			derr = f.DecodeBodyChunk(&ev.Chunk)
-		case grpcwire.PayloadCancel:
-			d.Cancel(id)
-		case grpcwire.PayloadCancelAll:
-			d.CancelAll()
-		case grpcwire.PayloadPing:
-			var p protocol.Pong
-			if f.DecodePing((*protocol.Ping)(&p)) == nil {
-				_ = out.Put(&p)
-			}
-		case grpcwire.PayloadPong:
-		default:
-			log.Debug().Uint64("request_id", id).Uint8("payload", uint8(f.Payload)).Msg("skipping stream message of unexpected type")
-		}
-		if ev == nil {
-			continue
-		}
-		if derr != nil {
-			sdk.ReleaseEvent(ev)
-			log.Warn().Err(derr).Uint64("request_id", id).Msg("undecodable event from proxy")
-			_ = out.PutAgentError(id, "undecodable event")
-			continue
-		}
-		d.Dispatch(ev)
 	}
+	err := d.Serve(next, nil)
 	// The proxy is gone or the server stops: cancel the handlers, let them
 	// return, then stop the sender.
 	d.Close()
