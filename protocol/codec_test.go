@@ -271,6 +271,8 @@ func TestRoundTripRequestHeaders(t *testing.T) {
 		CorrelationID: bs("b9e2c0de"), ClientIP: bs("2001:db8::1"), ClientPort: 65535,
 		Protocol: bs("HTTP/2"), ServerName: bs("example.com"), RouteID: bs("r1"),
 		UpstreamID: bs("u1"), Traceparent: bs("00-abc-def-01"), Timestamp: bs("2026-11-21T10:00:00Z"),
+		TLSVersion: bs("TLS1.3"), TLSCipher: bs("TLS_AES_128_GCM_SHA256"), TLSServerName: bs("example.com"),
+		TLSClientSubject: bs("CN=client,O=Example"), TLSClientSAN: bs("DNS:client.internal,URI:spiffe://example.org/c"),
 	}
 	tests := []struct {
 		name string

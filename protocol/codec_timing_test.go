@@ -109,6 +109,12 @@ type jsonMetadata struct {
 	UpstreamID    string `json:"upstream_id,omitempty"`
 	Traceparent   string `json:"traceparent,omitempty"`
 	Timestamp     string `json:"timestamp,omitempty"`
+
+	TLSVersion       string `json:"tls_version,omitempty"`
+	TLSCipher        string `json:"tls_cipher,omitempty"`
+	TLSServerName    string `json:"tls_server_name,omitempty"`
+	TLSClientSubject string `json:"tls_client_subject,omitempty"`
+	TLSClientSAN     string `json:"tls_client_san,omitempty"`
 }
 
 type jsonRequestHeaders struct {

@@ -97,6 +97,16 @@ func (s *scanner) metadata(md *Metadata) error {
 			md.Traceparent, err = s.strVal("traceparent")
 		case "timestamp":
 			md.Timestamp, err = s.strVal("timestamp")
+		case "tls_version":
+			md.TLSVersion, err = s.strVal("tls_version")
+		case "tls_cipher":
+			md.TLSCipher, err = s.strVal("tls_cipher")
+		case "tls_server_name":
+			md.TLSServerName, err = s.strVal("tls_server_name")
+		case "tls_client_subject":
+			md.TLSClientSubject, err = s.strVal("tls_client_subject")
+		case "tls_client_san":
+			md.TLSClientSAN, err = s.strVal("tls_client_san")
 		default:
 			err = s.skip()
 		}
@@ -448,11 +458,50 @@ func (m *Decision) Decode(payload []byte) error {
 			m.HasResponseBodyMutation, err = s.embeddedMutation(&m.ResponseBodyMutation, ctxResponseMutation, "response_body_mutation")
 		case "audit":
 			err = s.audit(&m.Audit)
+		case "cache":
+			err = s.cacheDirective(&m.Cache)
 		default:
 			err = s.skip()
 		}
 		return err
 	})
+}
+
+// cacheDirective reads "cache": "no_store", {"ttl_ms": N} or
+// {"no_store": true}; null reads as absent.
+func (s *scanner) cacheDirective(c *CacheDirective) error {
+	*c = CacheDirective{}
+	switch s.peek() {
+	case '"':
+		v, err := s.str()
+		if err != nil {
+			return err
+		}
+		if !equalFold(v, "no_store") {
+			return s.fieldErr("cache", `expected "no_store" or an object`)
+		}
+		c.NoStore = true
+		return nil
+	case '{':
+		_, err := s.nested("cache", ctxCache, func(key []byte) (err error) {
+			switch string(key) {
+			case "ttl_ms":
+				var v uint64
+				v, _, err = s.u64("ttl_ms", math.MaxUint32)
+				c.TTLMs = uint32(v)
+			case "no_store":
+				c.NoStore, err = s.boolVal("no_store")
+			default:
+				err = s.skip()
+			}
+			return err
+		})
+		return err
+	}
+	if s.null() {
+		return nil
+	}
+	return s.typeErr("cache", `"no_store" or an object`)
 }
 
 func (s *scanner) embeddedMutation(bm *BodyMutation, ctx errCtx, field string) (bool, error) {

@@ -60,6 +60,11 @@ func appendMetadata(dst []byte, md *Metadata) []byte {
 	dst = appendOptString(dst, n, `"upstream_id":`, md.UpstreamID)
 	dst = appendOptString(dst, n, `"traceparent":`, md.Traceparent)
 	dst = appendOptString(dst, n, `"timestamp":`, md.Timestamp)
+	dst = appendOptString(dst, n, `"tls_version":`, md.TLSVersion)
+	dst = appendOptString(dst, n, `"tls_cipher":`, md.TLSCipher)
+	dst = appendOptString(dst, n, `"tls_server_name":`, md.TLSServerName)
+	dst = appendOptString(dst, n, `"tls_client_subject":`, md.TLSClientSubject)
+	dst = appendOptString(dst, n, `"tls_client_san":`, md.TLSClientSAN)
 	return append(dst, '}')
 }
 
@@ -327,6 +332,14 @@ func AppendDecision(dst []byte, m *Decision) []byte {
 	if !m.Audit.Empty() {
 		dst = append(dst, `,"audit":`...)
 		dst = appendAudit(dst, &m.Audit)
+	}
+	switch {
+	case m.Cache.NoStore:
+		dst = append(dst, `,"cache":"no_store"`...)
+	case m.Cache.TTLMs > 0:
+		dst = append(dst, `,"cache":{"ttl_ms":`...)
+		dst = strconv.AppendUint(dst, uint64(m.Cache.TTLMs), 10)
+		dst = append(dst, '}')
 	}
 	return append(dst, '}')
 }

@@ -74,6 +74,7 @@ var (
 //   - A body mutation embedded in the Decision belongs to it: its phase is
 //     the one of the key it came in (request_body_mutation or
 //     response_body_mutation) and its RequestID is the Decision's.
+//   - cache: no_store wins over a TTL (TTLMs is cleared).
 //
 // Normalize does not allocate and is idempotent. On error d is partly
 // normalized and must not be used; the error fails the reply's request
@@ -106,6 +107,9 @@ func (d *Decision) Normalize() error {
 	}
 	if err := normalizeOps(d.ResponseHeaderOps, errResponseOpsNoOp, errResponseOpsKind, errResponseOpsName); err != nil {
 		return err
+	}
+	if d.Cache.NoStore {
+		d.Cache.TTLMs = 0
 	}
 	if d.HasRequestBodyMutation {
 		d.RequestBodyMutation.RequestID, d.RequestBodyMutation.Phase = d.RequestID, PhaseRequest

@@ -63,9 +63,10 @@ const (
 	ctxRequestMutation
 	ctxResponseMutation
 	ctxInlineBody
+	ctxCache
 )
 
-var ctxNames = [...]string{"", "metadata.", "decision.", "decision.block.", "decision.redirect.", "audit.", "request_body_mutation.", "response_body_mutation.", "inline_body."}
+var ctxNames = [...]string{"", "metadata.", "decision.", "decision.block.", "decision.redirect.", "audit.", "request_body_mutation.", "response_body_mutation.", "inline_body.", "cache."}
 
 // Errors are the cold path: fmt is fine here. They name the field and the
 // offset, never the payload's content.

@@ -167,6 +167,15 @@ type Metadata struct {
 	UpstreamID    []byte
 	Traceparent   []byte
 	Timestamp     []byte // RFC 3339
+	// TLS facts of the client connection, empty for plain HTTP.
+	TLSVersion    []byte // "TLS1.2" or "TLS1.3"
+	TLSCipher     []byte // the cipher suite's IANA name
+	TLSServerName []byte // the SNI the client sent
+	// TLSClientSubject and TLSClientSAN describe the client certificate
+	// the listener verified (mTLS): its subject (RFC 2253) and its
+	// subject alternative names as "DNS:a,URI:b,IP:c,email:d".
+	TLSClientSubject []byte
+	TLSClientSAN     []byte
 }
 
 // RequestHeaders (0x10) opens a request.
@@ -360,8 +369,28 @@ type Decision struct {
 
 	Audit Audit
 
+	// Cache is the agent's say over the proxy's decision cache for this
+	// answer ("cache" on the wire; optional, ignored where no cache is
+	// configured).
+	Cache CacheDirective
+
 	raw []byte
 }
+
+// CacheDirective lets an agent set or forbid caching of one header
+// decision by the proxy's decision cache. The zero value leaves it to the
+// proxy's configuration.
+type CacheDirective struct {
+	// NoStore forbids caching this decision ("cache": "no_store").
+	NoStore bool
+	// TTLMs caches it for this many milliseconds ("cache": {"ttl_ms": N});
+	// 0 leaves the TTL to the configuration. The proxy caps it at its
+	// configured maximum.
+	TTLMs uint32
+}
+
+// Empty reports whether the directive says nothing.
+func (c CacheDirective) Empty() bool { return !c.NoStore && c.TTLMs == 0 }
 
 // Reset clears m, keeping its buffers for reuse.
 func (m *Decision) Reset() {

@@ -147,6 +147,8 @@ type Dispatcher struct {
 	base   context.Context
 	stop   context.CancelFunc
 	unhook func() bool // stops the CancelAll registered on base
+	// onCancel is h as a CancelObserver (cancel.go), or nil.
+	onCancel CancelObserver
 
 	mu      sync.Mutex
 	reqs    map[uint64]*reqState
@@ -159,6 +161,7 @@ type Dispatcher struct {
 func NewDispatcher(parent context.Context, h Handler, out Sender) *Dispatcher {
 	ctx, cancel := context.WithCancel(parent)
 	d := &Dispatcher{h: h, out: out, base: ctx, stop: cancel, reqs: make(map[uint64]*reqState), workers: sharedWorkers}
+	d.onCancel, _ = h.(CancelObserver)
 	// A request context is done when the connection's is.
 	d.unhook = context.AfterFunc(ctx, d.CancelAll)
 	return d
@@ -285,7 +288,8 @@ func (d *Dispatcher) handle(ctx context.Context, ev *Event) {
 	}
 }
 
-// Cancel cancels the context of request id's running handler, if any.
+// Cancel cancels the context of request id's running handler, if any,
+// then tells a handler that is a CancelObserver.
 func (d *Dispatcher) Cancel(id uint64) {
 	d.mu.Lock()
 	st := d.reqs[id]
@@ -300,6 +304,9 @@ func (d *Dispatcher) Cancel(id uint64) {
 		st.head, st.tail = nil, nil
 	}
 	d.mu.Unlock()
+	if d.onCancel != nil {
+		d.onCancel.OnCancel(id)
+	}
 }
 
 // CancelAll cancels every running handler.

@@ -41,6 +41,8 @@ var (
 	errDemoListen = errors.New("demo: cannot listen")
 	// errDemoTransport: the -agent-transport value is unknown.
 	errDemoTransport = errors.New("demo: unknown agent transport")
+	// errDemoAgent: the -agent value is unknown.
+	errDemoAgent = errors.New("demo: unknown agent")
 )
 
 // demoOptions configure runDemo.
@@ -49,6 +51,9 @@ type demoOptions struct {
 	Listen string
 	// Transport is how the demo agent connects: uds, grpc or reverse.
 	Transport string
+	// Agent is the agent run: demo (examples/demoagent, the default) or
+	// waf (examples/corazawaf: Coraza with the OWASP Core Rule Set).
+	Agent string
 	// Log receives the sidecar's and the agent's logs.
 	Log zerolog.Logger
 	// LogLevel overrides the embedded config's logging.level ("" keeps it).
@@ -64,12 +69,15 @@ type demoAddrs struct {
 	// Transport and Agent: how and where the agent connects.
 	Transport string
 	Agent     string
+	// Kind is the agent run: demo or waf.
+	Kind string
 }
 
 func demoCmd(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("demo", "sidecar demo [flags]", stderr)
 	listen := fs.String("listen", "127.0.0.1:8080", "the sidecar's `address` (port 0 picks a free one)")
 	transport := fs.String("agent-transport", "uds", "how the demo agent connects: uds, grpc or reverse")
+	agent := fs.String("agent", "demo", "the agent: demo (examples/demoagent) or waf (Coraza with the OWASP Core Rule Set, examples/corazawaf)")
 	level := fs.String("log-level", "info", "log `level`: trace, debug (one line per request), info, warn or error")
 	printConfig := fs.Bool("print-config", false, "print the embedded configuration and exit")
 	if err := parseFlags(fs, args, 0); err != nil {
@@ -89,7 +97,7 @@ func demoCmd(args []string, stdout, stderr io.Writer) error {
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	return runDemo(ctx, demoOptions{Listen: *listen, Transport: *transport, Log: log, LogLevel: *level},
+	return runDemo(ctx, demoOptions{Listen: *listen, Transport: *transport, Agent: *agent, Log: log, LogLevel: *level},
 		func(a demoAddrs) { printInstructions(stdout, a) })
 }
 
@@ -104,6 +112,13 @@ func runDemo(ctx context.Context, o demoOptions, ready func(demoAddrs)) (err err
 	case "grpc", "reverse":
 	default:
 		return fmt.Errorf("%w %q (want uds, grpc or reverse)", errDemoTransport, o.Transport)
+	}
+	switch o.Agent {
+	case "", "demo":
+		o.Agent = "demo"
+	case "waf":
+	default:
+		return fmt.Errorf("%w %q (want demo or waf)", errDemoAgent, o.Agent)
 	}
 	var stops []func()
 	defer func() {
@@ -157,11 +172,19 @@ func runDemo(ctx context.Context, o demoOptions, ready func(demoAddrs)) (err err
 	}
 
 	// The agent, on the side of the socket the demo's transport needs.
-	h, err := demoagent.New(demoagent.DefaultConfig())
-	if err != nil {
+	agentLog := o.Log.With().Str("side", "agent").Logger()
+	var h sdk.Handler
+	if o.Agent == "waf" {
+		wh, err := newDemoWAF(agentCfg, &agentLog)
+		if err != nil {
+			return err
+		}
+		// Registered before the agent's stop, so it runs after it.
+		stops = append(stops, func() { _ = wh.Close() })
+		h = wh
+	} else if h, err = demoagent.New(demoagent.DefaultConfig()); err != nil {
 		return err
 	}
-	agentLog := o.Log.With().Str("side", "agent").Logger()
 	agentOpts := &sdk.Options{Name: demoAgentName, Logger: &agentLog}
 	agentCtx, stopAgent := context.WithCancel(context.Background())
 	agentDone := make(chan struct{})
@@ -250,7 +273,7 @@ func runDemo(ctx context.Context, o demoOptions, ready func(demoAddrs)) (err err
 	}
 
 	if ready != nil {
-		ready(demoAddrs{Sidecar: ln.Addr().String(), Upstream: upAddr.String(), Transport: o.Transport, Agent: agentAddr})
+		ready(demoAddrs{Sidecar: ln.Addr().String(), Upstream: upAddr.String(), Transport: o.Transport, Agent: agentAddr, Kind: o.Agent})
 	}
 	select {
 	case <-ctx.Done():
@@ -297,5 +320,9 @@ Press Ctrl-C to stop.
 `))
 
 func printInstructions(w io.Writer, a demoAddrs) {
+	if a.Kind == "waf" {
+		_ = wafInstructions.Execute(w, a)
+		return
+	}
 	_ = instructions.Execute(w, a)
 }

@@ -9,6 +9,7 @@
 //	sidecar run -config FILE [-log-level LEVEL] [-log-format json|console] [-drain 10s]
 //	sidecar -config FILE ...             (the same as run)
 //	sidecar check-config FILE
+//	sidecar agent-check -transport uds|grpc|reverse -address ADDR [flags]
 //	sidecar version
 //
 // demo starts everything needed to try the sidecar on one machine, without
@@ -32,6 +33,11 @@
 // check-config validates FILE, including the transport options of its
 // agents, without opening anything. It prints OK and a summary, or the
 // error with the key and line it concerns, and exits 1 on error.
+//
+// agent-check connects to an agent written in any language as the sidecar
+// would, runs the protocol checks of package internal/agentcheck (and a
+// soak and the author's expectations when asked), prints a table or JSON
+// and exits 1 when a check fails; see docs/agent-authors.md.
 //
 // Flags of run:
 //
@@ -61,7 +67,7 @@ import (
 const usageText = `sidecar: an HTTP reverse proxy that lets policy agents decide on every request.
 
 Usage:
-  sidecar demo [-listen 127.0.0.1:8080] [-agent-transport uds|grpc|reverse] [-log-level info]
+  sidecar demo [-listen 127.0.0.1:8080] [-agent demo|waf] [-agent-transport uds|grpc|reverse] [-log-level info]
         Run a self-contained demo: built-in upstream, example agent, sidecar.
         Prints curl commands to try; stop with Ctrl-C.
   sidecar run -config FILE [-log-level LEVEL] [-log-format json|console] [-drain 10s]
@@ -69,6 +75,8 @@ Usage:
         "sidecar -config FILE" is the same.
   sidecar check-config FILE
         Validate FILE; print OK or the error with its key and line (exit 1).
+  sidecar agent-check -transport uds|grpc|reverse -address ADDR [-pid PID] [-soak 60s] [-expect FILE] [-json]
+        Check an agent in any language against the protocol (exit 1 on FAIL).
   sidecar version
         Print the version.
 
@@ -108,6 +116,8 @@ func sidecarMain(args []string, stdout, stderr io.Writer) int {
 		err = checkConfigCmd(rest, stdout, stderr)
 	case "demo":
 		err = demoCmd(rest, stdout, stderr)
+	case "agent-check":
+		err = agentCheckCmd(rest, stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, "sidecar", version())
 		return 0

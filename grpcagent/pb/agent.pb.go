@@ -134,7 +134,7 @@ func (x HeaderOp_Operation) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use HeaderOp_Operation.Descriptor instead.
 func (HeaderOp_Operation) EnumDescriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{12, 0}
+	return file_agent_proto_rawDescGZIP(), []int{13, 0}
 }
 
 type HealthResponse_Status int32
@@ -183,7 +183,7 @@ func (x HealthResponse_Status) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use HealthResponse_Status.Descriptor instead.
 func (HealthResponse_Status) EnumDescriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{21, 0}
+	return file_agent_proto_rawDescGZIP(), []int{22, 0}
 }
 
 // AgentMessage is the envelope of every stream message. Fields 1-7 are the
@@ -490,8 +490,14 @@ type RequestMetadata struct {
 	UpstreamId    []byte                 `protobuf:"bytes,7,opt,name=upstream_id,json=upstreamId,proto3" json:"upstream_id,omitempty"`
 	Traceparent   []byte                 `protobuf:"bytes,8,opt,name=traceparent,proto3" json:"traceparent,omitempty"`
 	Timestamp     []byte                 `protobuf:"bytes,9,opt,name=timestamp,proto3" json:"timestamp,omitempty"` // RFC 3339
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// TLS facts of the client connection (empty for plain HTTP).
+	TlsVersion       []byte `protobuf:"bytes,10,opt,name=tls_version,json=tlsVersion,proto3" json:"tls_version,omitempty"`                     // "TLS1.2" or "TLS1.3"
+	TlsCipher        []byte `protobuf:"bytes,11,opt,name=tls_cipher,json=tlsCipher,proto3" json:"tls_cipher,omitempty"`                        // IANA cipher suite name
+	TlsServerName    []byte `protobuf:"bytes,12,opt,name=tls_server_name,json=tlsServerName,proto3" json:"tls_server_name,omitempty"`          // SNI sent by the client
+	TlsClientSubject []byte `protobuf:"bytes,13,opt,name=tls_client_subject,json=tlsClientSubject,proto3" json:"tls_client_subject,omitempty"` // verified client certificate subject (RFC 2253)
+	TlsClientSan     []byte `protobuf:"bytes,14,opt,name=tls_client_san,json=tlsClientSan,proto3" json:"tls_client_san,omitempty"`             // its SANs, "DNS:a,URI:b,IP:c,email:d"
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *RequestMetadata) Reset() {
@@ -583,6 +589,41 @@ func (x *RequestMetadata) GetTraceparent() []byte {
 func (x *RequestMetadata) GetTimestamp() []byte {
 	if x != nil {
 		return x.Timestamp
+	}
+	return nil
+}
+
+func (x *RequestMetadata) GetTlsVersion() []byte {
+	if x != nil {
+		return x.TlsVersion
+	}
+	return nil
+}
+
+func (x *RequestMetadata) GetTlsCipher() []byte {
+	if x != nil {
+		return x.TlsCipher
+	}
+	return nil
+}
+
+func (x *RequestMetadata) GetTlsServerName() []byte {
+	if x != nil {
+		return x.TlsServerName
+	}
+	return nil
+}
+
+func (x *RequestMetadata) GetTlsClientSubject() []byte {
+	if x != nil {
+		return x.TlsClientSubject
+	}
+	return nil
+}
+
+func (x *RequestMetadata) GetTlsClientSan() []byte {
+	if x != nil {
+		return x.TlsClientSan
 	}
 	return nil
 }
@@ -906,8 +947,11 @@ type AgentDecision struct {
 	RequestBodyMutation  *BodyMutation  `protobuf:"bytes,8,opt,name=request_body_mutation,json=requestBodyMutation,proto3" json:"request_body_mutation,omitempty"`
 	ResponseBodyMutation *BodyMutation  `protobuf:"bytes,9,opt,name=response_body_mutation,json=responseBodyMutation,proto3" json:"response_body_mutation,omitempty"`
 	Audit                *AuditMetadata `protobuf:"bytes,10,opt,name=audit,proto3" json:"audit,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// The agent's say over the proxy's decision cache for this answer
+	// (optional; proxies without a cache ignore it).
+	Cache         *CacheDirective `protobuf:"bytes,11,opt,name=cache,proto3" json:"cache,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AgentDecision) Reset() {
@@ -1025,6 +1069,13 @@ func (x *AgentDecision) GetAudit() *AuditMetadata {
 	return nil
 }
 
+func (x *AgentDecision) GetCache() *CacheDirective {
+	if x != nil {
+		return x.Cache
+	}
+	return nil
+}
+
 type isAgentDecision_Decision interface {
 	isAgentDecision_Decision()
 }
@@ -1053,6 +1104,59 @@ func (*AgentDecision_Redirect) isAgentDecision_Decision() {}
 
 func (*AgentDecision_NeedsMoreDecision) isAgentDecision_Decision() {}
 
+// CacheDirective sets or forbids caching of one header decision.
+type CacheDirective struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	NoStore       bool                   `protobuf:"varint,1,opt,name=no_store,json=noStore,proto3" json:"no_store,omitempty"` // never cache this answer (wins over ttl_ms)
+	TtlMs         uint32                 `protobuf:"varint,2,opt,name=ttl_ms,json=ttlMs,proto3" json:"ttl_ms,omitempty"`       // cache it this long; 0: the configured TTL
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CacheDirective) Reset() {
+	*x = CacheDirective{}
+	mi := &file_agent_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CacheDirective) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CacheDirective) ProtoMessage() {}
+
+func (x *CacheDirective) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CacheDirective.ProtoReflect.Descriptor instead.
+func (*CacheDirective) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *CacheDirective) GetNoStore() bool {
+	if x != nil {
+		return x.NoStore
+	}
+	return false
+}
+
+func (x *CacheDirective) GetTtlMs() uint32 {
+	if x != nil {
+		return x.TtlMs
+	}
+	return 0
+}
+
 type Allow struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -1061,7 +1165,7 @@ type Allow struct {
 
 func (x *Allow) Reset() {
 	*x = Allow{}
-	mi := &file_agent_proto_msgTypes[8]
+	mi := &file_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1073,7 +1177,7 @@ func (x *Allow) String() string {
 func (*Allow) ProtoMessage() {}
 
 func (x *Allow) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[8]
+	mi := &file_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1086,7 +1190,7 @@ func (x *Allow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Allow.ProtoReflect.Descriptor instead.
 func (*Allow) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{8}
+	return file_agent_proto_rawDescGZIP(), []int{9}
 }
 
 type Block struct {
@@ -1100,7 +1204,7 @@ type Block struct {
 
 func (x *Block) Reset() {
 	*x = Block{}
-	mi := &file_agent_proto_msgTypes[9]
+	mi := &file_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1112,7 +1216,7 @@ func (x *Block) String() string {
 func (*Block) ProtoMessage() {}
 
 func (x *Block) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[9]
+	mi := &file_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1125,7 +1229,7 @@ func (x *Block) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Block.ProtoReflect.Descriptor instead.
 func (*Block) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{9}
+	return file_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Block) GetStatus() uint32 {
@@ -1159,7 +1263,7 @@ type Redirect struct {
 
 func (x *Redirect) Reset() {
 	*x = Redirect{}
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1171,7 +1275,7 @@ func (x *Redirect) String() string {
 func (*Redirect) ProtoMessage() {}
 
 func (x *Redirect) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1184,7 +1288,7 @@ func (x *Redirect) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Redirect.ProtoReflect.Descriptor instead.
 func (*Redirect) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{10}
+	return file_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Redirect) GetUrl() []byte {
@@ -1209,7 +1313,7 @@ type NeedsMore struct {
 
 func (x *NeedsMore) Reset() {
 	*x = NeedsMore{}
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1221,7 +1325,7 @@ func (x *NeedsMore) String() string {
 func (*NeedsMore) ProtoMessage() {}
 
 func (x *NeedsMore) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1234,7 +1338,7 @@ func (x *NeedsMore) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NeedsMore.ProtoReflect.Descriptor instead.
 func (*NeedsMore) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{11}
+	return file_agent_proto_rawDescGZIP(), []int{12}
 }
 
 type HeaderOp struct {
@@ -1248,7 +1352,7 @@ type HeaderOp struct {
 
 func (x *HeaderOp) Reset() {
 	*x = HeaderOp{}
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1260,7 +1364,7 @@ func (x *HeaderOp) String() string {
 func (*HeaderOp) ProtoMessage() {}
 
 func (x *HeaderOp) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1273,7 +1377,7 @@ func (x *HeaderOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeaderOp.ProtoReflect.Descriptor instead.
 func (*HeaderOp) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{12}
+	return file_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *HeaderOp) GetOperation() HeaderOp_Operation {
@@ -1310,7 +1414,7 @@ type AuditMetadata struct {
 
 func (x *AuditMetadata) Reset() {
 	*x = AuditMetadata{}
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1322,7 +1426,7 @@ func (x *AuditMetadata) String() string {
 func (*AuditMetadata) ProtoMessage() {}
 
 func (x *AuditMetadata) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1335,7 +1439,7 @@ func (x *AuditMetadata) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuditMetadata.ProtoReflect.Descriptor instead.
 func (*AuditMetadata) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{13}
+	return file_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *AuditMetadata) GetTags() [][]byte {
@@ -1387,7 +1491,7 @@ type BodyMutation struct {
 
 func (x *BodyMutation) Reset() {
 	*x = BodyMutation{}
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1399,7 +1503,7 @@ func (x *BodyMutation) String() string {
 func (*BodyMutation) ProtoMessage() {}
 
 func (x *BodyMutation) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1412,7 +1516,7 @@ func (x *BodyMutation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BodyMutation.ProtoReflect.Descriptor instead.
 func (*BodyMutation) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{14}
+	return file_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *BodyMutation) GetPhase() Phase {
@@ -1445,7 +1549,7 @@ type CancelRequest struct {
 
 func (x *CancelRequest) Reset() {
 	*x = CancelRequest{}
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1457,7 +1561,7 @@ func (x *CancelRequest) String() string {
 func (*CancelRequest) ProtoMessage() {}
 
 func (x *CancelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1470,7 +1574,7 @@ func (x *CancelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRequest.ProtoReflect.Descriptor instead.
 func (*CancelRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{15}
+	return file_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *CancelRequest) GetReason() string {
@@ -1489,7 +1593,7 @@ type CancelAll struct {
 
 func (x *CancelAll) Reset() {
 	*x = CancelAll{}
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1501,7 +1605,7 @@ func (x *CancelAll) String() string {
 func (*CancelAll) ProtoMessage() {}
 
 func (x *CancelAll) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1514,7 +1618,7 @@ func (x *CancelAll) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelAll.ProtoReflect.Descriptor instead.
 func (*CancelAll) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{16}
+	return file_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *CancelAll) GetReason() string {
@@ -1534,7 +1638,7 @@ type Ping struct {
 
 func (x *Ping) Reset() {
 	*x = Ping{}
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1546,7 +1650,7 @@ func (x *Ping) String() string {
 func (*Ping) ProtoMessage() {}
 
 func (x *Ping) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1559,7 +1663,7 @@ func (x *Ping) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ping.ProtoReflect.Descriptor instead.
 func (*Ping) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{17}
+	return file_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Ping) GetSequence() uint64 {
@@ -1587,7 +1691,7 @@ type Pong struct {
 
 func (x *Pong) Reset() {
 	*x = Pong{}
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1599,7 +1703,7 @@ func (x *Pong) String() string {
 func (*Pong) ProtoMessage() {}
 
 func (x *Pong) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1612,7 +1716,7 @@ func (x *Pong) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Pong.ProtoReflect.Descriptor instead.
 func (*Pong) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{18}
+	return file_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Pong) GetSequence() uint64 {
@@ -1638,7 +1742,7 @@ type AgentError struct {
 
 func (x *AgentError) Reset() {
 	*x = AgentError{}
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1650,7 +1754,7 @@ func (x *AgentError) String() string {
 func (*AgentError) ProtoMessage() {}
 
 func (x *AgentError) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1663,7 +1767,7 @@ func (x *AgentError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentError.ProtoReflect.Descriptor instead.
 func (*AgentError) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{19}
+	return file_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *AgentError) GetMessage() string {
@@ -1681,7 +1785,7 @@ type HealthRequest struct {
 
 func (x *HealthRequest) Reset() {
 	*x = HealthRequest{}
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1693,7 +1797,7 @@ func (x *HealthRequest) String() string {
 func (*HealthRequest) ProtoMessage() {}
 
 func (x *HealthRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1706,7 +1810,7 @@ func (x *HealthRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthRequest.ProtoReflect.Descriptor instead.
 func (*HealthRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{20}
+	return file_agent_proto_rawDescGZIP(), []int{21}
 }
 
 type HealthResponse struct {
@@ -1719,7 +1823,7 @@ type HealthResponse struct {
 
 func (x *HealthResponse) Reset() {
 	*x = HealthResponse{}
-	mi := &file_agent_proto_msgTypes[21]
+	mi := &file_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1731,7 +1835,7 @@ func (x *HealthResponse) String() string {
 func (*HealthResponse) ProtoMessage() {}
 
 func (x *HealthResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[21]
+	mi := &file_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1744,7 +1848,7 @@ func (x *HealthResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthResponse.ProtoReflect.Descriptor instead.
 func (*HealthResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{21}
+	return file_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *HealthResponse) GetStatus() HealthResponse_Status {
@@ -1773,7 +1877,7 @@ type CapabilityRequest struct {
 
 func (x *CapabilityRequest) Reset() {
 	*x = CapabilityRequest{}
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1785,7 +1889,7 @@ func (x *CapabilityRequest) String() string {
 func (*CapabilityRequest) ProtoMessage() {}
 
 func (x *CapabilityRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1798,7 +1902,7 @@ func (x *CapabilityRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapabilityRequest.ProtoReflect.Descriptor instead.
 func (*CapabilityRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{22}
+	return file_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *CapabilityRequest) GetProtocolVersion() uint32 {
@@ -1838,7 +1942,7 @@ type CapabilityResponse struct {
 
 func (x *CapabilityResponse) Reset() {
 	*x = CapabilityResponse{}
-	mi := &file_agent_proto_msgTypes[23]
+	mi := &file_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1850,7 +1954,7 @@ func (x *CapabilityResponse) String() string {
 func (*CapabilityResponse) ProtoMessage() {}
 
 func (x *CapabilityResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[23]
+	mi := &file_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1863,7 +1967,7 @@ func (x *CapabilityResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapabilityResponse.ProtoReflect.Descriptor instead.
 func (*CapabilityResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{23}
+	return file_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *CapabilityResponse) GetProtocolVersion() uint32 {
@@ -1919,7 +2023,7 @@ type Capabilities struct {
 
 func (x *Capabilities) Reset() {
 	*x = Capabilities{}
-	mi := &file_agent_proto_msgTypes[24]
+	mi := &file_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1931,7 +2035,7 @@ func (x *Capabilities) String() string {
 func (*Capabilities) ProtoMessage() {}
 
 func (x *Capabilities) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[24]
+	mi := &file_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1944,7 +2048,7 @@ func (x *Capabilities) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Capabilities.ProtoReflect.Descriptor instead.
 func (*Capabilities) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{24}
+	return file_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *Capabilities) GetHandlesRequestHeaders() bool {
@@ -2028,7 +2132,7 @@ const file_agent_proto_rawDesc = "" +
 	"\apayload\"2\n" +
 	"\x06Header\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\fR\x04name\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\fR\x05value\"\xaf\x02\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value\"\xeb\x03\n" +
 	"\x0fRequestMetadata\x12%\n" +
 	"\x0ecorrelation_id\x18\x01 \x01(\fR\rcorrelationId\x12\x1b\n" +
 	"\tclient_ip\x18\x02 \x01(\fR\bclientIp\x12\x1f\n" +
@@ -2041,7 +2145,15 @@ const file_agent_proto_rawDesc = "" +
 	"\vupstream_id\x18\a \x01(\fR\n" +
 	"upstreamId\x12 \n" +
 	"\vtraceparent\x18\b \x01(\fR\vtraceparent\x12\x1c\n" +
-	"\ttimestamp\x18\t \x01(\fR\ttimestamp\"\x90\x02\n" +
+	"\ttimestamp\x18\t \x01(\fR\ttimestamp\x12\x1f\n" +
+	"\vtls_version\x18\n" +
+	" \x01(\fR\n" +
+	"tlsVersion\x12\x1d\n" +
+	"\n" +
+	"tls_cipher\x18\v \x01(\fR\ttlsCipher\x12&\n" +
+	"\x0ftls_server_name\x18\f \x01(\fR\rtlsServerName\x12,\n" +
+	"\x12tls_client_subject\x18\r \x01(\fR\x10tlsClientSubject\x12$\n" +
+	"\x0etls_client_san\x18\x0e \x01(\fR\ftlsClientSan\"\x90\x02\n" +
 	"\x0eRequestHeaders\x12\x16\n" +
 	"\x06method\x18\x01 \x01(\fR\x06method\x12\x10\n" +
 	"\x03uri\x18\x02 \x01(\fR\x03uri\x123\n" +
@@ -2075,7 +2187,7 @@ const file_agent_proto_rawDesc = "" +
 	"\n" +
 	"bytes_sent\x18\x05 \x01(\x03H\x01R\tbytesSent\x88\x01\x01B\r\n" +
 	"\v_total_sizeB\r\n" +
-	"\v_bytes_sent\"\x9b\x05\n" +
+	"\v_bytes_sent\"\xd4\x05\n" +
 	"\rAgentDecision\x120\n" +
 	"\x05allow\x18\x01 \x01(\v2\x18.zentinel.agent.v2.AllowH\x00R\x05allow\x120\n" +
 	"\x05block\x18\x02 \x01(\v2\x18.zentinel.agent.v2.BlockH\x00R\x05block\x129\n" +
@@ -2088,9 +2200,13 @@ const file_agent_proto_rawDesc = "" +
 	"\x15request_body_mutation\x18\b \x01(\v2\x1f.zentinel.agent.v2.BodyMutationR\x13requestBodyMutation\x12U\n" +
 	"\x16response_body_mutation\x18\t \x01(\v2\x1f.zentinel.agent.v2.BodyMutationR\x14responseBodyMutation\x126\n" +
 	"\x05audit\x18\n" +
-	" \x01(\v2 .zentinel.agent.v2.AuditMetadataR\x05auditB\n" +
+	" \x01(\v2 .zentinel.agent.v2.AuditMetadataR\x05audit\x127\n" +
+	"\x05cache\x18\v \x01(\v2!.zentinel.agent.v2.CacheDirectiveR\x05cacheB\n" +
 	"\n" +
-	"\bdecision\"\a\n" +
+	"\bdecision\"B\n" +
+	"\x0eCacheDirective\x12\x19\n" +
+	"\bno_store\x18\x01 \x01(\bR\anoStore\x12\x15\n" +
+	"\x06ttl_ms\x18\x02 \x01(\rR\x05ttlMs\"\a\n" +
 	"\x05Allow\"h\n" +
 	"\x05Block\x12\x16\n" +
 	"\x06status\x18\x01 \x01(\rR\x06status\x12\x12\n" +
@@ -2189,7 +2305,7 @@ func file_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
 var file_agent_proto_goTypes = []any{
 	(Phase)(0),                 // 0: zentinel.agent.v2.Phase
 	(HeaderOp_Operation)(0),    // 1: zentinel.agent.v2.HeaderOp.Operation
@@ -2202,23 +2318,24 @@ var file_agent_proto_goTypes = []any{
 	(*ResponseHeaders)(nil),    // 8: zentinel.agent.v2.ResponseHeaders
 	(*ResponseBodyChunk)(nil),  // 9: zentinel.agent.v2.ResponseBodyChunk
 	(*AgentDecision)(nil),      // 10: zentinel.agent.v2.AgentDecision
-	(*Allow)(nil),              // 11: zentinel.agent.v2.Allow
-	(*Block)(nil),              // 12: zentinel.agent.v2.Block
-	(*Redirect)(nil),           // 13: zentinel.agent.v2.Redirect
-	(*NeedsMore)(nil),          // 14: zentinel.agent.v2.NeedsMore
-	(*HeaderOp)(nil),           // 15: zentinel.agent.v2.HeaderOp
-	(*AuditMetadata)(nil),      // 16: zentinel.agent.v2.AuditMetadata
-	(*BodyMutation)(nil),       // 17: zentinel.agent.v2.BodyMutation
-	(*CancelRequest)(nil),      // 18: zentinel.agent.v2.CancelRequest
-	(*CancelAll)(nil),          // 19: zentinel.agent.v2.CancelAll
-	(*Ping)(nil),               // 20: zentinel.agent.v2.Ping
-	(*Pong)(nil),               // 21: zentinel.agent.v2.Pong
-	(*AgentError)(nil),         // 22: zentinel.agent.v2.AgentError
-	(*HealthRequest)(nil),      // 23: zentinel.agent.v2.HealthRequest
-	(*HealthResponse)(nil),     // 24: zentinel.agent.v2.HealthResponse
-	(*CapabilityRequest)(nil),  // 25: zentinel.agent.v2.CapabilityRequest
-	(*CapabilityResponse)(nil), // 26: zentinel.agent.v2.CapabilityResponse
-	(*Capabilities)(nil),       // 27: zentinel.agent.v2.Capabilities
+	(*CacheDirective)(nil),     // 11: zentinel.agent.v2.CacheDirective
+	(*Allow)(nil),              // 12: zentinel.agent.v2.Allow
+	(*Block)(nil),              // 13: zentinel.agent.v2.Block
+	(*Redirect)(nil),           // 14: zentinel.agent.v2.Redirect
+	(*NeedsMore)(nil),          // 15: zentinel.agent.v2.NeedsMore
+	(*HeaderOp)(nil),           // 16: zentinel.agent.v2.HeaderOp
+	(*AuditMetadata)(nil),      // 17: zentinel.agent.v2.AuditMetadata
+	(*BodyMutation)(nil),       // 18: zentinel.agent.v2.BodyMutation
+	(*CancelRequest)(nil),      // 19: zentinel.agent.v2.CancelRequest
+	(*CancelAll)(nil),          // 20: zentinel.agent.v2.CancelAll
+	(*Ping)(nil),               // 21: zentinel.agent.v2.Ping
+	(*Pong)(nil),               // 22: zentinel.agent.v2.Pong
+	(*AgentError)(nil),         // 23: zentinel.agent.v2.AgentError
+	(*HealthRequest)(nil),      // 24: zentinel.agent.v2.HealthRequest
+	(*HealthResponse)(nil),     // 25: zentinel.agent.v2.HealthResponse
+	(*CapabilityRequest)(nil),  // 26: zentinel.agent.v2.CapabilityRequest
+	(*CapabilityResponse)(nil), // 27: zentinel.agent.v2.CapabilityResponse
+	(*Capabilities)(nil),       // 28: zentinel.agent.v2.Capabilities
 }
 var file_agent_proto_depIdxs = []int32{
 	6,  // 0: zentinel.agent.v2.AgentMessage.request_headers:type_name -> zentinel.agent.v2.RequestHeaders
@@ -2226,41 +2343,42 @@ var file_agent_proto_depIdxs = []int32{
 	8,  // 2: zentinel.agent.v2.AgentMessage.response_headers:type_name -> zentinel.agent.v2.ResponseHeaders
 	9,  // 3: zentinel.agent.v2.AgentMessage.response_body_chunk:type_name -> zentinel.agent.v2.ResponseBodyChunk
 	10, // 4: zentinel.agent.v2.AgentMessage.decision:type_name -> zentinel.agent.v2.AgentDecision
-	18, // 5: zentinel.agent.v2.AgentMessage.cancel:type_name -> zentinel.agent.v2.CancelRequest
-	17, // 6: zentinel.agent.v2.AgentMessage.body_mutation:type_name -> zentinel.agent.v2.BodyMutation
-	19, // 7: zentinel.agent.v2.AgentMessage.cancel_all:type_name -> zentinel.agent.v2.CancelAll
-	20, // 8: zentinel.agent.v2.AgentMessage.ping:type_name -> zentinel.agent.v2.Ping
-	21, // 9: zentinel.agent.v2.AgentMessage.pong:type_name -> zentinel.agent.v2.Pong
-	22, // 10: zentinel.agent.v2.AgentMessage.agent_error:type_name -> zentinel.agent.v2.AgentError
+	19, // 5: zentinel.agent.v2.AgentMessage.cancel:type_name -> zentinel.agent.v2.CancelRequest
+	18, // 6: zentinel.agent.v2.AgentMessage.body_mutation:type_name -> zentinel.agent.v2.BodyMutation
+	20, // 7: zentinel.agent.v2.AgentMessage.cancel_all:type_name -> zentinel.agent.v2.CancelAll
+	21, // 8: zentinel.agent.v2.AgentMessage.ping:type_name -> zentinel.agent.v2.Ping
+	22, // 9: zentinel.agent.v2.AgentMessage.pong:type_name -> zentinel.agent.v2.Pong
+	23, // 10: zentinel.agent.v2.AgentMessage.agent_error:type_name -> zentinel.agent.v2.AgentError
 	4,  // 11: zentinel.agent.v2.RequestHeaders.headers:type_name -> zentinel.agent.v2.Header
 	5,  // 12: zentinel.agent.v2.RequestHeaders.metadata:type_name -> zentinel.agent.v2.RequestMetadata
 	7,  // 13: zentinel.agent.v2.RequestHeaders.inline_body:type_name -> zentinel.agent.v2.RequestBodyChunk
 	4,  // 14: zentinel.agent.v2.ResponseHeaders.headers:type_name -> zentinel.agent.v2.Header
-	11, // 15: zentinel.agent.v2.AgentDecision.allow:type_name -> zentinel.agent.v2.Allow
-	12, // 16: zentinel.agent.v2.AgentDecision.block:type_name -> zentinel.agent.v2.Block
-	13, // 17: zentinel.agent.v2.AgentDecision.redirect:type_name -> zentinel.agent.v2.Redirect
-	14, // 18: zentinel.agent.v2.AgentDecision.needs_more_decision:type_name -> zentinel.agent.v2.NeedsMore
-	15, // 19: zentinel.agent.v2.AgentDecision.request_headers:type_name -> zentinel.agent.v2.HeaderOp
-	15, // 20: zentinel.agent.v2.AgentDecision.response_headers:type_name -> zentinel.agent.v2.HeaderOp
-	17, // 21: zentinel.agent.v2.AgentDecision.request_body_mutation:type_name -> zentinel.agent.v2.BodyMutation
-	17, // 22: zentinel.agent.v2.AgentDecision.response_body_mutation:type_name -> zentinel.agent.v2.BodyMutation
-	16, // 23: zentinel.agent.v2.AgentDecision.audit:type_name -> zentinel.agent.v2.AuditMetadata
-	4,  // 24: zentinel.agent.v2.Block.headers:type_name -> zentinel.agent.v2.Header
-	1,  // 25: zentinel.agent.v2.HeaderOp.operation:type_name -> zentinel.agent.v2.HeaderOp.Operation
-	0,  // 26: zentinel.agent.v2.BodyMutation.phase:type_name -> zentinel.agent.v2.Phase
-	2,  // 27: zentinel.agent.v2.HealthResponse.status:type_name -> zentinel.agent.v2.HealthResponse.Status
-	27, // 28: zentinel.agent.v2.CapabilityResponse.capabilities:type_name -> zentinel.agent.v2.Capabilities
-	3,  // 29: zentinel.agent.v2.AgentProcessorV2.ProcessStream:input_type -> zentinel.agent.v2.AgentMessage
-	23, // 30: zentinel.agent.v2.AgentProcessorV2.HealthCheck:input_type -> zentinel.agent.v2.HealthRequest
-	25, // 31: zentinel.agent.v2.AgentProcessorV2.GetCapabilities:input_type -> zentinel.agent.v2.CapabilityRequest
-	3,  // 32: zentinel.agent.v2.AgentProcessorV2.ProcessStream:output_type -> zentinel.agent.v2.AgentMessage
-	24, // 33: zentinel.agent.v2.AgentProcessorV2.HealthCheck:output_type -> zentinel.agent.v2.HealthResponse
-	26, // 34: zentinel.agent.v2.AgentProcessorV2.GetCapabilities:output_type -> zentinel.agent.v2.CapabilityResponse
-	32, // [32:35] is the sub-list for method output_type
-	29, // [29:32] is the sub-list for method input_type
-	29, // [29:29] is the sub-list for extension type_name
-	29, // [29:29] is the sub-list for extension extendee
-	0,  // [0:29] is the sub-list for field type_name
+	12, // 15: zentinel.agent.v2.AgentDecision.allow:type_name -> zentinel.agent.v2.Allow
+	13, // 16: zentinel.agent.v2.AgentDecision.block:type_name -> zentinel.agent.v2.Block
+	14, // 17: zentinel.agent.v2.AgentDecision.redirect:type_name -> zentinel.agent.v2.Redirect
+	15, // 18: zentinel.agent.v2.AgentDecision.needs_more_decision:type_name -> zentinel.agent.v2.NeedsMore
+	16, // 19: zentinel.agent.v2.AgentDecision.request_headers:type_name -> zentinel.agent.v2.HeaderOp
+	16, // 20: zentinel.agent.v2.AgentDecision.response_headers:type_name -> zentinel.agent.v2.HeaderOp
+	18, // 21: zentinel.agent.v2.AgentDecision.request_body_mutation:type_name -> zentinel.agent.v2.BodyMutation
+	18, // 22: zentinel.agent.v2.AgentDecision.response_body_mutation:type_name -> zentinel.agent.v2.BodyMutation
+	17, // 23: zentinel.agent.v2.AgentDecision.audit:type_name -> zentinel.agent.v2.AuditMetadata
+	11, // 24: zentinel.agent.v2.AgentDecision.cache:type_name -> zentinel.agent.v2.CacheDirective
+	4,  // 25: zentinel.agent.v2.Block.headers:type_name -> zentinel.agent.v2.Header
+	1,  // 26: zentinel.agent.v2.HeaderOp.operation:type_name -> zentinel.agent.v2.HeaderOp.Operation
+	0,  // 27: zentinel.agent.v2.BodyMutation.phase:type_name -> zentinel.agent.v2.Phase
+	2,  // 28: zentinel.agent.v2.HealthResponse.status:type_name -> zentinel.agent.v2.HealthResponse.Status
+	28, // 29: zentinel.agent.v2.CapabilityResponse.capabilities:type_name -> zentinel.agent.v2.Capabilities
+	3,  // 30: zentinel.agent.v2.AgentProcessorV2.ProcessStream:input_type -> zentinel.agent.v2.AgentMessage
+	24, // 31: zentinel.agent.v2.AgentProcessorV2.HealthCheck:input_type -> zentinel.agent.v2.HealthRequest
+	26, // 32: zentinel.agent.v2.AgentProcessorV2.GetCapabilities:input_type -> zentinel.agent.v2.CapabilityRequest
+	3,  // 33: zentinel.agent.v2.AgentProcessorV2.ProcessStream:output_type -> zentinel.agent.v2.AgentMessage
+	25, // 34: zentinel.agent.v2.AgentProcessorV2.HealthCheck:output_type -> zentinel.agent.v2.HealthResponse
+	27, // 35: zentinel.agent.v2.AgentProcessorV2.GetCapabilities:output_type -> zentinel.agent.v2.CapabilityResponse
+	33, // [33:36] is the sub-list for method output_type
+	30, // [30:33] is the sub-list for method input_type
+	30, // [30:30] is the sub-list for extension type_name
+	30, // [30:30] is the sub-list for extension extendee
+	0,  // [0:30] is the sub-list for field type_name
 }
 
 func init() { file_agent_proto_init() }
@@ -2289,16 +2407,16 @@ func file_agent_proto_init() {
 		(*AgentDecision_Redirect)(nil),
 		(*AgentDecision_NeedsMoreDecision)(nil),
 	}
-	file_agent_proto_msgTypes[13].OneofWrappers = []any{}
 	file_agent_proto_msgTypes[14].OneofWrappers = []any{}
-	file_agent_proto_msgTypes[23].OneofWrappers = []any{}
+	file_agent_proto_msgTypes[15].OneofWrappers = []any{}
+	file_agent_proto_msgTypes[24].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   25,
+			NumMessages:   26,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

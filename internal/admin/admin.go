@@ -69,6 +69,10 @@ type Config struct {
 	Agents func() []agentmux.AgentStatus
 	// Stats are the dataplane's counters on /status.
 	Stats func() dataplane.Stats
+	// Policy is the state of the policy features (circuit breakers,
+	// shadow agents, decision caches, failover, over-limit bodies) on
+	// /status.
+	Policy func() dataplane.PolicyStatus
 	// Reload re-reads and applies the configuration. An error wrapping
 	// config.ErrConfigSyntax or config.ErrConfigInvalid is the operator's
 	// (400); any other is the sidecar's (500). Nil: /reload answers 404.
@@ -108,16 +112,17 @@ func (c *Config) Validate() error {
 
 // Status is the /status document.
 type Status struct {
-	Version       string                 `json:"version"`
-	Started       time.Time              `json:"started"`
-	UptimeSeconds float64                `json:"uptime_seconds"`
-	Ready         bool                   `json:"ready"`
-	NotReady      string                 `json:"not_ready_reason,omitempty"`
-	Routes        []string               `json:"routes"`
-	Agents        []agentmux.AgentStatus `json:"agents"`
-	Reload        ReloadStatus           `json:"reload"`
-	Requests      *dataplane.Stats       `json:"requests,omitempty"`
-	Admin         AdminStatus            `json:"admin"`
+	Version       string                  `json:"version"`
+	Started       time.Time               `json:"started"`
+	UptimeSeconds float64                 `json:"uptime_seconds"`
+	Ready         bool                    `json:"ready"`
+	NotReady      string                  `json:"not_ready_reason,omitempty"`
+	Routes        []string                `json:"routes"`
+	Agents        []agentmux.AgentStatus  `json:"agents"`
+	Reload        ReloadStatus            `json:"reload"`
+	Requests      *dataplane.Stats        `json:"requests,omitempty"`
+	Policy        *dataplane.PolicyStatus `json:"policy,omitempty"`
+	Admin         AdminStatus             `json:"admin"`
 }
 
 // AdminStatus counts the requests the admin listener refused.
@@ -281,6 +286,10 @@ func (s *Server) Status() Status {
 	if s.cfg.Stats != nil {
 		x := s.cfg.Stats()
 		st.Requests = &x
+	}
+	if s.cfg.Policy != nil {
+		x := s.cfg.Policy()
+		st.Policy = &x
 	}
 	s.stMu.Lock()
 	st.Reload = s.reload

@@ -16,7 +16,9 @@ func FailClosedAgents(cfg *config.Config) []string {
 	for i := range cfg.Routes {
 		for j := range cfg.Routes[i].Agents {
 			ra := &cfg.Routes[i].Agents[j]
-			if cfg.Agent(ra.Name) == nil || cfg.Policy(ra).FailOpen {
+			// A shadow agent never decides a request: it cannot hold
+			// readiness either.
+			if a := cfg.Agent(ra.Name); a == nil || a.Shadow || cfg.Policy(ra).FailOpen {
 				continue
 			}
 			if !slices.Contains(names, ra.Name) {

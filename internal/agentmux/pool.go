@@ -56,6 +56,8 @@ type Pool struct {
 	mu       sync.Mutex
 	sessions atomic.Pointer[[]*Session] // copy-on-write: Begin reads without locking
 	lastErr  atomic.Pointer[string]
+	// gen counts the sessions ever added (Generation).
+	gen atomic.Uint64
 	// retired carries the counters of sessions that left the pool so that
 	// Snapshot totals never go backwards.
 	retired Stats
@@ -81,7 +83,13 @@ func (p *Pool) Add(s *Session) {
 	next = append(next, old...)
 	next = append(next, s)
 	p.sessions.Store(&next)
+	p.gen.Add(1)
 }
+
+// Generation counts the sessions ever added to the pool: it changes
+// whenever the agent gets a new connection (a reconnect, a restart), which
+// is when what the proxy remembers of its answers may be stale.
+func (p *Pool) Generation() uint64 { return p.gen.Load() }
 
 // Remove takes a session out of the pool (it stays usable by the
 // exchanges already open on it).

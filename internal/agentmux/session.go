@@ -679,6 +679,9 @@ func (e *Exchange) Finish() {
 	s := e.s
 	// Nothing of it is left in s.pending: an event's wait always ends
 	// with its entry removed (by Deliver, Fail, expire or abandon).
+	if f, ok := s.link.(Finisher); ok {
+		f.Finished(e.id)
+	}
 	<-s.sem
 	s.inflight.Add(-1)
 	e.s = nil

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -42,6 +43,9 @@ type Env struct {
 	// Dataplane, when set, adjusts the dataplane configuration before
 	// StartSidecar creates the server (an Observer for a metrics row, …).
 	Dataplane func(*dataplane.Config)
+	// ClientTLS, set by a row whose listener speaks TLS, makes the load
+	// generator connect over TLS with it (rows_tls.go).
+	ClientTLS *tls.Config
 
 	ctx   context.Context
 	stops []func()

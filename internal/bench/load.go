@@ -3,6 +3,7 @@ package bench
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -39,6 +40,8 @@ type LoadConfig struct {
 	// OnStart, when set, is called after the warm-up, right before the
 	// measurement starts.
 	OnStart func()
+	// TLS, when set, makes every connection a TLS client with it.
+	TLS *tls.Config
 }
 
 // Result is what a load run measured.
@@ -144,7 +147,7 @@ func RunLoad(ctx context.Context, cfg LoadConfig) (Result, error) {
 			defer wg.Done()
 			res := &results[w]
 			res.lat = make([]time.Duration, 0, 4096)
-			var c loadConn
+			c := loadConn{tls: cfg.TLS}
 			defer c.close()
 			for take() {
 				t0 := time.Now()
@@ -193,6 +196,7 @@ type loadConn struct {
 	nc   net.Conn
 	br   *bufio.Reader
 	resp fasthttp.Response
+	tls  *tls.Config
 }
 
 func (c *loadConn) do(addr string, req []byte) error {
@@ -200,6 +204,9 @@ func (c *loadConn) do(addr string, req []byte) error {
 		nc, err := net.Dial("tcp", addr)
 		if err != nil {
 			return err
+		}
+		if c.tls != nil {
+			nc = tls.Client(nc, c.tls)
 		}
 		c.nc = nc
 		if c.br == nil {

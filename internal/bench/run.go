@@ -196,6 +196,9 @@ func RunRow(ctx context.Context, row Row, upstreamAddr, dir string, log zerolog.
 	out := make([]Result, 0, len(loads))
 	for _, lc := range loads {
 		lc.Addr, lc.Request = addr, req
+		if env.ClientTLS != nil {
+			lc.TLS = env.ClientTLS
+		}
 		res, err := RunLoad(rctx, lc)
 		if err != nil {
 			return out, err

@@ -50,6 +50,10 @@ const (
 	TransportUDS     = "uds"
 	TransportGRPC    = "grpc"
 	TransportReverse = "reverse"
+	// TransportExtProc runs an Envoy External Processing server
+	// (envoy.service.ext_proc.v3.ExternalProcessor), one gRPC stream per
+	// HTTP request; its options are checked by package transports.
+	TransportExtProc = "ext_proc"
 )
 
 // Failure modes of an agent.
@@ -109,6 +113,7 @@ type Config struct {
 	Agents    []Agent    `yaml:"agents"`
 	Routes    []Route    `yaml:"routes"`
 	Logging   Logging    `yaml:"logging"`
+	Tracing   Tracing    `yaml:"tracing"`
 	Admin     Admin      `yaml:"admin"`
 	AccessLog AccessLog  `yaml:"access_log"`
 
@@ -151,6 +156,14 @@ type Listener struct {
 	// DisconnectCheck is how often requests that wait on an agent or the
 	// upstream are checked for a client that went away (default 100ms).
 	DisconnectCheck time.Duration `yaml:"disconnect_check"`
+	// TLS serves the listener over TLS (absent: plain HTTP).
+	TLS *ListenerTLS `yaml:"tls"`
+	// TunnelIdleTimeout closes an Upgrade tunnel (WebSocket) when no byte
+	// went either way for this long (default 5m).
+	TunnelIdleTimeout time.Duration `yaml:"tunnel_idle_timeout"`
+	// MaxTunnels caps the Upgrade tunnels open at once on the listener;
+	// past it an upgrade request gets 503 (default 1024).
+	MaxTunnels int `yaml:"max_tunnels"`
 }
 
 // Upstream is the service the sidecar proxies to.
@@ -158,6 +171,21 @@ type Upstream struct {
 	Name string `yaml:"name"`
 	// Address is host:port, or unix:/path.
 	Address string `yaml:"address"`
+	// Endpoints lists the addresses of several instances of the service
+	// (instead of Address); requests are balanced over those available.
+	Endpoints []string `yaml:"endpoints"`
+	// Balance is round_robin (default) or least_in_flight.
+	Balance string `yaml:"balance"`
+	// EndpointAttempts caps the endpoints one request tries when a
+	// connection fails before the request was taken (default 3; 1: no
+	// retry on another endpoint).
+	EndpointAttempts int `yaml:"endpoint_attempts"`
+	// HealthCheck is the active health check (endpoints.go).
+	HealthCheck HealthCheck `yaml:"health_check"`
+	// Ejection is the passive health check.
+	Ejection Ejection `yaml:"ejection"`
+	// Resolve re-resolves endpoints given by host name.
+	Resolve Resolve `yaml:"resolve"`
 	// ConnectTimeout bounds connection setup (default 5s).
 	ConnectTimeout time.Duration `yaml:"connect_timeout"`
 	// ResponseTimeout bounds the wait for the response headers once the
@@ -177,6 +205,8 @@ type Upstream struct {
 	ReadBufferSize Size `yaml:"read_buffer_size"`
 	// WriteBufferSize is the per-connection write buffer (default 16KiB).
 	WriteBufferSize Size `yaml:"write_buffer_size"`
+	// TLS connects to the upstream over TLS (absent: plain HTTP).
+	TLS *UpstreamTLS `yaml:"tls"`
 }
 
 // Agent is one policy agent and its defaults for every route using it.
@@ -184,7 +214,7 @@ type Agent struct {
 	// Name identifies the agent; it may appear in the
 	// X-Sidecar-Fail-Open header, so it is limited to [A-Za-z0-9._-].
 	Name string `yaml:"name"`
-	// Transport is uds, grpc or reverse.
+	// Transport is uds, grpc, reverse or ext_proc.
 	Transport string `yaml:"transport"`
 	// Address is the socket path (uds), host:port (grpc) or the listen
 	// address for registrations (reverse).
@@ -213,6 +243,29 @@ type Agent struct {
 	// Options are transport-specific settings (TLS files, tokens, …),
 	// validated by the transport.
 	Options map[string]string `yaml:"options"`
+	// CircuitBreaker stops consulting the agent after consecutive
+	// failures, for a cool-down (off by default).
+	CircuitBreaker CircuitBreaker `yaml:"circuit_breaker"`
+	// Shadow makes the agent observe-only: it gets the request-header
+	// events of its routes, but no request waits for it and its decisions
+	// are only logged and counted.
+	Shadow bool `yaml:"shadow"`
+	// ShadowQueue bounds the events waiting for a shadow agent; more are
+	// dropped and counted (default 1024).
+	ShadowQueue int `yaml:"shadow_queue"`
+	// ShadowWorkers caps the events of a shadow agent in flight at once
+	// (default 16).
+	ShadowWorkers int `yaml:"shadow_workers"`
+	// DecisionCache caches the agent's request-header decisions (off by
+	// default).
+	DecisionCache DecisionCache `yaml:"decision_cache"`
+	// Addresses are more members of the agent besides Address (uds: more
+	// sockets, grpc: more targets), each a separate agent process; new
+	// requests go to the members in turn.
+	Addresses []string `yaml:"addresses"`
+	// Failover retries, once, on another member (or connection) a request
+	// whose agent failed before any body was sent to it (default true).
+	Failover *bool `yaml:"failover"`
 }
 
 // AgentLimits bound the header work one agent reply may cause. A reply
@@ -435,6 +488,7 @@ func (b *BodyPolicy) override(o *BodyPolicy) {
 
 // SetDefaults fills every unset field with its default.
 func (c *Config) SetDefaults() {
+	c.setTLSDefaults()
 	for i := range c.Listeners {
 		l := &c.Listeners[i]
 		if l.Name == "" {
@@ -446,6 +500,8 @@ func (c *Config) SetDefaults() {
 		setSize(&l.ReadBufferSize, 16<<10)
 		setSize(&l.WriteBufferSize, 16<<10)
 		setDur(&l.DisconnectCheck, 100*time.Millisecond)
+		setDur(&l.TunnelIdleTimeout, 5*time.Minute)
+		setInt(&l.MaxTunnels, 1024)
 	}
 	for i := range c.Upstreams {
 		u := &c.Upstreams[i]
@@ -457,6 +513,7 @@ func (c *Config) SetDefaults() {
 		setDur(&u.KeepAlive, 15*time.Second)
 		setSize(&u.ReadBufferSize, 16<<10)
 		setSize(&u.WriteBufferSize, 16<<10)
+		u.setEndpointDefaults()
 	}
 	for i := range c.Agents {
 		a := &c.Agents[i]
@@ -478,6 +535,7 @@ func (c *Config) SetDefaults() {
 		}
 		a.RequestBody.setDefaults(OverLimitReject)
 		a.ResponseBody.setDefaults(OverLimitSkip)
+		a.setPolicyDefaults()
 	}
 	for i := range c.Routes {
 		r := &c.Routes[i]
@@ -492,6 +550,7 @@ func (c *Config) SetDefaults() {
 		}
 	}
 	c.setOpsDefaults()
+	c.Tracing.setDefaults()
 	if c.Logging.Level == "" {
 		c.Logging.Level = "info"
 	}

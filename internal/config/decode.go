@@ -173,6 +173,16 @@ func (d *decoder) value(n *yaml.Node, v reflect.Value, path string) error {
 			return d.fail(n, path, "invalid integer %q", s)
 		}
 		v.SetInt(int64(i))
+	case reflect.Float64:
+		s, err := d.scalar(n, path)
+		if err != nil {
+			return err
+		}
+		f, perr := strconv.ParseFloat(s, 64)
+		if perr != nil {
+			return d.fail(n, path, "invalid number %q", s)
+		}
+		v.SetFloat(f)
 	case reflect.Slice:
 		if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
 			return nil

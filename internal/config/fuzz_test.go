@@ -21,6 +21,9 @@ func FuzzParse(f *testing.F) {
 	f.Add([]byte("agents:\n  - name: x\n    transport: uds\n    timeouts: {message: -1s}\n"))
 	f.Add([]byte("&a [*a, *a]"))
 	f.Add([]byte("routes: {name: 1}\n"))
+	f.Add([]byte("listeners:\n  - address: 127.0.0.1:1\n    tls:\n      certificates: [{cert_file: /x.pem, key_file: /x-key.pem, server_names: ['*.a']}]\n" +
+		"      cipher_suites: [TLS_X]\n      client_auth: optional\n    max_tunnels: 2\nupstreams: [{name: u, address: 127.0.0.1:2, tls: {ca_file: /ca.pem, insecure_skip_verify: true}}]\n" +
+		"routes: [{upstream: u}]\n"))
 	f.Fuzz(func(t *testing.T, doc []byte) {
 		c, err := Parse(doc)
 		if err != nil {

@@ -18,7 +18,9 @@ func (c *Config) Validate() error {
 	v.agents()
 	v.routes()
 	v.logging()
+	v.tracing()
 	v.ops()
+	v.tls()
 	return v.err
 }
 
@@ -75,6 +77,10 @@ func (v *validator) listeners() {
 		if l.MaxConnections < 0 {
 			v.failf(p+".max_connections", "must not be negative (0: what the file descriptor limit allows)")
 		}
+		v.positive(p+".tunnel_idle_timeout", l.TunnelIdleTimeout)
+		if l.MaxTunnels < 1 {
+			v.failf(p+".max_tunnels", "must be at least 1")
+		}
 		if l.MaxRequestBody < 0 {
 			v.failf(p+".max_request_body", "must not be negative")
 		}
@@ -87,7 +93,7 @@ func (v *validator) upstreams() {
 		u := &v.c.Upstreams[i]
 		p := fmt.Sprintf("upstreams[%d]", i)
 		v.name(p+".name", u.Name, names, "upstream")
-		v.address(p+".address", u.Address, false)
+		v.upstreamEndpoints(p, u)
 		v.positive(p+".connect_timeout", u.ConnectTimeout)
 		v.positive(p+".response_timeout", u.ResponseTimeout)
 		v.positive(p+".idle_timeout", u.IdleTimeout)
@@ -108,18 +114,18 @@ func (v *validator) agents() {
 		p := fmt.Sprintf("agents[%d]", i)
 		v.name(p+".name", a.Name, names, "agent")
 		switch a.Transport {
-		case TransportUDS, TransportGRPC, TransportReverse:
+		case TransportUDS, TransportGRPC, TransportReverse, TransportExtProc:
 		case "":
-			v.failf(p+".transport", "transport is required (uds, grpc or reverse)")
+			v.failf(p+".transport", "transport is required (uds, grpc, reverse or ext_proc)")
 		default:
-			v.failf(p+".transport", "unknown transport %q (want uds, grpc or reverse)", a.Transport)
+			v.failf(p+".transport", "unknown transport %q (want uds, grpc, reverse or ext_proc)", a.Transport)
 		}
 		switch {
 		case a.Address == "":
 			v.failf(p+".address", "address is required")
 		case a.Transport == TransportUDS && len(a.Address) > 107:
 			v.failf(p+".address", "socket path longer than 107 bytes")
-		case a.Transport == TransportGRPC || a.Transport == TransportReverse:
+		case a.Transport == TransportGRPC || a.Transport == TransportReverse || a.Transport == TransportExtProc:
 			v.address(p+".address", a.Address, a.Transport == TransportReverse)
 		}
 		if a.Conns < 1 || a.Conns > 64 {
@@ -146,6 +152,7 @@ func (v *validator) agents() {
 		v.failureMode(p+".failure_mode", a.FailureMode, false)
 		v.body(p+".request_body", &a.RequestBody, false)
 		v.body(p+".response_body", &a.ResponseBody, false)
+		v.agentPolicy(p, a)
 	}
 }
 
@@ -332,13 +339,13 @@ func (v *validator) body(path string, b *BodyPolicy, partial bool) {
 		v.failf(path+".limit", "%s is not in 1..%s", b.Limit, Size(MaxBodyLimit))
 	}
 	switch b.OverLimit {
-	case OverLimitReject, OverLimitSkip:
+	case OverLimitReject, OverLimitSkip, OverLimitPrefix, OverLimitStream:
 	case "":
 		if !partial {
 			v.failf(path+".over_limit", "over_limit is required")
 		}
 	default:
-		v.failf(path+".over_limit", "unknown action %q (want reject or skip)", b.OverLimit)
+		v.failf(path+".over_limit", "unknown action %q (want reject, skip, prefix or stream)", b.OverLimit)
 	}
 	if !(partial && b.ChunkSize == 0) && (b.ChunkSize < MinChunkSize || b.ChunkSize > MaxChunkSize) {
 		v.failf(path+".chunk_size", "%s is not in %s..%s", b.ChunkSize, Size(MinChunkSize), Size(MaxChunkSize))

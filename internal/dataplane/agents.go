@@ -66,6 +66,9 @@ func (rs *reqState) begin(i int) error {
 	if !ok {
 		return errBudget(sl)
 	}
+	if !sl.ra.a.brk.allow() {
+		return fmt.Errorf("%w: %s", ErrCircuitOpen, sl.ra.a.name)
+	}
 	t0 := mono()
 	ex, err := sl.ra.a.agent.Begin(w)
 	d := mono() - t0
@@ -99,6 +102,9 @@ func errBudget(sl *slot) error {
 // is gone).
 func (rs *reqState) requestHeaders() bool {
 	rs.phaseNow = PhaseRequestHeaders
+	if len(rs.rt.shadows) > 0 {
+		rs.shadowRequest()
+	}
 	for i := 0; i < rs.nslots; i++ {
 		if !rs.headerEvent(i, protocol.PhaseRequest) {
 			return false
@@ -116,6 +122,11 @@ func (rs *reqState) headerEvent(i int, p protocol.Phase) bool {
 		return true
 	}
 	fresh := sl.ex == nil
+	if fresh && p == protocol.PhaseRequest && sl.ra.a.cache != nil {
+		if done, goOn := rs.cacheLookup(i); done {
+			return goOn
+		}
+	}
 	if err := rs.begin(i); err != nil {
 		rs.srv.obs.AgentEvent(rs.rt.idx, sl.ra.a.idx, p, false, outcomeOf(err), 0)
 		return rs.failure(i, p, false, err)
@@ -151,6 +162,9 @@ func (rs *reqState) headerEvent(i int, p protocol.Phase) bool {
 	var err error
 	if req {
 		reply, err = sl.ex.RequestHeaders(w, &rs.rh)
+		if err != nil && sl.ra.a.failover {
+			reply, err = rs.failoverHeaders(i, w, err)
+		}
 	} else {
 		reply, err = sl.ex.ResponseHeaders(w, &rs.rsh)
 	}
@@ -166,6 +180,10 @@ func (rs *reqState) headerEvent(i int, p protocol.Phase) bool {
 	if err != nil {
 		rs.srv.obs.AgentEvent(rs.rt.idx, sl.ra.a.idx, p, false, outcomeOf(err), d)
 		return rs.failure(i, p, false, err)
+	}
+	sl.ra.a.brk.success(&rs.srv.log, sl.ra.a.name)
+	if req && sl.ra.a.cache != nil {
+		rs.cacheStore(i, &reply.Decision)
 	}
 	if !rs.decide(i, p, false, &reply.Decision, d) {
 		return false
@@ -397,6 +415,11 @@ func (rs *reqState) failure(i int, phase protocol.Phase, body bool, err error) b
 		rs.outcome = "client gone"
 		return false
 	}
+	if o != OutcomeInvalid {
+		// A reply that breaks the rules came from a live agent; only
+		// timeouts, lost or refused connections and overload count.
+		sl.ra.a.brk.failure(&rs.srv.log, sl.ra.a.name, err)
+	}
 	if sl.ex != nil && o == OutcomeInvalid {
 		// The exchange is unusable; agentmux already canceled it when it
 		// caught the error itself.
@@ -505,6 +528,7 @@ func (rs *reqState) buildRequestView() {
 	md.UpstreamID = rs.rt.up.nameB
 	md.Traceparent = trace
 	md.Timestamp = timestamp(rs.start)
+	rs.setTLSMetadata(md)
 	rs.viewDirty = false
 }
 

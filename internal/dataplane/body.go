@@ -223,6 +223,11 @@ func (rs *reqState) requestBody() bool {
 			return false
 		}
 		if complete {
+			// Agents whose smaller limit the body exceeds see their
+			// prefix first (prefix.go); the length goes by reqOut.
+			if in, _, ok = rs.inspectPrefixes(in); !ok {
+				return false
+			}
 			out, ok := rs.inspectBuffered(protocol.PhaseRequest, in, rs.reqOut[:0])
 			rs.reqOut = out
 			if !ok {
@@ -232,7 +237,15 @@ func (rs *reqState) requestBody() bool {
 			rs.reqMode = reqBodyRaw
 			return true
 		}
+		var mutated bool
+		if in, mutated, ok = rs.inspectPrefixes(in); !ok {
+			return false
+		}
 		src.prefix = in
+		if mutated {
+			// A rewritten prefix changes the length: send it chunked.
+			rs.reqMode = reqBodyPipe
+		}
 	}
 	if len(rs.active[0]) > 0 {
 		rs.reqMode = reqBodyPipe
@@ -299,6 +312,14 @@ func (rs *reqState) bufferBody(p protocol.Phase, limit int, known int64) (in []b
 		pol := &sl.ra.body[p]
 		if sl.mode[p] != bodyBuffered || int64(pol.limit) >= size {
 			k++
+			continue
+		}
+		if handled, kept := rs.overLimit(int(act[k]), p); handled {
+			if kept {
+				k++
+			} else {
+				act = append(act[:k], act[k+1:]...)
+			}
 			continue
 		}
 		if pol.reject {
@@ -416,6 +437,7 @@ func (rs *reqState) runChunk(p protocol.Phase, data []byte, last, stream bool) (
 			}
 			continue // failure dropped agent i from the pipeline
 		}
+		sl.ra.a.brk.success(&rs.srv.log, sl.ra.a.name)
 		final := false
 		var mut *protocol.BodyMutation
 		if reply.Type == protocol.TypeBodyMutation {

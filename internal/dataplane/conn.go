@@ -2,6 +2,7 @@ package dataplane
 
 import (
 	"bytes"
+	"crypto/tls"
 	"errors"
 	"io"
 	"net"
@@ -27,13 +28,26 @@ type eofConn struct {
 	eof     bool
 	hdrBuf  int
 	lineRun int
+
+	// On TLS listeners (tls.go): Conn is tls, raw the TCP socket under it.
+	raw    net.Conn
+	tls    *tls.Conn
+	lt     *listenerTLS
+	hsDone bool
+	facts  *tlsFacts
 }
 
 var errNoSyscallConn = errors.New("dataplane: connection has no socket")
 
 func (c *eofConn) Read(p []byte) (int, error) {
+	if c.tls != nil && !c.hsDone {
+		if err := c.handshake(); err != nil {
+			return 0, err
+		}
+	}
 	n, err := c.Conn.Read(p)
-	if err == io.EOF {
+	if err == io.EOF || (err == io.ErrUnexpectedEOF && c.tls != nil) {
+		// TLS reports a FIN without close_notify as unexpected.
 		c.eof = true
 	}
 	if n > 0 && len(p) <= c.hdrBuf {
@@ -54,6 +68,13 @@ func (c *eofConn) requestLineTooLong() bool { return c.hdrBuf > 0 && c.lineRun >
 
 // SyscallConn exposes the socket for the disconnect check.
 func (c *eofConn) SyscallConn() (syscall.RawConn, error) {
+	if c.raw != nil {
+		// TLS: peek the TCP socket under it.
+		if sc, ok := c.raw.(syscall.Conn); ok {
+			return sc.SyscallConn()
+		}
+		return nil, errNoSyscallConn
+	}
 	if sc, ok := c.Conn.(syscall.Conn); ok {
 		return sc.SyscallConn()
 	}
@@ -73,6 +94,7 @@ func (c *eofConn) SyscallConn() (syscall.RawConn, error) {
 type eofListener struct {
 	net.Listener
 	hdrBuf int
+	tls    *listenerTLS // nil: plain
 	log    zerolog.Logger
 	stats  *counters
 	closed atomic.Bool
@@ -93,6 +115,9 @@ func (l *eofListener) Accept() (net.Conn, error) {
 	for {
 		c, err := l.Listener.Accept()
 		if err == nil {
+			if l.tls != nil {
+				return l.wrapTLS(c), nil
+			}
 			return &eofConn{Conn: c, hdrBuf: l.hdrBuf}, nil
 		}
 		if !acceptRetryable(err) || l.closed.Load() {

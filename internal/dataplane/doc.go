@@ -54,6 +54,25 @@
 // agents get CancelRequest ("client_disconnect") while its upstream
 // connection is closed.
 //
+// # Upstreams and tracing
+//
+// An upstream is one or more endpoints, balanced round robin or by least
+// requests in flight, taken out by an active health check or ejected
+// after consecutive failures, and optionally re-resolved from DNS
+// (endpoints.go, health.go). A request whose endpoint refuses or breaks
+// the connection before the upstream could act on it moves to another.
+// The W3C trace context is checked strictly, made when asked, and spans
+// may be exported over OTLP (trace.go, otlp.go).
+//
+// # TLS and Upgrade
+//
+// A listener with tls serves HTTPS (tls.go): certificates chosen by SNI,
+// optional client certificates, rotation without a restart, and the
+// connection's TLS facts in every RequestHeaders' metadata. An upstream
+// with tls is dialed over TLS (upstream_tls.go). A WebSocket or other
+// Upgrade request passes the agents, and on the upstream's 101 its bytes
+// are tunnelled both ways, uninspected (upgrade.go).
+//
 // # Cost
 //
 // The hot path allocates nothing in the common case: per-request state is

@@ -30,7 +30,7 @@ func connectionBudget(cfg *config.Config, nofile uint64) int {
 	}
 	upstream := int64(0)
 	for _, u := range cfg.Upstreams {
-		upstream += int64(u.MaxConns)
+		upstream += int64(u.MaxConns) * int64(u.MaxEndpointCount())
 	}
 	avail := int64(nofile) - min(fdReserve, int64(nofile)/4)
 	c := avail / 2

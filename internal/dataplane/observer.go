@@ -140,8 +140,16 @@ type Stats struct {
 	AbsoluteForm      uint64 `json:"absolute_form"`      // absolute-form targets rewritten to origin-form
 	UpstreamStale     uint64 `json:"upstream_stale"`     // idle pools dropped after a stale keep-alive connection
 	UpstreamRetries   uint64 `json:"upstream_retries"`   // requests replayed on another connection after a stale one
+	EndpointRetries   uint64 `json:"endpoint_retries"`   // attempts moved to another upstream endpoint after a connection failure
+	TraceInvalid      uint64 `json:"trace_invalid"`      // malformed traceparent headers removed (with their tracestate)
+	TracestateInvalid uint64 `json:"tracestate_invalid"` // malformed tracestate headers removed (valid traceparent kept)
+	TraceGenerated    uint64 `json:"trace_generated"`    // traceparent headers made for requests without a valid one
 	LimitsExceeded    uint64 `json:"limits_exceeded"`    // agent replies over their header limits (failure policy applied)
 	InlineBodies      uint64 `json:"inline_bodies"`      // RequestHeaders events that carried chunk 0 of the request body (inline_body)
+	// TLS counts the listeners' handshakes and certificate reloads.
+	TLS TLSStats `json:"tls"`
+	// Tunnels counts the Upgrade (WebSocket) tunnels and their bytes.
+	Tunnels TunnelStats `json:"tunnels"`
 	// Rejected counts request heads answered 400/408/414/431 by reason
 	// (RejectReasons).
 	Rejected map[string]uint64 `json:"rejected"`
@@ -151,7 +159,11 @@ type counters struct {
 	requests, blocked, failOpen, failClosed, refused, skipped   atomic.Uint64
 	upErrors, upTimeouts, clientGone, aborted                   atomic.Uint64
 	acceptErrors, connClamped, absoluteForm, upStale, upRetries atomic.Uint64
+	upEndpointRetries                                           atomic.Uint64
+	traceInvalid, tracestateInvalid, traceGenerated             atomic.Uint64
 	limits, inlined                                             atomic.Uint64
+	tls                                                         tlsCounters
+	tun                                                         tunnelCounters
 	rejected                                                    [numRejects]atomic.Uint64
 	inflight                                                    atomic.Int64
 }
@@ -174,8 +186,14 @@ func (c *counters) snapshot() Stats {
 		AbsoluteForm:      c.absoluteForm.Load(),
 		UpstreamStale:     c.upStale.Load(),
 		UpstreamRetries:   c.upRetries.Load(),
+		EndpointRetries:   c.upEndpointRetries.Load(),
+		TraceInvalid:      c.traceInvalid.Load(),
+		TracestateInvalid: c.tracestateInvalid.Load(),
+		TraceGenerated:    c.traceGenerated.Load(),
 		LimitsExceeded:    c.limits.Load(),
 		InlineBodies:      c.inlined.Load(),
+		TLS:               c.tls.snapshot(),
+		Tunnels:           c.tun.snapshot(),
 		Rejected:          make(map[string]uint64, numRejects),
 	}
 	for i := range c.rejected {

@@ -20,6 +20,9 @@ import (
 // requests off at read_timeout. MSG_DONTWAIT keeps the peek from ever
 // blocking, so nothing here needs the poller.
 func peekClosed(c net.Conn) bool {
+	if ec, ok := c.(*eofConn); ok && ec.tls != nil {
+		return tlsPeerClosed(ec)
+	}
 	sc, ok := c.(syscall.Conn)
 	if !ok {
 		return false

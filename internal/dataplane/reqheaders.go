@@ -190,7 +190,7 @@ func (rs *reqState) prepareRequest() bool {
 		rs.hdr = append(rs.hdr, hkv{name: hdrXForwardedFor, value: xff})
 	}
 	if !hasProto {
-		rs.hdr = append(rs.hdr, hkv{name: hdrXForwardedProto, value: valueHTTP})
+		rs.hdr = append(rs.hdr, hkv{name: hdrXForwardedProto, value: rs.forwardedProto()})
 	}
 	if host := h.Host(); len(host) > 0 && !hasHost {
 		rs.hdr = append(rs.hdr, hkv{name: hdrXForwardedHost, value: host})
@@ -198,6 +198,7 @@ func (rs *reqState) prepareRequest() bool {
 	if rs.corrGen {
 		rs.setHdr(hdrXRequestID, rs.corr)
 	}
+	rs.traceContext()
 	rs.viewDirty = true
 	return true
 }

@@ -149,12 +149,16 @@ type reqState struct {
 	inl       inlineState // chunk 0 inline in RequestHeaders (inline.go)
 
 	// Upstream.
-	upCC       any // *fasthttp.clientConn; its type is unexported
+	upCC       any       // *fasthttp.clientConn; its type is unexported
+	upEP       *endpoint // the endpoint of upCC (endpoints.go)
 	upWrap     eofConn
 	upBR       *bufio.Reader
 	upResp     fasthttp.Response
 	upClose    bool
 	upBodyDone bool
+
+	// Trace context (trace.go).
+	trace traceState
 
 	// Upstream request headers (reqheaders.go).
 	hdr       []hkv
@@ -162,6 +166,7 @@ type reqState struct {
 	xffBuf    []byte
 	upHost    []byte
 	upChunked bool
+	upgrade   bool // an Upgrade request to tunnel on a 101 (upgrade.go)
 
 	// Scratch storage.
 	names     []byte
@@ -253,7 +258,8 @@ func (rs *reqState) release() {
 	rs.active[0], rs.active[1] = rs.active[0][:0], rs.active[1][:0]
 	rs.total = [2]int64{}
 	rs.streaming = false
-	rs.upCC, rs.upBR = nil, nil
+	rs.upCC, rs.upBR, rs.upEP = nil, nil, nil
+	rs.trace = traceState{}
 	rs.upWrap = eofConn{}
 	rs.upResp.Reset()
 	rs.upClose, rs.upBodyDone = false, false
@@ -262,6 +268,7 @@ func (rs *reqState) release() {
 	rs.xffBuf = trim(rs.xffBuf, 4<<10)
 	rs.upHost = nil
 	rs.upChunked = false
+	rs.upgrade = false
 	rs.names = trim(rs.names, 64<<10)
 	rs.scratch = trim(rs.scratch, 64<<10)
 	rs.hostBuf = rs.hostBuf[:0]
@@ -289,7 +296,7 @@ func (rs *reqState) serve() bool {
 	rs.hasReqBody = cl > 0 || cl == -1
 	// The head is normalised before anything looks at it: the route, the
 	// agents and the upstream see the same method, host and target.
-	if !rs.prepareRequest() {
+	if !rs.prepareRequest() || !rs.prepareUpgrade() {
 		return false
 	}
 	rs.host = hostOf(rs.hostBuf[:0], req.Header.Host())
@@ -314,7 +321,15 @@ func (rs *reqState) serve() bool {
 		rs.local(fasthttp.StatusRequestEntityTooLarge, "request body too large", "body over max_request_body")
 		return false
 	}
-	if !rs.requestHeaders() || !rs.requestBody() || !rs.forward() || !rs.responseHeaders() {
+	if !rs.requestHeaders() || !rs.requestBody() || !rs.forward() {
+		return false
+	}
+	if rs.upgrade || rs.upResp.StatusCode() == fasthttp.StatusSwitchingProtocols {
+		if !rs.upgraded() {
+			return false
+		}
+	}
+	if !rs.responseHeaders() {
 		return false
 	}
 	return rs.responseBody()
@@ -353,6 +368,9 @@ func (rs *reqState) finish() {
 			e.Str("outcome", rs.outcome)
 		}
 		e.Msg("request")
+	}
+	if rs.trace.sampled {
+		s.spans.record(rs, route, status, d)
 	}
 	s.stats.inflight.Add(-1)
 	t := rs.tbl

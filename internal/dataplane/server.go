@@ -41,6 +41,7 @@ type Config struct {
 // (Serve), and swaps routes and agents atomically (Swap).
 type Server struct {
 	log   zerolog.Logger
+	spans *spanExporter // trace span export (otlp.go); nil when off
 	obs   Observer
 	rec   RequestRecorder // obs, when it also wants request summaries
 	tbl   atomic.Pointer[table]
@@ -62,6 +63,8 @@ type Server struct {
 type listener struct {
 	cfg config.Listener
 	srv *fasthttp.Server
+	tls *listenerTLS // nil: plain HTTP
+	tun tunnelSet    // open Upgrade tunnels (upgrade.go)
 }
 
 // New builds a server for cfg. agents holds one instance per agent of
@@ -86,11 +89,20 @@ func New(cfg Config, agents map[string]agentmux.Agent, log zerolog.Logger) (*Ser
 	}
 	s.obs.Reset(t.routeIDs.names, t.agentIDs.names)
 	s.tbl.Store(t)
+	warnInsecureUpstreams(cfg.File, log)
 	interval := time.Duration(0)
 	nofile := fdLimit()
 	budget := connectionBudget(cfg.File, nofile)
 	for _, lc := range cfg.File.Listeners {
 		l := &listener{cfg: lc}
+		if lc.TLS != nil {
+			lt, err := newListenerTLS(lc.Name, *lc.TLS, log, &s.stats.tls)
+			if err != nil {
+				s.closeTLS()
+				return nil, fmt.Errorf("dataplane: listener %s: %w", lc.Name, err)
+			}
+			l.tls = lt
+		}
 		if clampConnections(&l.cfg, budget, nofile, log) {
 			s.stats.connClamped.Add(1)
 		}
@@ -100,9 +112,15 @@ func New(cfg Config, agents map[string]agentmux.Agent, log zerolog.Logger) (*Ser
 			interval = lc.DisconnectCheck
 		}
 	}
+	// Goroutines last: nothing is left running when New fails.
+	if s.spans, err = newSpanExporter(cfg.File.Tracing, log); err != nil {
+		s.closeTLS()
+		return nil, err
+	}
 	if interval > 0 {
 		s.watch = newWatcher(interval, func(rs *reqState) { rs.cancel() })
 	}
+	t.startUpstreams(&s.log)
 	return s, nil
 }
 
@@ -168,7 +186,7 @@ func (s *Server) serve(l *listener, ln net.Listener) error {
 	s.serves.Add(1)
 	s.mu.Unlock()
 	defer s.serves.Done()
-	return l.srv.Serve(&eofListener{Listener: ln, hdrBuf: int(l.cfg.ReadBufferSize), log: s.log, stats: &s.stats})
+	return l.srv.Serve(&eofListener{Listener: ln, hdrBuf: int(l.cfg.ReadBufferSize), tls: l.tls, log: s.log, stats: &s.stats})
 }
 
 // ListenAndServe listens on every configured listener and serves until
@@ -235,12 +253,20 @@ func (s *Server) Shutdown(ctx context.Context) error {
 			first = ctx.Err()
 		}
 	}
+	s.drainTunnels(ctx)
+	s.closeTLS()
 	if s.watch != nil {
 		s.watch.close()
 	}
+	if s.spans != nil {
+		if err := s.spans.shutdown(ctx); err != nil && first == nil {
+			first = err
+		}
+	}
 	t := s.tbl.Load()
+	t.stopUpstreams()
 	for _, up := range t.upstreams {
-		up.hc.CloseIdleConnections()
+		up.closeIdle()
 	}
 	s.mu.Lock()
 	agents := s.agents
@@ -277,17 +303,18 @@ func (s *Server) Swap(cfg *config.Config, agents map[string]agentmux.Agent) erro
 		return err
 	}
 	s.obs.Reset(t.routeIDs.names, t.agentIDs.names)
+	t.startUpstreams(&s.log) // before requests can see t
 	s.tbl.Store(t)
+	s.reloadTLS(cfg)
+	warnInsecureUpstreams(cfg, s.log)
+	old.stopUpstreams()
 	oldAgents := s.agents
 	s.agents = agents
 	keep := make(map[agentmux.Agent]bool, len(agents))
 	for _, a := range agents {
 		keep[a] = true
 	}
-	keepUp := make(map[*fasthttp.HostClient]bool, len(t.upstreams))
-	for _, up := range t.upstreams {
-		keepUp[up.hc] = true
-	}
+	keepUp := keptEndpoints(t)
 	log := s.log
 	old.retire(func() {
 		for name, a := range oldAgents {
@@ -297,11 +324,7 @@ func (s *Server) Swap(cfg *config.Config, agents map[string]agentmux.Agent) erro
 				}
 			}
 		}
-		for _, up := range old.upstreams {
-			if !keepUp[up.hc] {
-				up.hc.CloseIdleConnections()
-			}
-		}
+		closeReplacedEndpoints(old, keepUp)
 	})
 	return nil
 }
@@ -382,6 +405,11 @@ func (s *Server) recoverPanic(rs *reqState) {
 
 // parseError answers a request fasthttp could not parse, generically.
 func (s *Server) parseError(ctx *fasthttp.RequestCtx, err error) {
+	if ec, ok := ctx.Conn().(*eofConn); ok && ec.handshakeFailed() {
+		// No request was ever read: counted as a handshake error (tls.go).
+		ctx.SetConnectionClose()
+		return
+	}
 	status, body, reason := fasthttp.StatusBadRequest, "bad request", rejectParse
 	var small *fasthttp.ErrSmallBuffer
 	switch {

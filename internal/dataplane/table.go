@@ -1,15 +1,17 @@
 package dataplane
 
 import (
+	"context"
 	"fmt"
 	"net"
+	"net/netip"
 	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/valyala/fasthttp"
+	"github.com/rs/zerolog"
 
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/internal/config"
@@ -77,16 +79,49 @@ type agentEntry struct {
 	// Log rate limits: refused operations, and failures per outcome.
 	logRefused rateLog
 	logFail    [numOutcomes]rateLog
+	// brk is the agent's circuit breaker (nil: off; breaker.go).
+	brk *breaker
+	// shadow runs a shadow agent's events (nil: an enforcing agent;
+	// shadow.go).
+	shadow *shadowRunner
+	// cache is the agent's decision cache (nil: off; cache.go).
+	cache *decisionCache
+	// failover retries a request-header event whose connection was lost
+	// (failover.go); fo counts it and the over-limit bodies (prefix.go).
+	failover bool
+	fo       *agentStats
 }
 
 type upstream struct {
 	name    string
 	nameB   []byte
 	idx     int
-	hc      *fasthttp.HostClient
 	cfg     config.Upstream
 	hostHdr []byte  // host:port sent as Host with host_header: upstream
 	logErr  rateLog // rate limit of its error lines
+
+	// Endpoints (endpoints.go): the current list, the round-robin
+	// cursor, the balance policy and the attempts per request.
+	eps           atomic.Pointer[epList]
+	rr            atomic.Uint64
+	leastInFlight bool
+	attempts      int
+	// counters outlive reloads: a new table takes its predecessor's.
+	counters *upCounters
+
+	// Health checks and re-resolution (health.go).
+	log        *zerolog.Logger
+	logResolve rateLog
+	// lookup resolves endpoint names (nil: the default resolver).
+	lookup   func(ctx context.Context, network, host string) ([]netip.Addr, error)
+	stopCh   chan struct{}
+	stopOnce sync.Once
+	wg       sync.WaitGroup
+}
+
+// upCounters are an upstream's counters beyond its endpoints'.
+type upCounters struct {
+	resolutions, resolveErrors, addrsDropped atomic.Uint64
 }
 
 // Host header modes.
@@ -103,6 +138,7 @@ type route struct {
 	prefix   []byte
 	up       *upstream
 	agents   []routeAgent
+	shadows  []*shadowRunner // observe-only agents (shadow.go)
 	hostMode uint8
 	hostLit  []byte
 }
@@ -121,6 +157,8 @@ type bodyPolicy struct {
 	limit  int
 	reject bool
 	chunk  int
+	// Over the limit: inspect the prefix only, or stream (prefix.go).
+	prefix, stream bool
 }
 
 type routeAgent struct {
@@ -131,7 +169,8 @@ type routeAgent struct {
 }
 
 func resolveBody(b config.BodyPolicy) bodyPolicy {
-	p := bodyPolicy{limit: int(b.Limit), reject: b.OverLimit == config.OverLimitReject, chunk: int(b.ChunkSize)}
+	p := bodyPolicy{limit: int(b.Limit), reject: b.OverLimit == config.OverLimitReject, chunk: int(b.ChunkSize),
+		prefix: b.OverLimit == config.OverLimitPrefix, stream: b.OverLimit == config.OverLimitStream}
 	switch b.Mode {
 	case config.BodyNone:
 		p.mode = bodyNone
@@ -174,23 +213,29 @@ func buildTable(cfg *config.Config, agents map[string]agentmux.Agent, prev *tabl
 		}
 		e := &agentEntry{name: a.Name, nameB: []byte(a.Name), idx: t.agentIDs.id(a.Name), agent: inst,
 			limits: agentLimits{ops: a.Limits.HeaderOps, bytes: int(a.Limits.HeaderBytes), value: int(a.Limits.HeaderValue), block: int(a.Limits.HeaderBlock)}}
+		e.brk = breakerFor(prev, a.Name, inst, a.CircuitBreaker)
+		e.shadow = shadowFor(prev, a, inst)
+		c, err := cacheFor(prev, a, inst)
+		if err != nil {
+			return nil, err
+		}
+		e.cache = c
+		e.failover, e.fo = a.FailoverOn(), failoverFor(prev, a.Name, inst)
 		t.agents = append(t.agents, e)
 		byName[a.Name] = e
 	}
 	ups := make(map[string]*upstream, len(cfg.Upstreams))
 	for i := range cfg.Upstreams {
 		u := cfg.Upstreams[i]
-		var up *upstream
+		var prevUp *upstream
 		if prev != nil {
 			for _, old := range prev.upstreams {
-				if old.name == u.Name && old.cfg == u {
-					up = &upstream{name: u.Name, nameB: old.nameB, hc: old.hc, cfg: u, hostHdr: old.hostHdr}
+				if old.name == u.Name {
+					prevUp = old
 				}
 			}
 		}
-		if up == nil {
-			up = newUpstream(u)
-		}
+		up := newUpstream(u, prevUp)
 		up.idx = len(t.upstreams)
 		t.upstreams = append(t.upstreams, up)
 		ups[u.Name] = up
@@ -215,6 +260,10 @@ func buildTable(cfg *config.Config, agents map[string]agentmux.Agent, prev *tabl
 			e := byName[ra.Name]
 			if e == nil {
 				return nil, fmt.Errorf("%w: route %q: unknown agent %q", ErrDataplaneConfig, rc.Name, ra.Name)
+			}
+			if e.shadow != nil {
+				r.shadows = append(r.shadows, e.shadow)
+				continue
 			}
 			p := cfg.Policy(ra)
 			r.agents = append(r.agents, routeAgent{
@@ -343,29 +392,36 @@ func wrapUp(c net.Conn, err error) (net.Conn, error) {
 	return &upConn{Conn: c}, nil
 }
 
-func newUpstream(u config.Upstream) *upstream {
-	up := &upstream{name: u.Name, nameB: []byte(u.Name), cfg: u}
-	addr := u.Address
-	connect := u.ConnectTimeout
-	dial := func(a string) (net.Conn, error) { return wrapUp(fasthttp.DialTimeout(a, connect)) }
-	if path, ok := strings.CutPrefix(addr, "unix:"); ok {
-		dial = func(string) (net.Conn, error) { return wrapUp(net.DialTimeout("unix", path, connect)) }
-		addr = "localhost"
+// newUpstream makes the upstream of u; the endpoints of prev (the same
+// upstream in the table being replaced, or nil) that did not change are
+// kept, warm pools and health state included.
+func newUpstream(u config.Upstream, prev *upstream) *upstream {
+	up := &upstream{name: u.Name, nameB: []byte(u.Name), cfg: u,
+		leastInFlight: u.Balance == config.BalanceLeastInFlight, attempts: max(1, u.EndpointAttempts)}
+	up.eps.Store(buildEndpoints(&up.cfg, prev))
+	if prev != nil {
+		up.counters = prev.counters
+	} else {
+		up.counters = new(upCounters)
 	}
-	up.hostHdr = []byte(addr)
-	up.hc = &fasthttp.HostClient{
-		Addr:                          addr,
-		Dial:                          dial,
-		MaxConns:                      u.MaxConns,
-		MaxIdleConnDuration:           u.KeepAlive,
-		MaxConnWaitTimeout:            u.MaxConnWait,
-		ReadBufferSize:                int(u.ReadBufferSize),
-		WriteBufferSize:               int(u.WriteBufferSize),
-		DisablePathNormalizing:        true,
-		DisableHeaderNamesNormalizing: false,
-		NoDefaultUserAgentHeader:      true,
-		SecureErrorLogMessage:         true,
-		ConnPoolStrategy:              fasthttp.LIFO,
+	host := "localhost"
+	if eps := u.EndpointList(); len(eps) > 0 && !strings.HasPrefix(eps[0], "unix:") {
+		host = eps[0]
 	}
+	up.hostHdr = []byte(host)
 	return up
+}
+
+// startUpstreams starts the health checks and re-resolutions of t.
+func (t *table) startUpstreams(log *zerolog.Logger) {
+	for _, up := range t.upstreams {
+		up.start(log)
+	}
+}
+
+// stopUpstreams stops them; t's endpoints go on serving its requests.
+func (t *table) stopUpstreams() {
+	for _, up := range t.upstreams {
+		up.stop()
+	}
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/zentinelproxy/sidecar/internal/config"
 	"github.com/zentinelproxy/sidecar/protocol"
 )
 
@@ -60,13 +61,39 @@ func putConn[C any](v any, release, closeConn func(C), discard bool) {
 // forward sends the request upstream and reads the response head. It
 // reports whether the request goes on; false means a response is staged
 // or the client is gone.
+//
+// An attempt that fails on a stale pooled connection is replayed on the
+// same endpoint (replayable); one whose endpoint refused or broke the
+// connection before the upstream could have acted on it goes to another
+// endpoint, up to the upstream's endpoint_attempts (retryElsewhere).
 func (rs *reqState) forward() bool {
 	up := rs.rt.up
 	rs.finishIdle(protocol.PhaseRequest)
+	var tried [config.MaxEndpointAttempts]*endpoint
+	ntried := 0
+	ep := up.pick(nil)
+	if rs.trace.sampled {
+		rs.trace.upStart = int64(mono())
+	}
 	flushed := false
 	for attempt := 0; ; attempt++ {
-		cc, err := up.hc.AcquireConn(0, false)
+		tried[ntried] = ep
+		ntried++
+		ep.requests.Add(1)
+		ep.inflight.Add(1)
+		rs.upEP = ep
+		cc, err := ep.hc.AcquireConn(0, false)
 		if err != nil {
+			ep.inflight.Add(-1)
+			rs.upEP = nil
+			if !errors.Is(err, fasthttp.ErrNoFreeConns) {
+				up.failed(ep)
+			}
+			// Nothing was sent: any method may go elsewhere.
+			if next := rs.nextEndpoint(tried[:ntried]); next != nil {
+				ep = next
+				continue
+			}
 			return rs.upstreamFailed(err)
 		}
 		conn := cc.Conn()
@@ -77,7 +104,9 @@ func (rs *reqState) forward() bool {
 		}
 		rs.mu.Unlock()
 		if gone {
-			up.hc.CloseConn(cc)
+			ep.hc.CloseConn(cc)
+			ep.inflight.Add(-1)
+			rs.upEP = nil
 			rs.outcome = "client gone"
 			return false
 		}
@@ -90,6 +119,7 @@ func (rs *reqState) forward() bool {
 				// (an early 413, a redirect): relay its answer.
 				rs.upCC = cc
 				rs.upClose = true
+				rs.endpointAnswered(ep)
 				return true
 			}
 		} else {
@@ -97,12 +127,15 @@ func (rs *reqState) forward() bool {
 		}
 		if err == nil {
 			rs.upCC = cc
+			rs.endpointAnswered(ep)
 			return true
 		}
 		rs.mu.Lock()
 		rs.upNet = nil
 		rs.mu.Unlock()
-		up.hc.CloseConn(cc)
+		ep.hc.CloseConn(cc)
+		ep.inflight.Add(-1)
+		rs.upEP = nil
 		rs.upResp.Reset()
 		var ce *clientError
 		switch {
@@ -122,13 +155,48 @@ func (rs *reqState) forward() bool {
 			// a time. The retry then dials a fresh connection.
 			if !flushed {
 				flushed = true
-				up.hc.CloseIdleConnections()
+				ep.hc.CloseIdleConnections()
 				rs.srv.stats.upStale.Add(1)
 			}
 			rs.srv.stats.upRetries.Add(1)
+			ntried-- // the same endpoint again
 			continue
 		}
+		up.failed(ep)
+		if !isTimeout(err) && rs.replayable(err) {
+			if next := rs.nextEndpoint(tried[:ntried]); next != nil {
+				ep = next
+				continue
+			}
+		}
 		return rs.upstreamFailed(err)
+	}
+}
+
+// nextEndpoint is the endpoint of the next attempt after tried failed, or
+// nil when the attempts are spent or no endpoint is left.
+func (rs *reqState) nextEndpoint(tried []*endpoint) *endpoint {
+	up := rs.rt.up
+	if len(tried) >= up.attempts || rs.canceled() {
+		return nil
+	}
+	next := up.pick(tried)
+	if next != nil {
+		rs.srv.stats.upEndpointRetries.Add(1)
+	}
+	return next
+}
+
+// endpointAnswered feeds the answer's status to the passive health check.
+func (rs *reqState) endpointAnswered(ep *endpoint) {
+	if rs.trace.sampled {
+		rs.trace.upEnd = int64(mono())
+		rs.trace.upAddr = ep.addr
+	}
+	if rs.upResp.StatusCode() >= 500 {
+		rs.rt.up.got5xx(ep)
+	} else {
+		ep.succeeded()
 	}
 }
 
@@ -184,9 +252,10 @@ func staleConn(err error) bool {
 // sendRequest writes the request head and body.
 func (rs *reqState) sendRequest(conn net.Conn) error {
 	up := rs.rt.up
+	hc := rs.upEP.hc
 	extendWrite(conn, up.cfg.IdleTimeout)
 	rs.reqSent = true
-	bw := up.hc.AcquireWriter(conn)
+	bw := hc.AcquireWriter(conn)
 	err := rs.writeHead(bw)
 	if err != nil {
 		err = &upstreamError{err: err, write: true}
@@ -198,7 +267,7 @@ func (rs *reqState) sendRequest(conn net.Conn) error {
 			err = &upstreamError{err: ferr, write: true}
 		}
 	}
-	up.hc.ReleaseWriter(bw)
+	hc.ReleaseWriter(bw)
 	return err
 }
 
@@ -272,16 +341,17 @@ func (rs *reqState) writeBody(bw *bufio.Writer, conn net.Conn) error {
 // body is left on the connection as a stream.
 func (rs *reqState) readHead(conn net.Conn) error {
 	up := rs.rt.up
+	hc := rs.upEP.hc
 	extendRead(conn, up.cfg.ResponseTimeout)
 	rs.upWrap = eofConn{Conn: conn}
-	br := up.hc.AcquireReader(&rs.upWrap)
+	br := hc.AcquireReader(&rs.upWrap)
 	resp := &rs.upResp
 	resp.Reset()
 	resp.StreamBody = true
 	resp.SkipBody = rs.ctx.Request.Header.IsHead()
 	resp.Header.SetNoDefaultContentType(true)
 	if err := resp.ReadLimitBody(br, 0); err != nil {
-		up.hc.ReleaseReader(br)
+		hc.ReleaseReader(br)
 		return &upstreamError{err: err}
 	}
 	rs.upBR = br
@@ -298,7 +368,9 @@ func (rs *reqState) releaseUpstream() {
 	aborted := rs.upAborted
 	rs.upNet = nil
 	rs.mu.Unlock()
-	hc := rs.rt.up.hc
+	hc := rs.upEP.hc
+	rs.upEP.inflight.Add(-1)
+	rs.upEP = nil
 	discard := aborted || rs.upClose || !rs.upBodyDone
 	_ = rs.upResp.CloseBodyStream()
 	if rs.upBR != nil {

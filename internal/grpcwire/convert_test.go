@@ -49,6 +49,14 @@ func protocolMessages() []struct {
 				Traceparent: b("00-ab-cd-01"), Timestamp: b("2026-11-21T10:00:00Z"),
 			},
 		}},
+		{"request headers tls", protocol.TypeRequestHeaders, &protocol.RequestHeaders{
+			RequestID: 9, Method: b("GET"), URI: b("/ws"), Headers: hdrs("host", "api.example.com", "upgrade", "websocket"),
+			Metadata: protocol.Metadata{
+				ClientIP: b("10.0.0.9"), Protocol: b("HTTP/1.1"), ServerName: b("api.example.com"),
+				TLSVersion: b("TLS1.3"), TLSCipher: b("TLS_AES_128_GCM_SHA256"), TLSServerName: b("api.example.com"),
+				TLSClientSubject: b("CN=billing,O=Example"), TLSClientSAN: b("DNS:billing.internal,URI:spiffe://example.org/billing"),
+			},
+		}},
 		{"request headers minimal", protocol.TypeRequestHeaders, &protocol.RequestHeaders{RequestID: 2, Method: b("GET"), URI: b("/")}},
 		{"request chunk", protocol.TypeRequestBodyChunk, &protocol.BodyChunk{RequestID: 3, ChunkIndex: 7, Data: binary, IsLast: true, TotalSize: 4096, Progress: 2048}},
 		{"request chunk unknown sizes", protocol.TypeRequestBodyChunk, &protocol.BodyChunk{RequestID: 3, Data: b("x"), TotalSize: -1, Progress: -1}},
@@ -74,6 +82,8 @@ func protocolMessages() []struct {
 			},
 		}},
 		{"decision block", protocol.TypeDecision, &protocol.Decision{RequestID: 7, Kind: protocol.DecisionBlock, Status: 451, Body: b("denied"), BlockHeaders: hdrs("x-reason", "policy")}},
+		{"decision block no_store", protocol.TypeDecision, &protocol.Decision{RequestID: 7, Kind: protocol.DecisionBlock, Status: 403, Cache: protocol.CacheDirective{NoStore: true}}},
+		{"decision allow cached", protocol.TypeDecision, &protocol.Decision{RequestID: 7, Kind: protocol.DecisionAllow, Cache: protocol.CacheDirective{TTLMs: 30000}}},
 		{"decision redirect", protocol.TypeDecision, &protocol.Decision{RequestID: 8, Kind: protocol.DecisionRedirect, Status: 308, RedirectURL: b("https://login.example.com/")}},
 		{"decision needs_more", protocol.TypeDecision, &protocol.Decision{RequestID: 9, Kind: protocol.DecisionNeedsMore, NeedsMore: true}},
 		{"mutation pass", protocol.TypeBodyMutation, &protocol.BodyMutation{RequestID: 10, ChunkIndex: 1, Action: protocol.MutationPass}},

@@ -78,6 +78,11 @@ func RequestHeadersToPB(dst *pb.RequestHeaders, m *protocol.RequestHeaders) {
 	md.UpstreamId = src.UpstreamID
 	md.Traceparent = src.Traceparent
 	md.Timestamp = src.Timestamp
+	md.TlsVersion = src.TLSVersion
+	md.TlsCipher = src.TLSCipher
+	md.TlsServerName = src.TLSServerName
+	md.TlsClientSubject = src.TLSClientSubject
+	md.TlsClientSan = src.TLSClientSAN
 	if m.HasInlineBody {
 		if dst.InlineBody == nil {
 			dst.InlineBody = new(pb.RequestBodyChunk)
@@ -107,6 +112,12 @@ func RequestHeadersFromPB(dst *protocol.RequestHeaders, id uint64, src *pb.Reque
 			UpstreamID:    md.UpstreamId,
 			Traceparent:   md.Traceparent,
 			Timestamp:     md.Timestamp,
+
+			TLSVersion:       md.TlsVersion,
+			TLSCipher:        md.TlsCipher,
+			TLSServerName:    md.TlsServerName,
+			TLSClientSubject: md.TlsClientSubject,
+			TLSClientSAN:     md.TlsClientSan,
 		}
 	}
 	if ib := src.GetInlineBody(); ib != nil {
@@ -323,6 +334,14 @@ func DecisionToPB(dst *pb.AgentDecision, m *protocol.Decision) {
 	dst.ResponseHeaders = headerOpsToPB(dst.ResponseHeaders, m.ResponseHeaderOps)
 	dst.RequestBodyMutation = bodyMutationSlot(dst.RequestBodyMutation, m.HasRequestBodyMutation, &m.RequestBodyMutation, protocol.PhaseRequest)
 	dst.ResponseBodyMutation = bodyMutationSlot(dst.ResponseBodyMutation, m.HasResponseBodyMutation, &m.ResponseBodyMutation, protocol.PhaseResponse)
+	if m.Cache.Empty() {
+		dst.Cache = nil
+	} else {
+		if dst.Cache == nil {
+			dst.Cache = new(pb.CacheDirective)
+		}
+		dst.Cache.NoStore, dst.Cache.TtlMs = m.Cache.NoStore, m.Cache.TTLMs
+	}
 	if m.Audit.Empty() {
 		dst.Audit = nil
 		return
@@ -411,6 +430,9 @@ func DecisionFromPB(dst *protocol.Decision, id uint64, src *pb.AgentDecision) er
 		if err := bodyMutationFromPB(&dst.ResponseBodyMutation, src.ResponseBodyMutation); err != nil {
 			return err
 		}
+	}
+	if c := src.Cache; c != nil {
+		dst.Cache = protocol.CacheDirective{NoStore: c.NoStore, TTLMs: c.TtlMs}
 	}
 	if a := src.Audit; a != nil {
 		dst.Audit.Tags = append(dst.Audit.Tags, a.Tags...)

@@ -59,6 +59,9 @@ const (
 	fDecRequestMutation  = 8
 	fDecResponseMutation = 9
 	fDecAudit            = 10
+	fDecCache            = 11
+	fCacheNoStore        = 1
+	fCacheTTL            = 2
 	fBlockStatus         = 1
 	fBlockBody           = 2
 	fBlockHeaders        = 3
@@ -206,7 +209,9 @@ func sizeMetadata(md *protocol.Metadata) int {
 		sizeVarintField(3, clientPort(md.ClientPort)) + sizeBytesField(4, md.Protocol) +
 		sizeBytesField(5, md.ServerName) + sizeBytesField(6, md.RouteID) +
 		sizeBytesField(7, md.UpstreamID) + sizeBytesField(8, md.Traceparent) +
-		sizeBytesField(9, md.Timestamp)
+		sizeBytesField(9, md.Timestamp) + sizeBytesField(10, md.TLSVersion) +
+		sizeBytesField(11, md.TLSCipher) + sizeBytesField(12, md.TLSServerName) +
+		sizeBytesField(13, md.TLSClientSubject) + sizeBytesField(14, md.TLSClientSAN)
 }
 
 func appendMetadata(dst []byte, md *protocol.Metadata) []byte {
@@ -218,7 +223,12 @@ func appendMetadata(dst []byte, md *protocol.Metadata) []byte {
 	dst = appendBytesField(dst, 6, md.RouteID)
 	dst = appendBytesField(dst, 7, md.UpstreamID)
 	dst = appendBytesField(dst, 8, md.Traceparent)
-	return appendBytesField(dst, 9, md.Timestamp)
+	dst = appendBytesField(dst, 9, md.Timestamp)
+	dst = appendBytesField(dst, 10, md.TLSVersion)
+	dst = appendBytesField(dst, 11, md.TLSCipher)
+	dst = appendBytesField(dst, 12, md.TLSServerName)
+	dst = appendBytesField(dst, 13, md.TLSClientSubject)
+	return appendBytesField(dst, 14, md.TLSClientSAN)
 }
 
 func sizeRequestHeaders(m *protocol.RequestHeaders) int {
@@ -413,7 +423,14 @@ func sizeDecision(m *protocol.Decision) int {
 	if !m.Audit.Empty() {
 		n += sizeMessageField(fDecAudit, sizeAudit(&m.Audit))
 	}
+	if !m.Cache.Empty() {
+		n += sizeMessageField(fDecCache, sizeCache(m.Cache))
+	}
 	return n
+}
+
+func sizeCache(c protocol.CacheDirective) int {
+	return sizeBoolField(fCacheNoStore, c.NoStore) + sizeVarintField(fCacheTTL, uint64(c.TTLMs))
 }
 
 func appendDecision(dst []byte, m *protocol.Decision) []byte {
@@ -446,6 +463,11 @@ func appendDecision(dst []byte, m *protocol.Decision) []byte {
 	if !m.Audit.Empty() {
 		dst = appendMessageHeader(dst, fDecAudit, sizeAudit(&m.Audit))
 		dst = appendAudit(dst, &m.Audit)
+	}
+	if !m.Cache.Empty() {
+		dst = appendMessageHeader(dst, fDecCache, sizeCache(m.Cache))
+		dst = appendBoolField(dst, fCacheNoStore, m.Cache.NoStore)
+		dst = appendVarintField(dst, fCacheTTL, uint64(m.Cache.TTLMs))
 	}
 	return dst
 }
@@ -777,6 +799,16 @@ func decodeMetadata(b []byte, md *protocol.Metadata) error {
 			md.Traceparent = f.b
 		case 9:
 			md.Timestamp = f.b
+		case 10:
+			md.TLSVersion = f.b
+		case 11:
+			md.TLSCipher = f.b
+		case 12:
+			md.TLSServerName = f.b
+		case 13:
+			md.TLSClientSubject = f.b
+		case 14:
+			md.TLSClientSAN = f.b
 		}
 	}
 	return f.err
@@ -952,6 +984,24 @@ func (f *Frame) DecodeBodyMutation(m *protocol.BodyMutation) error {
 	return decodeBodyMutation(f.body, m)
 }
 
+// decodeCache merges a CacheDirective into c (a repeated message field
+// merges, as in protobuf); a TTL above 32 bits is cut as uint32 would.
+func decodeCache(b []byte, c *protocol.CacheDirective) error {
+	f := fields(b)
+	for f.next() {
+		if f.typ != protowire.VarintType {
+			continue
+		}
+		switch f.num {
+		case fCacheNoStore:
+			c.NoStore = f.u != 0
+		case fCacheTTL:
+			c.TTLMs = uint32(f.u)
+		}
+	}
+	return f.err
+}
+
 func decodeAudit(b []byte, a *protocol.Audit) error {
 	f := fields(b)
 	for f.next() {
@@ -1064,6 +1114,8 @@ func (f *Frame) DecodeDecision(m *protocol.Decision) error {
 			err = decodeBodyMutation(fl.b, &m.ResponseBodyMutation)
 		case fDecAudit:
 			err = decodeAudit(fl.b, &m.Audit)
+		case fDecCache:
+			err = decodeCache(fl.b, &m.Cache)
 		}
 		if err != nil {
 			return err

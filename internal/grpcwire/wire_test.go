@@ -191,6 +191,10 @@ func randMessage(r *rand.Rand) (protocol.MsgType, any) {
 			Protocol: randBytes(r, 8), ServerName: randBytes(r, 8), RouteID: randBytes(r, 8), UpstreamID: randBytes(r, 8),
 			Traceparent: randBytes(r, 8), Timestamp: randBytes(r, 8)}
 		if r.IntN(2) == 0 {
+			m.Metadata.TLSVersion, m.Metadata.TLSCipher, m.Metadata.TLSServerName = randBytes(r, 6), randBytes(r, 20), randBytes(r, 8)
+			m.Metadata.TLSClientSubject, m.Metadata.TLSClientSAN = randBytes(r, 30), randBytes(r, 30)
+		}
+		if r.IntN(2) == 0 {
 			m.HasInlineBody = true
 			m.InlineBody = protocol.BodyChunk{Data: randBytes(r, 300), IsLast: r.IntN(2) == 0, TotalSize: randSize(r), Progress: randSize(r)}
 		}
@@ -231,6 +235,12 @@ func randMessage(r *rand.Rand) (protocol.MsgType, any) {
 			if r.IntN(2) == 0 {
 				d.Audit.Custom = []byte(`{"n":1}`)
 			}
+		}
+		switch r.IntN(3) {
+		case 0:
+			d.Cache.NoStore = true
+		case 1:
+			d.Cache.TTLMs = r.Uint32()
 		}
 		return protocol.TypeDecision, d
 	case 6:

@@ -120,6 +120,8 @@ type Metrics struct {
 	agents  atomic.Pointer[func() []agentmux.AgentStatus]
 	reverse atomic.Pointer[func() []*reverse.Listener]
 	stats   atomic.Pointer[func() dataplane.Stats]
+	ups     upstreamCollector // endpoint state (upstreams.go)
+	policy  atomic.Pointer[func() dataplane.PolicyStatus]
 }
 
 // handles are the label-resolved metrics of one routing table.
@@ -224,10 +226,11 @@ func New(cfg Config) (*Metrics, error) {
 		version = "unknown"
 	}
 	build.WithLabelValues(version, runtime.Version()).Set(1)
+	m.ups.stats = &m.stats
 	for _, c := range []prometheus.Collector{
 		m.requests, m.duration, m.upstream, m.bodyBytes, m.inspected, m.mutated,
 		m.latency, m.decisions, m.errs, m.failures, m.skipped, m.reloads, m.reloadTime,
-		build, &scrapeCollector{m: m}, &lateCollector{m: m},
+		build, &scrapeCollector{m: m}, &lateCollector{m: m}, &policyCollector{m: m}, &m.ups,
 	} {
 		if err := reg.Register(c); err != nil {
 			return nil, errors.Join(ErrMetricsRegister, err)

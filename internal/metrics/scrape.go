@@ -65,6 +65,9 @@ func (c *scrapeCollector) Describe(ch chan<- *prometheus.Desc) {
 		descRejected, descAbsolute, descAcceptErrors, descClamped, descUpRetries, descUpFlushes, descLimits, descSendWaits, descCtlDropped, descInline} {
 		ch <- d
 	}
+	for _, d := range tlsTunnelDescs {
+		ch <- d
+	}
 }
 
 func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
@@ -96,6 +99,7 @@ func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descUpFlushes, prometheus.CounterValue, float64(st.UpstreamStale))
 		ch <- prometheus.MustNewConstMetric(descLimits, prometheus.CounterValue, float64(st.LimitsExceeded))
 		ch <- prometheus.MustNewConstMetric(descInline, prometheus.CounterValue, float64(st.InlineBodies))
+		collectTLSTunnels(ch, &st)
 	}
 	if f := c.m.reverse.Load(); f != nil {
 		for _, l := range (*f)() {

@@ -120,7 +120,7 @@ func (s *Supervisor) retireListener(l *reverse.Listener) {
 // only applied at start.
 func restartOnly(a, b *config.Config) []string {
 	var out []string
-	if !reflect.DeepEqual(a.Listeners, b.Listeners) {
+	if config.ListenersNeedRestart(a.Listeners, b.Listeners) {
 		out = append(out, "listeners")
 	}
 	if !reflect.DeepEqual(a.Admin, b.Admin) {

@@ -37,6 +37,7 @@ import (
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/internal/config"
 	"github.com/zentinelproxy/sidecar/internal/dataplane"
+	"github.com/zentinelproxy/sidecar/internal/extproc"
 	"github.com/zentinelproxy/sidecar/internal/metrics"
 	"github.com/zentinelproxy/sidecar/internal/reverse"
 )
@@ -146,6 +147,10 @@ func Start(ctx context.Context, cfg *config.Config, o Options) (*Supervisor, err
 		if err != nil {
 			return nil, err
 		}
+		// The ext_proc transport's own counters (sidecar_extproc_events_total).
+		if err := m.Registry().Register(extproc.Collector()); err != nil {
+			return nil, errors.Join(metrics.ErrMetricsRegister, err)
+		}
 		s.metrics = m
 		obs = append(obs, m)
 	}
@@ -197,6 +202,9 @@ func Start(ctx context.Context, cfg *config.Config, o Options) (*Supervisor, err
 	if s.metrics != nil {
 		s.metrics.SetAgents(srv.AgentStatus)
 		s.metrics.SetStats(srv.Stats)
+		s.metrics.SetUpstreams(srv.Upstreams)
+		s.metrics.SetTracing(srv.TracingStats)
+		s.metrics.SetPolicy(srv.PolicyStatus)
 		s.metrics.SetReverse(func() []*reverse.Listener { return *s.revLns.Load() })
 	}
 	go func() {
@@ -349,6 +357,12 @@ func (s *Supervisor) startAdmin(cfg *config.Config) error {
 				return srv.Stats()
 			}
 			return dataplane.Stats{}
+		},
+		Policy: func() dataplane.PolicyStatus {
+			if srv := s.srv.Load(); srv != nil {
+				return srv.PolicyStatus()
+			}
+			return dataplane.PolicyStatus{}
 		},
 		Log: s.log,
 	}

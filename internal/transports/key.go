@@ -40,6 +40,11 @@ type Key struct {
 	// server name and health interval for grpc; tokens, ids and listener
 	// settings for reverse; uds takes none).
 	Options string
+	// Members are the addresses besides Address (uds, grpc: one client
+	// each, combined in an agentmux.Multi), and Failover whether the Multi
+	// opens an exchange on another member (only with Members).
+	Members  string
+	Failover bool
 }
 
 // InstanceKey returns the Key of a: the fields that need a new instance
@@ -49,6 +54,7 @@ type Key struct {
 //	         max_pending_bytes, timeouts connect, handshake, message, frame
 //	grpc     name, address, conns, max_in_flight, max_queue,
 //	         timeouts connect+handshake (one dial budget), message; options
+//	ext_proc as grpc
 //	reverse  name, address, max_in_flight, max_queue, max_pending_bytes,
 //	         timeouts message, frame; options (the agents dial in: no
 //	         conns, connect or handshake of ours)
@@ -79,10 +85,14 @@ func InstanceKey(a config.Agent) Key {
 		MaxPending:  int(a.MaxPendingBytes),
 		Options:     canonicalOptions(a.Options),
 	}
+	if len(a.Addresses) > 0 {
+		k.Members = strings.Join(a.Addresses, "\n")
+		k.Failover = a.FailoverOn()
+	}
 	switch a.Transport {
 	case config.TransportUDS:
 		k.Address = udsPath(a.Address)
-	case config.TransportGRPC:
+	case config.TransportGRPC, config.TransportExtProc:
 		k.Connect, k.Handshake = a.Timeouts.Connect+a.Timeouts.Handshake, 0
 		k.Frame, k.MaxPending = 0, 0
 	case config.TransportReverse:

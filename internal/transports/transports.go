@@ -1,9 +1,9 @@
 // Package transports turns configured agents (config.Agent) into the
-// proxy side of their transport — a udsclient.Client, a grpcclient.Client
-// or the pool of a reverse listener — seen by everything else only as an
-// agentmux.Agent. It also checks what package config leaves to the
-// transports (their options) and decides, with InstanceKey, when two
-// configured agents are served by the same instance.
+// proxy side of their transport — a udsclient.Client, a grpcclient.Client,
+// an extproc.Client or the pool of a reverse listener — seen by everything
+// else only as an agentmux.Agent. It also checks what package config
+// leaves to the transports (their options) and decides, with InstanceKey,
+// when two configured agents are served by the same instance.
 //
 // The dataplane knows none of this: it is handed agentmux.Agent values.
 package transports
@@ -20,6 +20,7 @@ import (
 
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/internal/config"
+	"github.com/zentinelproxy/sidecar/internal/extproc"
 	"github.com/zentinelproxy/sidecar/internal/grpcclient"
 	"github.com/zentinelproxy/sidecar/internal/reverse"
 	"github.com/zentinelproxy/sidecar/internal/udsclient"
@@ -33,10 +34,10 @@ type Factory func(a *config.Agent, log zerolog.Logger) (agentmux.Agent, error)
 type Factories map[string]Factory
 
 // Dialing returns the factories of the transports whose instances dial
-// their agent: uds and grpc. Reverse agents dial the sidecar; their
+// their agent: uds, grpc and ext_proc. Reverse agents dial the sidecar; their
 // instances are the pools of a reverse.Listener (see ReverseSpecs).
 func Dialing() Factories {
-	return Factories{config.TransportUDS: NewUDS, config.TransportGRPC: NewGRPC}
+	return Factories{config.TransportUDS: NewUDS, config.TransportGRPC: NewGRPC, config.TransportExtProc: NewExtProc}
 }
 
 // UDSConfig maps a configured agent of transport uds to the client's
@@ -60,7 +61,9 @@ func udsPath(addr string) string { return strings.TrimPrefix(addr, "unix:") }
 // NewUDS is the factory of transport uds: a udsclient.Client that dials
 // the agent's socket, reconnecting in the background.
 func NewUDS(a *config.Agent, log zerolog.Logger) (agentmux.Agent, error) {
-	return udsclient.NewClient(UDSConfig(a, log))
+	return withMembers(a, log, func(m *config.Agent, log zerolog.Logger) (agentmux.Agent, error) {
+		return udsclient.NewClient(UDSConfig(m, log))
+	})
 }
 
 // GRPCOptions are the options of transport grpc (config agents[].options).
@@ -105,11 +108,13 @@ func GRPCConfig(a *config.Agent, log zerolog.Logger) (grpcclient.Config, error) 
 // NewGRPC is the factory of transport grpc: a grpcclient.Client that
 // keeps its streams to the agent open, reconnecting in the background.
 func NewGRPC(a *config.Agent, log zerolog.Logger) (agentmux.Agent, error) {
-	c, err := GRPCConfig(a, log)
-	if err != nil {
-		return nil, err
-	}
-	return grpcclient.NewClient(c)
+	return withMembers(a, log, func(m *config.Agent, log zerolog.Logger) (agentmux.Agent, error) {
+		c, err := GRPCConfig(m, log)
+		if err != nil {
+			return nil, err
+		}
+		return grpcclient.NewClient(c)
+	})
 }
 
 // ReverseSpecs collects the agents of transport reverse, for
@@ -150,6 +155,10 @@ func Check(cfg *config.Config) error {
 			if _, err := GRPCConfig(a, zerolog.Nop()); err != nil {
 				return agentError(cfg, i, "options", err)
 			}
+		case config.TransportExtProc:
+			if _, err := ExtProcConfig(a, zerolog.Nop()); err != nil {
+				return agentError(cfg, i, "options", err)
+			}
 		}
 	}
 	if specs := ReverseSpecs(cfg); len(specs) > 0 {
@@ -185,4 +194,31 @@ func sortedKeys(m map[string]string) []string {
 	}
 	slices.Sort(keys)
 	return keys
+}
+
+// ExtProcConfig maps a configured agent of transport ext_proc to the
+// client's configuration, options included (extproc.Options), and
+// validates it.
+func ExtProcConfig(a *config.Agent, log zerolog.Logger) (extproc.Config, error) {
+	c := extproc.DefaultConfig(a.Name, a.Address)
+	c.Conns = a.Conns
+	c.MaxInFlight = a.MaxInFlight
+	c.MaxQueue = a.MaxQueue
+	c.DialTimeout = a.Timeouts.Connect + a.Timeouts.Handshake
+	c.MessageTimeout = a.Timeouts.Message
+	c.Logger = log
+	if err := c.ApplyOptions(a.Options); err != nil {
+		return c, err
+	}
+	return c, c.Validate()
+}
+
+// NewExtProc is the factory of transport ext_proc: an extproc.Client that
+// opens one stream per request to an Envoy External Processing server.
+func NewExtProc(a *config.Agent, log zerolog.Logger) (agentmux.Agent, error) {
+	c, err := ExtProcConfig(a, log)
+	if err != nil {
+		return nil, err
+	}
+	return extproc.NewClient(c)
 }

@@ -24,20 +24,25 @@ import (
 // field must be added to one of these lists.
 var (
 	instanceFields = map[string][]string{ // field → transports whose key has it
-		"Name":               {config.TransportUDS, config.TransportGRPC, config.TransportReverse},
-		"Transport":          {config.TransportUDS, config.TransportGRPC, config.TransportReverse},
-		"Address":            {config.TransportUDS, config.TransportGRPC, config.TransportReverse},
-		"Conns":              {config.TransportUDS, config.TransportGRPC},
-		"MaxInFlight":        {config.TransportUDS, config.TransportGRPC, config.TransportReverse},
-		"MaxQueue":           {config.TransportUDS, config.TransportGRPC, config.TransportReverse},
-		"Timeouts.Connect":   {config.TransportUDS, config.TransportGRPC},
-		"Timeouts.Handshake": {config.TransportUDS, config.TransportGRPC},
-		"Timeouts.Message":   {config.TransportUDS, config.TransportGRPC, config.TransportReverse},
+		"Name":               {config.TransportUDS, config.TransportGRPC, config.TransportReverse, config.TransportExtProc},
+		"Transport":          {config.TransportUDS, config.TransportGRPC, config.TransportReverse, config.TransportExtProc},
+		"Address":            {config.TransportUDS, config.TransportGRPC, config.TransportReverse, config.TransportExtProc},
+		"Conns":              {config.TransportUDS, config.TransportGRPC, config.TransportExtProc},
+		"MaxInFlight":        {config.TransportUDS, config.TransportGRPC, config.TransportReverse, config.TransportExtProc},
+		"MaxQueue":           {config.TransportUDS, config.TransportGRPC, config.TransportReverse, config.TransportExtProc},
+		"Timeouts.Connect":   {config.TransportUDS, config.TransportGRPC, config.TransportExtProc},
+		"Timeouts.Handshake": {config.TransportUDS, config.TransportGRPC, config.TransportExtProc},
+		"Timeouts.Message":   {config.TransportUDS, config.TransportGRPC, config.TransportReverse, config.TransportExtProc},
 		"Timeouts.Frame":     {config.TransportUDS, config.TransportReverse},
 		"MaxPendingBytes":    {config.TransportUDS, config.TransportReverse},
-		"Options":            {config.TransportUDS, config.TransportGRPC, config.TransportReverse},
+		"Options":            {config.TransportUDS, config.TransportGRPC, config.TransportReverse, config.TransportExtProc},
+		"Addresses":          {config.TransportUDS, config.TransportGRPC, config.TransportReverse, config.TransportExtProc},
+		// Failover is read by the instance only with addresses (an
+		// agentmux.Multi); the base agent here has none.
+		"Failover": {},
 	}
-	policyFields = []string{"FailureMode", "Timeouts.Request", "RequestBody", "ResponseBody", "Limits"}
+	policyFields = []string{"FailureMode", "Timeouts.Request", "RequestBody", "ResponseBody", "Limits",
+		"CircuitBreaker", "Shadow", "ShadowQueue", "ShadowWorkers", "DecisionCache"}
 )
 
 // leaves lists the fields of config.Agent, Timeouts expanded.
@@ -101,6 +106,21 @@ func change(t *testing.T, a config.Agent, field string) config.Agent {
 		b.ResponseBody.Mode = config.BodyBuffered
 	case "Limits":
 		b.Limits.HeaderOps, b.Limits.HeaderValue = 3, 5
+	case "CircuitBreaker":
+		b.CircuitBreaker.Failures = 4
+	case "Shadow":
+		b.Shadow = true
+	case "ShadowQueue":
+		b.ShadowQueue = 9
+	case "ShadowWorkers":
+		b.ShadowWorkers = 3
+	case "DecisionCache":
+		b.DecisionCache.Key = []string{config.KeyMethod}
+	case "Addresses":
+		b.Addresses = []string{"unix:/run/b.sock"}
+	case "Failover":
+		off := false
+		b.Failover = &off
 	default:
 		t.Fatalf("config.Agent.%s is neither an instance nor a policy field: classify it in InstanceKey and here", field)
 	}
@@ -109,7 +129,7 @@ func change(t *testing.T, a config.Agent, field string) config.Agent {
 }
 
 func TestInstanceKeyFields(t *testing.T) {
-	for _, tr := range []string{config.TransportUDS, config.TransportGRPC, config.TransportReverse} {
+	for _, tr := range []string{config.TransportUDS, config.TransportGRPC, config.TransportReverse, config.TransportExtProc} {
 		a := config.Agent{Name: "a", Transport: tr, Address: "unix:/run/a.sock", Conns: 1, MaxInFlight: 8, MaxQueue: 8,
 			Timeouts:    config.AgentTimeouts{Connect: time.Second, Handshake: time.Second, Message: time.Second, Request: time.Second, Frame: time.Second},
 			FailureMode: config.FailClosed}

@@ -1,0 +1,474 @@
+// Package corazawaf is a web application firewall agent: it runs the
+// Coraza engine with the OWASP Core Rule Set v4 (embedded in the binary,
+// nothing is downloaded at run time) on request headers, request bodies
+// and response headers.
+//
+// Each request gets one Coraza transaction, opened at its RequestHeaders
+// and closed when the agent has given its last answer for it: a block, the
+// request phase when responses are not inspected, or the response headers.
+// A transaction is also closed when the proxy cancels its request
+// (sdk.CancelObserver: a client gone, an upstream failure), when it waits
+// longer than Config.PendingTTL for its next event (a CancelRequest is
+// delivered on a best-effort basis), when more than Config.MaxPending
+// wait, and by Close.
+//
+// The agent declares request bodies, so the SDK negotiates inline bodies:
+// configure the sidecar with request_body mode buffered for this agent,
+// and a body of up to one chunk is inspected together with its headers in
+// one round trip.
+//
+// In blocking mode a flagged request is answered with the rules' status
+// (403) and a small JSON body that names one rule id, also in the
+// x-waf-rule-id header; nothing else about the rules reaches the client.
+// The decision's audit field carries every matched rule id, the tags
+// "waf" and "blocked" or "detected", and {"anomaly_score":N,...} as its
+// custom value; the agent logs the same, at most Config.LogRate lines per
+// second.
+package corazawaf
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	coreruleset "github.com/corazawaf/coraza-coreruleset/v4"
+	coraza "github.com/corazawaf/coraza/v3"
+	"github.com/corazawaf/coraza/v3/experimental/plugins/plugintypes"
+	"github.com/corazawaf/coraza/v3/types"
+	"github.com/rs/zerolog"
+
+	"github.com/zentinelproxy/sidecar/protocol"
+	"github.com/zentinelproxy/sidecar/sdk"
+)
+
+// Errors of the agent.
+var (
+	// ErrRules: the rule set did not load (a bad ExtraDirectives, say).
+	ErrRules = errors.New("corazawaf: rules")
+	// ErrNoTransaction: a body chunk came for a request whose transaction
+	// is gone (expired or evicted); the proxy's failure policy decides.
+	ErrNoTransaction = errors.New("corazawaf: no transaction for request")
+	// ErrClosed: the agent was closed.
+	ErrClosed = errors.New("corazawaf: closed")
+)
+
+// Stats are the agent's counters since New.
+type Stats struct {
+	// Requests is the number of transactions opened.
+	Requests uint64
+	// Blocked and Detected count flagged requests or responses, blocked
+	// (blocking mode) or let through (detection-only mode).
+	Blocked, Detected uint64
+	// Canceled: transactions closed because their request was canceled
+	// while the agent worked on it.
+	Canceled uint64
+	// Expired and Evicted: transactions closed by PendingTTL and MaxPending.
+	Expired, Evicted uint64
+	// Unmatched: response headers of a request without a transaction (it
+	// expired or was evicted), passed uninspected.
+	Unmatched uint64
+	// LogSuppressed: request log lines dropped by the rate limit.
+	LogSuppressed uint64
+	// Open is the number of transactions open now.
+	Open int64
+}
+
+type counters struct {
+	requests, blocked, detected, canceled, expired, evicted, unmatched atomic.Uint64
+	open                                                               atomic.Int64
+}
+
+// Handler is the agent. Create it with New; Close it when serving ended.
+type Handler struct {
+	cfg     Config
+	waf     coraza.WAF
+	log     *rateLog
+	stats   counters
+	pending *table
+	closed  atomic.Bool
+}
+
+var (
+	_ sdk.Handler        = (*Handler)(nil)
+	_ sdk.CancelObserver = (*Handler)(nil)
+)
+
+// New loads the rule set for cfg. log receives one line per flagged
+// request (rate-limited) and may be nil.
+func New(cfg Config, log *zerolog.Logger) (*Handler, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	waf, err := coraza.NewWAF(coraza.NewWAFConfig().
+		WithRootFS(coreruleset.FS).
+		WithDirectives(Directives(&cfg)))
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrRules, err)
+	}
+	if log == nil {
+		nop := zerolog.Nop()
+		log = &nop
+	}
+	h := &Handler{cfg: cfg, waf: waf}
+	h.log = newRateLog(*log, cfg.LogRate)
+	h.pending = newTable(cfg.MaxPending, cfg.PendingTTL, &h.stats)
+	return h, nil
+}
+
+// Directives is the SecLang configuration New loads for cfg: Coraza's
+// recommended settings, the agent's overrides, the CRS setup, the
+// paranoia level and thresholds, the rules, then the exclusions.
+func Directives(cfg *Config) string {
+	engine := "On"
+	if cfg.Mode == ModeDetectionOnly {
+		engine = "DetectionOnly"
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, `Include @coraza.conf-recommended
+SecRuleEngine %s
+SecRequestBodyAccess On
+SecRequestBodyLimit %d
+SecRequestBodyInMemoryLimit %d
+SecRequestBodyLimitAction Reject
+SecResponseBodyAccess Off
+SecAuditEngine Off
+Include @crs-setup.conf.example
+SecAction "id:900000,phase:1,pass,t:none,nolog,setvar:tx.blocking_paranoia_level=%d"
+SecAction "id:900110,phase:1,pass,t:none,nolog,setvar:tx.inbound_anomaly_score_threshold=%d,setvar:tx.outbound_anomaly_score_threshold=%d"
+SecAction "id:900200,phase:1,pass,t:none,nolog,setvar:'tx.allowed_methods=%s'"
+%sInclude @owasp_crs/*.conf
+`, engine, cfg.BodyLimit, cfg.BodyLimit, cfg.ParanoiaLevel, cfg.InboundThreshold, cfg.OutboundThreshold, strings.Join(cfg.AllowedMethods, " "), contentTypes(cfg.AllowedContentTypes))
+	for _, r := range cfg.Exclusions {
+		fmt.Fprintf(&b, "SecRuleRemoveById %s\n", r)
+	}
+	if cfg.ExtraDirectives != "" {
+		b.WriteString(cfg.ExtraDirectives)
+		b.WriteByte('\n')
+	}
+	return b.String()
+}
+
+// contentTypes is the directive that sets CRS's allowed request content
+// types, or "" for CRS's own list.
+func contentTypes(cts []string) string {
+	if len(cts) == 0 {
+		return ""
+	}
+	return `SecAction "id:900220,phase:1,pass,t:none,nolog,setvar:'tx.allowed_request_content_type=|` +
+		strings.Join(cts, "| |") + `|'"` + "\n"
+}
+
+// Stats returns the agent's counters.
+func (h *Handler) Stats() Stats {
+	return Stats{
+		Requests: h.stats.requests.Load(), Blocked: h.stats.blocked.Load(), Detected: h.stats.detected.Load(),
+		Canceled: h.stats.canceled.Load(), Expired: h.stats.expired.Load(), Evicted: h.stats.evicted.Load(),
+		Unmatched: h.stats.unmatched.Load(), LogSuppressed: h.log.suppressedTotal.Load(),
+		Open: h.stats.open.Load(),
+	}
+}
+
+// Pending is the number of transactions waiting for their next event.
+func (h *Handler) Pending() int { return h.pending.len() }
+
+// Close closes every open transaction; a handler still running closes its
+// own when it returns. Call it after serving ended.
+func (h *Handler) Close() error {
+	h.closed.Store(true)
+	h.pending.close()
+	return nil
+}
+
+// Capabilities implements sdk.Handler: request headers and bodies, and
+// response headers when InspectResponse is set.
+func (h *Handler) Capabilities() protocol.Capabilities {
+	return protocol.Capabilities{
+		HandlesRequestHeaders:  true,
+		HandlesRequestBody:     true,
+		HandlesResponseHeaders: h.cfg.InspectResponse,
+		SupportsCancellation:   true,
+	}
+}
+
+// OnRequestHeaders implements sdk.Handler: open the transaction and run
+// CRS phase 1; without a body, phase 2 as well (the query string's
+// arguments are checked there).
+func (h *Handler) OnRequestHeaders(ctx context.Context, m *protocol.RequestHeaders, d *protocol.Decision) error {
+	if h.closed.Load() {
+		return ErrClosed
+	}
+	// A verdict is about this request only (its query string, headers and
+	// body): a proxy's decision cache keyed by path must not replay an
+	// allow to an attack, nor a block to the next client.
+	sdk.NoStore(d)
+	if old := h.pending.take(m.RequestID); old != nil {
+		closeTx(old.tx, &h.stats) // an id reused by another proxy
+	}
+	var tx types.Transaction
+	if len(m.Metadata.CorrelationID) > 0 {
+		tx = h.waf.NewTransactionWithID(string(m.Metadata.CorrelationID))
+	} else {
+		tx = h.waf.NewTransaction()
+	}
+	h.stats.requests.Add(1)
+	h.stats.open.Add(1)
+	e := &entry{id: m.RequestID, tx: tx, proto: protoName(m.Metadata.Protocol)}
+
+	md := &m.Metadata
+	tx.ProcessConnection(string(md.ClientIP), md.ClientPort, "", 0)
+	tx.ProcessURI(string(m.URI), string(m.Method), e.proto)
+	if len(md.ServerName) > 0 {
+		tx.SetServerName(string(md.ServerName))
+	}
+	for _, hd := range m.Headers {
+		tx.AddRequestHeader(string(hd.Name), string(hd.Value))
+	}
+	it := tx.ProcessRequestHeaders()
+	if it == nil && !m.HasBody {
+		it, _ = h.phase2(e)
+	}
+	return h.finishRequestEvent(ctx, e, it, d, !m.HasBody)
+}
+
+// OnRequestBody implements sdk.Handler: feed the chunk to the transaction;
+// on the last one, run CRS phase 2 and decide.
+func (h *Handler) OnRequestBody(ctx context.Context, m *protocol.BodyChunk, r *sdk.BodyReply) error {
+	e := h.pending.take(m.RequestID)
+	if e == nil {
+		if h.closed.Load() {
+			return ErrClosed
+		}
+		return fmt.Errorf("%w %d", ErrNoTransaction, m.RequestID)
+	}
+	it, _, err := e.tx.WriteRequestBody(m.Data)
+	if err != nil {
+		closeTx(e.tx, &h.stats)
+		return fmt.Errorf("corazawaf: request body: %w", err)
+	}
+	if it == nil && m.IsLast {
+		it, err = h.phase2(e)
+		if err != nil {
+			// A body the processor cannot parse: CRS flags it through
+			// REQBODY_ERROR (rule 200002), so this is an I/O error.
+			closeTx(e.tx, &h.stats)
+			return fmt.Errorf("corazawaf: request body: %w", err)
+		}
+	}
+	if it == nil && !m.IsLast {
+		if ctx.Err() != nil {
+			h.stats.canceled.Add(1)
+			closeTx(e.tx, &h.stats)
+			return nil
+		}
+		h.pending.put(e, time.Now())
+		r.NeedMore()
+		return nil
+	}
+	return h.finishRequestEvent(ctx, e, it, &r.Decision, true)
+}
+
+func (h *Handler) phase2(e *entry) (*types.Interruption, error) {
+	e.phase2 = true
+	return e.tx.ProcessRequestBody()
+}
+
+// finishRequestEvent decides on a request event: block on an
+// interruption, report detections, and keep the transaction when more
+// events are expected. done says the request phase is over.
+func (h *Handler) finishRequestEvent(ctx context.Context, e *entry, it *types.Interruption, d *protocol.Decision, done bool) error {
+	if ctx.Err() != nil {
+		// Canceled while Coraza ran: nobody waits for the answer.
+		h.stats.canceled.Add(1)
+		closeTx(e.tx, &h.stats)
+		return nil
+	}
+	if it != nil {
+		h.block(e, it, d, "request")
+		closeTx(e.tx, &h.stats)
+		return nil
+	}
+	if done {
+		h.report(e, d, "request")
+		if !h.cfg.InspectResponse {
+			closeTx(e.tx, &h.stats)
+			return nil
+		}
+	}
+	h.pending.put(e, time.Now())
+	return nil
+}
+
+// OnResponseHeaders implements sdk.Handler: run CRS phases 3 and 4 (the
+// outbound anomaly score) on the response headers, then close the
+// transaction.
+func (h *Handler) OnResponseHeaders(ctx context.Context, m *protocol.ResponseHeaders, d *protocol.Decision) error {
+	e := h.pending.take(m.RequestID)
+	if e == nil {
+		h.stats.unmatched.Add(1)
+		return nil
+	}
+	defer closeTx(e.tx, &h.stats)
+	if !e.phase2 {
+		// The body never came (the sidecar skipped it: over its limit with
+		// over_limit: skip, or mode none): check the rest of the request
+		// now, late as it is.
+		if it, _ := h.phase2(e); it != nil {
+			if ctx.Err() == nil {
+				h.block(e, it, d, "request")
+			}
+			return nil
+		}
+		h.report(e, d, "request")
+	}
+	for _, hd := range m.Headers {
+		e.tx.AddResponseHeader(string(hd.Name), string(hd.Value))
+	}
+	it := e.tx.ProcessResponseHeaders(m.StatusCode, e.proto)
+	if it == nil {
+		it, _ = e.tx.ProcessResponseBody()
+	}
+	if ctx.Err() != nil {
+		h.stats.canceled.Add(1)
+		return nil
+	}
+	if it != nil {
+		h.block(e, it, d, "response")
+		return nil
+	}
+	if d.Audit.Empty() {
+		h.report(e, d, "response")
+	}
+	return nil
+}
+
+// OnCancel implements sdk.CancelObserver: the proxy gave up on the request
+// (client gone, upstream failed, another agent decided): close its
+// transaction now rather than at PendingTTL. One in use by a running
+// handler is closed by that handler, whose context has ended.
+func (h *Handler) OnCancel(id uint64) {
+	if e := h.pending.take(id); e != nil {
+		h.stats.canceled.Add(1)
+		closeTx(e.tx, &h.stats)
+	}
+}
+
+// OnResponseBody implements sdk.Handler (not asked for).
+func (h *Handler) OnResponseBody(_ context.Context, _ *protocol.BodyChunk, r *sdk.BodyReply) error {
+	r.Pass()
+	return nil
+}
+
+var (
+	hdrRuleID      = []byte("x-waf-rule-id")
+	hdrContentType = []byte("content-type")
+	valJSON        = []byte("application/json")
+	tagWAF         = []byte("waf")
+	tagBlocked     = []byte("blocked")
+	tagDetected    = []byte("detected")
+)
+
+// maxAuditRules bounds the rule ids of one decision and log line.
+const maxAuditRules = 32
+
+// block answers the client with the interruption's status, naming one rule.
+func (h *Handler) block(e *entry, it *types.Interruption, d *protocol.Decision, phase string) {
+	ids, first, score := h.matched(e.tx, phase)
+	if first == 0 {
+		first = it.RuleID
+	}
+	status := it.Status
+	if status < 400 || status > 599 {
+		status = 403
+	}
+	rid := strconv.Itoa(first)
+	d.Kind = protocol.DecisionBlock
+	d.Status = status
+	d.Body = []byte(`{"error":"request blocked by the web application firewall","rule_id":` + rid + "}\n")
+	d.BlockHeaders = d.BlockHeaders.Add(hdrContentType, valJSON).Add(hdrRuleID, []byte(rid))
+	h.audit(d, ids, score, tagBlocked, phase)
+	h.stats.blocked.Add(1)
+	h.log.log(e, "blocked", phase, status, ids, score)
+}
+
+// report fills the audit of a request the rules flagged without an
+// interruption: detection-only mode, or a score under the threshold.
+func (h *Handler) report(e *entry, d *protocol.Decision, phase string) {
+	ids, _, score := h.matched(e.tx, phase)
+	if len(ids) == 0 {
+		return
+	}
+	h.audit(d, ids, score, tagDetected, phase)
+	h.stats.detected.Add(1)
+	h.log.log(e, "detected", phase, 0, ids, score)
+}
+
+func (h *Handler) audit(d *protocol.Decision, ids []int, score int, tag []byte, phase string) {
+	a := &d.Audit
+	a.Tags = append(a.Tags, tagWAF, tag)
+	for _, id := range ids {
+		a.RuleIDs = append(a.RuleIDs, strconv.AppendInt(nil, int64(id), 10))
+	}
+	a.Custom = fmt.Appendf(nil, `{"anomaly_score":%d,"phase":%q,"mode":%q,"paranoia_level":%d}`,
+		score, phase, h.cfg.Mode, h.cfg.ParanoiaLevel)
+}
+
+// matched returns the ids of the matched rules that carry a severity
+// (those that add to the anomaly score; CRS's bookkeeping and blocking
+// evaluation rules have none), the first critical one or else the first,
+// and the anomaly score of the phase; only rules of phase's side
+// (request or response) count.
+func (h *Handler) matched(tx types.Transaction, phase string) (ids []int, first, score int) {
+	crit := 0
+	for _, mr := range tx.MatchedRules() {
+		r := mr.Rule()
+		if r.Severity() == types.RuleSeverityUnset || scoringEvaluation(r.ID()) ||
+			(r.Phase() >= types.PhaseResponseHeaders) != (phase == "response") {
+			continue
+		}
+		if len(ids) < maxAuditRules {
+			ids = append(ids, r.ID())
+		}
+		if first == 0 {
+			first = r.ID()
+		}
+		if crit == 0 && r.Severity() == types.RuleSeverityCritical {
+			crit = r.ID()
+		}
+	}
+	if crit != 0 {
+		first = crit
+	}
+	if ts, ok := tx.(plugintypes.TransactionState); ok {
+		key := "blocking_inbound_anomaly_score"
+		if phase == "response" {
+			key = "blocking_outbound_anomaly_score"
+		}
+		if v := ts.Variables().TX().Get(key); len(v) > 0 {
+			score, _ = strconv.Atoi(v[0])
+		}
+	}
+	return ids, first, score
+}
+
+// scoringEvaluation reports CRS's blocking evaluation and correlation
+// rules, which restate the score rather than match the request.
+func scoringEvaluation(id int) bool {
+	return id >= 949000 && id < 950000 || id >= 959000 && id < 960000 || id >= 980000 && id < 981000
+}
+
+// protoName is the HTTP version as Coraza's REQUEST_PROTOCOL wants it.
+func protoName(p []byte) string {
+	switch string(p) {
+	case "", "HTTP/1.1":
+		return "HTTP/1.1"
+	case "HTTP/1.0":
+		return "HTTP/1.0"
+	case "HTTP/2", "HTTP/2.0":
+		return "HTTP/2.0"
+	}
+	return string(p)
+}

@@ -1,0 +1,270 @@
+package agentcheck
+
+import (
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/zentinelproxy/sidecar/protocol"
+	"github.com/zentinelproxy/sidecar/uds"
+)
+
+// errNoRaw: the transport carries no frames the checker can forge (gRPC).
+var errNoRaw = errors.New("agentcheck: raw frames need a framed transport")
+
+// reply is one message received from the agent, decoded.
+type reply struct {
+	Type protocol.MsgType
+	ID   uint64
+	Dec  *protocol.Decision     // Type == TypeDecision and it decoded
+	Mut  *protocol.BodyMutation // Type == TypeBodyMutation and it decoded
+	Ping *protocol.Ping         // Type == TypePong or TypePing
+	// AgentError is the text of a gRPC agent_error.
+	AgentError string
+	// Err is a decode or validation error of the payload.
+	Err error
+	At  time.Time
+	// Ev is the message as evidence (type and payload).
+	Ev string
+}
+
+// link is one connection to the agent after setup (handshake,
+// registration or GetCapabilities).
+type link interface {
+	Caps() protocol.Capabilities
+	// Send writes msgs with one write (framed) or in order (gRPC) and
+	// returns them as evidence.
+	Send(msgs ...protocol.Message) ([]string, error)
+	// SendRaw writes b as it is (framed transports only).
+	SendRaw(b []byte) error
+	// Recv returns the next message of the agent, waiting at most d.
+	Recv(d time.Duration) (*reply, error)
+	Close()
+	// Raw reports whether SendRaw works.
+	Raw() bool
+}
+
+// ids are request ids: above 2^32 so that an agent that keeps them in 32
+// bits is caught, far below 2^53 so that agents whose JSON numbers are
+// doubles echo them exactly (docs/protocol.md §3.2).
+var ids atomic.Uint64
+
+func init() { ids.Store(1 << 32) }
+
+func nextID() uint64 { return ids.Add(1) }
+
+// maxEvidence bounds one payload shown as evidence.
+const maxEvidence = 400
+
+func evidence(t protocol.MsgType, payload []byte) string {
+	p := payload
+	cut := ""
+	if len(p) > maxEvidence {
+		p, cut = p[:maxEvidence], fmt.Sprintf("… (%d bytes)", len(payload))
+	}
+	return fmt.Sprintf("0x%02x %s %s%s", uint8(t), t, p, cut)
+}
+
+func rawEvidence(b []byte) string {
+	if len(b) > 64 {
+		return hex.EncodeToString(b[:64]) + fmt.Sprintf("… (%d bytes)", len(b))
+	}
+	return hex.EncodeToString(b)
+}
+
+// decodeFrame turns a frame of the agent into a reply; payload is copied.
+func decodeFrame(t protocol.MsgType, payload []byte) *reply {
+	p := append([]byte(nil), payload...)
+	r := &reply{Type: t, At: time.Now(), Ev: evidence(t, p)}
+	switch t {
+	case protocol.TypeDecision:
+		d := new(protocol.Decision)
+		if err := d.Decode(p); err != nil {
+			r.Err = err
+		} else if err := d.Normalize(); err != nil {
+			r.Err = err
+		}
+		r.ID, r.Dec = d.RequestID, d
+		if r.Err != nil {
+			r.ID, _ = protocol.PeekRequestID(p)
+		}
+	case protocol.TypeBodyMutation:
+		m := new(protocol.BodyMutation)
+		if err := m.Decode(p); err != nil {
+			r.Err = err
+			r.ID, _ = protocol.PeekRequestID(p)
+		} else {
+			r.ID, r.Mut = m.RequestID, m
+		}
+	case protocol.TypePong, protocol.TypePing:
+		m := new(protocol.Ping)
+		if err := m.Decode(p); err != nil {
+			r.Err = err
+		} else {
+			r.Ping = m
+		}
+	default:
+		r.ID, _ = protocol.PeekRequestID(p)
+	}
+	return r
+}
+
+// framedLink is a UDS or reverse connection after its setup.
+type framedLink struct {
+	nc   net.Conn
+	caps protocol.Capabilities
+	ch   chan *reply
+	done chan struct{}
+	err  error // set before done closes
+	once sync.Once
+	wmu  sync.Mutex
+	wto  time.Duration
+}
+
+// newFramedLink starts reading frames from fr (which reads nc).
+func newFramedLink(nc net.Conn, fr *uds.FrameReader, caps protocol.Capabilities, wto time.Duration) *framedLink {
+	l := &framedLink{nc: nc, caps: caps, ch: make(chan *reply, 8192), done: make(chan struct{}), wto: wto}
+	go l.read(fr)
+	return l
+}
+
+func (l *framedLink) read(fr *uds.FrameReader) {
+	defer close(l.done)
+	for {
+		t, p, err := fr.Next()
+		if err != nil {
+			if errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) {
+				err = ErrClosed
+			}
+			l.err = err
+			return
+		}
+		select {
+		case l.ch <- decodeFrame(t, p):
+		default:
+			// Nobody reads: a flood from the agent must not block or grow
+			// the checker.
+			l.err = fmt.Errorf("agentcheck: more than %d unread frames from the agent", cap(l.ch))
+			_ = l.nc.Close()
+			return
+		}
+	}
+}
+
+func (l *framedLink) Caps() protocol.Capabilities { return l.caps }
+func (l *framedLink) Raw() bool                   { return true }
+
+func (l *framedLink) Send(msgs ...protocol.Message) ([]string, error) {
+	var b []byte
+	ev := make([]string, 0, len(msgs))
+	for _, m := range msgs {
+		start := len(b)
+		var err error
+		b, err = uds.AppendFrame(b, m)
+		if err != nil {
+			return ev, err
+		}
+		ev = append(ev, evidence(m.MsgType(), b[start+uds.HeaderSize:]))
+	}
+	return ev, l.SendRaw(b)
+}
+
+func (l *framedLink) SendRaw(b []byte) error {
+	l.wmu.Lock()
+	defer l.wmu.Unlock()
+	_ = l.nc.SetWriteDeadline(time.Now().Add(l.wto))
+	_, err := l.nc.Write(b)
+	return err
+}
+
+func (l *framedLink) Recv(d time.Duration) (*reply, error) {
+	select {
+	case r := <-l.ch:
+		return r, nil
+	default:
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case r := <-l.ch:
+		return r, nil
+	case <-l.done:
+		select {
+		case r := <-l.ch:
+			return r, nil
+		default:
+		}
+		return nil, l.err
+	case <-t.C:
+		return nil, fmt.Errorf("%w (%v)", ErrTimeout, d)
+	}
+}
+
+func (l *framedLink) Close() { l.once.Do(func() { _ = l.nc.Close() }) }
+
+// alive reports whether the agent has not closed the connection.
+func (l *framedLink) alive() bool {
+	select {
+	case <-l.done:
+		return false
+	default:
+		return true
+	}
+}
+
+// readFirstFrame reads one frame from fr within d (handshake and
+// registration answers).
+func readFirstFrame(nc net.Conn, fr *uds.FrameReader, d time.Duration) (protocol.MsgType, []byte, error) {
+	_ = nc.SetReadDeadline(time.Now().Add(d))
+	defer func() { _ = nc.SetReadDeadline(time.Time{}) }()
+	t, p, err := fr.Next()
+	if err != nil {
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			return 0, nil, fmt.Errorf("%w (%v)", ErrTimeout, d)
+		}
+		if errors.Is(err, io.EOF) {
+			return 0, nil, ErrClosed
+		}
+		return 0, nil, err
+	}
+	return t, append([]byte(nil), p...), nil
+}
+
+// recvFor collects the replies for the ids in want until each has one
+// final answer or d passes; other replies go to extra.
+func recvFor(l link, want map[uint64]bool, d time.Duration) (got map[uint64]*reply, extra []*reply, err error) {
+	got = map[uint64]*reply{}
+	deadline := time.Now().Add(d)
+	for len(got) < len(want) {
+		left := time.Until(deadline)
+		if left <= 0 {
+			return got, extra, fmt.Errorf("%w (%v)", ErrTimeout, d)
+		}
+		r, err := l.Recv(left)
+		if err != nil {
+			return got, extra, err
+		}
+		if want[r.ID] && (r.Type == protocol.TypeDecision || r.Type == protocol.TypeBodyMutation) {
+			if got[r.ID] != nil {
+				extra = append(extra, r) // a second answer
+				continue
+			}
+			got[r.ID] = r
+			continue
+		}
+		extra = append(extra, r)
+	}
+	return got, extra, nil
+}
+
+// answer waits for the reply to request id, skipping others (returned).
+func answer(l link, id uint64, d time.Duration) (*reply, []*reply, error) {
+	got, extra, err := recvFor(l, map[uint64]bool{id: true}, d)
+	return got[id], extra, err
+}

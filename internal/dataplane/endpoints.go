@@ -1,0 +1,397 @@
+package dataplane
+
+import (
+	"net"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/rs/zerolog"
+	"github.com/valyala/fasthttp"
+
+	"github.com/zentinelproxy/sidecar/internal/config"
+)
+
+// An upstream is one or more endpoints, each with its own connection
+// pool. A request takes an available endpoint (round robin or least in
+// flight); an endpoint is unavailable while its active health check says
+// unhealthy or while it is ejected after consecutive failures (passive
+// health check). When no endpoint is available the request goes to one
+// anyway: a guess beats a certain 503. Endpoint objects carry their state
+// across reloads when their address and client settings are unchanged.
+
+// endpoint is one address of an upstream.
+type endpoint struct {
+	addr   string // what is dialed: host:port or unix:/path
+	origin string // the configured entry it came from (a name when resolved)
+	key    clientKey
+	hc     *fasthttp.HostClient
+
+	inflight atomic.Int64
+	// Counters (EndpointStatus).
+	requests, errs, status5xx, ejections, checks, checksFailed atomic.Uint64
+
+	// Passive: consecutive failures, and the mono time (ns) until which
+	// the endpoint is ejected (0: not ejected).
+	consec5xx, consecErr atomic.Int32
+	ejectedUntil         atomic.Int64
+	// Active: the health check's verdict and its current runs.
+	unhealthy      atomic.Bool
+	okRun, failRun atomic.Int32
+
+	checkHC  atomic.Pointer[fasthttp.HostClient]
+	logState rateLog
+}
+
+// clientKey is what an endpoint's connection pool depends on besides the
+// address: a reload that changes none of it keeps the endpoint.
+type clientKey struct {
+	connect, keepAlive, maxWait time.Duration
+	maxConns, rbuf, wbuf        int
+	tls                         string // upstream_tls.go
+}
+
+func keyOf(u *config.Upstream) clientKey {
+	return clientKey{connect: u.ConnectTimeout, keepAlive: u.KeepAlive, maxWait: u.MaxConnWait,
+		maxConns: u.MaxConns, rbuf: int(u.ReadBufferSize), wbuf: int(u.WriteBufferSize), tls: upstreamTLSKey(u)}
+}
+
+// epList is an upstream's endpoints at one time; replaced whole when DNS
+// re-resolution changes it.
+type epList struct {
+	eps []*endpoint
+}
+
+// upstreamDial is the dial function of an endpoint address: every
+// upstream connection is made here. origin is the configured entry addr
+// came from: a resolved address is verified by TLS against its name.
+func upstreamDial(u *config.Upstream, addr, origin string) (dial fasthttp.DialFunc, hcAddr string) {
+	connect := u.ConnectTimeout
+	if path, ok := strings.CutPrefix(addr, "unix:"); ok {
+		return withUpstreamTLS(u, origin, func(string) (net.Conn, error) { return wrapUp(net.DialTimeout("unix", path, connect)) }), "localhost"
+	}
+	return withUpstreamTLS(u, origin, func(a string) (net.Conn, error) { return wrapUp(fasthttp.DialTimeout(a, connect)) }), addr
+}
+
+func newEndpoint(u *config.Upstream, addr, origin string) *endpoint {
+	dial, hcAddr := upstreamDial(u, addr, origin)
+	ep := &endpoint{addr: addr, origin: origin, key: keyOf(u)}
+	ep.hc = &fasthttp.HostClient{
+		Addr:                          hcAddr,
+		Dial:                          dial,
+		MaxConns:                      u.MaxConns,
+		MaxIdleConnDuration:           u.KeepAlive,
+		MaxConnWaitTimeout:            u.MaxConnWait,
+		ReadBufferSize:                int(u.ReadBufferSize),
+		WriteBufferSize:               int(u.WriteBufferSize),
+		DisablePathNormalizing:        true,
+		DisableHeaderNamesNormalizing: false,
+		NoDefaultUserAgentHeader:      true,
+		SecureErrorLogMessage:         true,
+		ConnPoolStrategy:              fasthttp.LIFO,
+	}
+	return ep
+}
+
+// available reports whether the endpoint may take requests now. *now is
+// read from the clock only when an ejection must be checked.
+func (ep *endpoint) available(now *time.Duration) bool {
+	if ep.unhealthy.Load() {
+		return false
+	}
+	until := ep.ejectedUntil.Load()
+	if until == 0 {
+		return true
+	}
+	if *now == 0 {
+		*now = mono()
+	}
+	if int64(*now) < until {
+		return false
+	}
+	ep.ejectedUntil.CompareAndSwap(until, 0)
+	return true
+}
+
+// ejected reports whether the endpoint is ejected now.
+func (ep *endpoint) ejected() bool {
+	until := ep.ejectedUntil.Load()
+	return until != 0 && int64(mono()) < until
+}
+
+// pick chooses the endpoint of an attempt, skipping those already tried;
+// nil when every endpoint was tried.
+func (up *upstream) pick(tried []*endpoint) *endpoint {
+	eps := up.eps.Load().eps
+	n := len(eps)
+	if n == 1 {
+		if len(tried) > 0 {
+			return nil
+		}
+		return eps[0]
+	}
+	start := int(up.rr.Add(1) % uint64(n))
+	var now time.Duration
+	best, fallback := -1, -1
+	for i := 0; i < n; i++ {
+		j := start + i
+		if j >= n {
+			j -= n
+		}
+		ep := eps[j]
+		if wasTried(tried, ep) {
+			continue
+		}
+		if fallback < 0 {
+			fallback = j
+		}
+		if !ep.available(&now) {
+			continue
+		}
+		if !up.leastInFlight {
+			return ep
+		}
+		if best < 0 || ep.inflight.Load() < eps[best].inflight.Load() {
+			best = j
+		}
+	}
+	if best < 0 {
+		best = fallback
+	}
+	if best < 0 {
+		return nil
+	}
+	return eps[best]
+}
+
+func wasTried(tried []*endpoint, ep *endpoint) bool {
+	for _, t := range tried {
+		if t == ep {
+			return true
+		}
+	}
+	return false
+}
+
+// Passive health: outcomes of requests.
+
+// succeeded records an answer below 500.
+func (ep *endpoint) succeeded() {
+	if ep.consec5xx.Load() != 0 {
+		ep.consec5xx.Store(0)
+	}
+	if ep.consecErr.Load() != 0 {
+		ep.consecErr.Store(0)
+	}
+}
+
+// got5xx records a 5xx answer.
+func (up *upstream) got5xx(ep *endpoint) {
+	ep.status5xx.Add(1)
+	if ep.consecErr.Load() != 0 {
+		ep.consecErr.Store(0)
+	}
+	if lim := up.cfg.Ejection.Consecutive5xx; lim > 0 && int(ep.consec5xx.Add(1)) >= lim {
+		up.eject(ep, "consecutive 5xx")
+	}
+}
+
+// failed records a connection failure (connect refused or timed out, a
+// connection broken before the answer).
+func (up *upstream) failed(ep *endpoint) {
+	ep.errs.Add(1)
+	if lim := up.cfg.Ejection.ConsecutiveErrors; lim > 0 && int(ep.consecErr.Add(1)) >= lim {
+		up.eject(ep, "consecutive connection errors")
+	}
+}
+
+// eject takes ep out for the ejection time. An upstream of one endpoint
+// is never ejected: there is nowhere else to go.
+func (up *upstream) eject(ep *endpoint, why string) {
+	ep.consec5xx.Store(0)
+	ep.consecErr.Store(0)
+	if len(up.eps.Load().eps) < 2 {
+		return
+	}
+	now := int64(mono())
+	old := ep.ejectedUntil.Load()
+	if old != 0 && now < old {
+		return
+	}
+	if !ep.ejectedUntil.CompareAndSwap(old, now+int64(up.cfg.Ejection.Time)) {
+		return
+	}
+	ep.ejections.Add(1)
+	// Idle connections to it are suspect too.
+	ep.hc.CloseIdleConnections()
+	up.logTransition(ep, "upstream endpoint ejected", why)
+}
+
+func (up *upstream) logTransition(ep *endpoint, msg, why string) {
+	if up.log == nil {
+		return
+	}
+	if ok, suppressed := ep.logState.allow(); ok {
+		e := up.log.Warn().Str("upstream", up.name).Str("endpoint", ep.addr).Str("reason", why)
+		if suppressed > 0 {
+			e = e.Uint64("suppressed", suppressed)
+		}
+		e.Msg(msg)
+	}
+}
+
+// buildEndpoints makes the endpoints of u, reusing those of prev (the
+// same upstream in the previous table) whose address and client settings
+// did not change, with their health state and counters.
+func buildEndpoints(u *config.Upstream, prev *upstream) *epList {
+	key := keyOf(u)
+	var old []*endpoint
+	if prev != nil {
+		old = prev.eps.Load().eps
+	}
+	reuse := func(addr, origin string) *endpoint {
+		for _, ep := range old {
+			if ep.addr == addr && ep.origin == origin && ep.key == key {
+				return ep
+			}
+		}
+		return newEndpoint(u, addr, origin)
+	}
+	l := &epList{}
+	for _, e := range u.EndpointList() {
+		if u.Resolve.Interval > 0 && isHostName(e) {
+			// Keep what the last resolution found until the next one.
+			n := 0
+			for _, ep := range old {
+				if ep.origin == e && ep.addr != e && ep.key == key && n < u.Resolve.MaxAddresses {
+					l.eps = append(l.eps, ep)
+					n++
+				}
+			}
+			if n > 0 {
+				continue
+			}
+		}
+		l.eps = append(l.eps, reuse(e, e))
+	}
+	return l
+}
+
+func isHostName(addr string) bool {
+	if strings.HasPrefix(addr, "unix:") {
+		return false
+	}
+	host, _, err := net.SplitHostPort(addr)
+	return err == nil && host != "" && net.ParseIP(host) == nil
+}
+
+// closeIdle closes the idle connections of every endpoint.
+func (up *upstream) closeIdle() {
+	for _, ep := range up.eps.Load().eps {
+		ep.hc.CloseIdleConnections()
+		if c := ep.checkHC.Load(); c != nil {
+			c.CloseIdleConnections()
+		}
+	}
+}
+
+// start runs the upstream's health checks and DNS re-resolution until
+// stop.
+func (up *upstream) start(log *zerolog.Logger) {
+	up.log = log
+	up.stopCh = make(chan struct{})
+	if up.cfg.HealthCheck.Path != "" {
+		up.wg.Add(1)
+		go up.healthLoop()
+	}
+	if up.cfg.Resolve.Interval > 0 {
+		up.wg.Add(1)
+		go up.resolveLoop()
+	}
+}
+
+// stop ends what start began and waits for it (each wait is bounded by a
+// check or resolution timeout).
+func (up *upstream) stop() {
+	if up.stopCh == nil {
+		return
+	}
+	up.stopOnce.Do(func() { close(up.stopCh) })
+	up.wg.Wait()
+}
+
+// EndpointStatus is a snapshot of one upstream endpoint.
+type EndpointStatus struct {
+	Upstream string
+	Address  string
+	// Healthy is the active health check's verdict (true without checks).
+	Healthy bool
+	// Ejected is true while the passive health check keeps it out.
+	Ejected  bool
+	InFlight int64
+	// Requests counts attempts sent to the endpoint; Errors those that
+	// failed on the connection; Status5xx the 5xx answers.
+	Requests, Errors, Status5xx uint64
+	// Ejections counts passive ejections.
+	Ejections uint64
+	// Checks and ChecksFailed count active health checks.
+	Checks, ChecksFailed uint64
+}
+
+// UpstreamStatus is a snapshot of one upstream: its endpoints and its
+// DNS re-resolution counters.
+type UpstreamStatus struct {
+	Name      string
+	Endpoints []EndpointStatus
+	// Resolutions counts DNS resolutions, ResolveErrors the failed ones
+	// (the endpoints found before stay), AddressesDropped the addresses
+	// beyond resolve.max_addresses.
+	Resolutions, ResolveErrors, AddressesDropped uint64
+}
+
+// Upstreams returns a snapshot of the current upstreams.
+func (s *Server) Upstreams() []UpstreamStatus {
+	t := s.tbl.Load()
+	out := make([]UpstreamStatus, 0, len(t.upstreams))
+	for _, up := range t.upstreams {
+		us := UpstreamStatus{Name: up.name, Resolutions: up.counters.resolutions.Load(),
+			ResolveErrors: up.counters.resolveErrors.Load(), AddressesDropped: up.counters.addrsDropped.Load()}
+		for _, ep := range up.eps.Load().eps {
+			us.Endpoints = append(us.Endpoints, EndpointStatus{
+				Upstream: up.name, Address: ep.addr,
+				Healthy: !ep.unhealthy.Load(), Ejected: ep.ejected(),
+				InFlight: ep.inflight.Load(),
+				Requests: ep.requests.Load(), Errors: ep.errs.Load(), Status5xx: ep.status5xx.Load(),
+				Ejections: ep.ejections.Load(), Checks: ep.checks.Load(), ChecksFailed: ep.checksFailed.Load(),
+			})
+		}
+		out = append(out, us)
+	}
+	return out
+}
+
+// keptEndpoints is the set of t's endpoints.
+func keptEndpoints(t *table) map[*endpoint]bool {
+	keep := make(map[*endpoint]bool)
+	for _, up := range t.upstreams {
+		for _, ep := range up.eps.Load().eps {
+			keep[ep] = true
+		}
+	}
+	return keep
+}
+
+// closeReplacedEndpoints closes the idle connections of old's endpoints
+// that the new table (keep) does not use.
+func closeReplacedEndpoints(old *table, keep map[*endpoint]bool) {
+	for _, up := range old.upstreams {
+		for _, ep := range up.eps.Load().eps {
+			if !keep[ep] {
+				ep.hc.CloseIdleConnections()
+				if c := ep.checkHC.Load(); c != nil {
+					c.CloseIdleConnections()
+				}
+			}
+		}
+	}
+}

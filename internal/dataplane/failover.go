@@ -1,0 +1,92 @@
+package dataplane
+
+import (
+	"sync/atomic"
+
+	"github.com/zentinelproxy/sidecar/internal/agentmux"
+)
+
+// Failover (agents[].failover, default on). A request-header event whose
+// agent connection was lost, or that found none, is sent once more on
+// another connection or member of the agent (agentmux.Multi opens the
+// exchange on a live one) within the same deadline, before the failure
+// policy applies. Only the request-header event is retried: a later event
+// belongs to an exchange whose agent has seen the request, and one that
+// carried a body (inline_body) is not sent twice.
+
+// agentStats counts one agent's failovers and over-limit bodies; it is
+// carried over reloads with the agent instance, so the counters stay
+// monotonic.
+type agentStats struct {
+	retried, recovered atomic.Uint64
+	// Request bodies over the buffer limit inspected in part (prefix) or
+	// streamed to the agent (stream).
+	prefix, stream atomic.Uint64
+}
+
+// failoverFor returns the counters of agent name for a new table.
+func failoverFor(prev *table, name string, inst agentmux.Agent) *agentStats {
+	if prev != nil {
+		for _, old := range prev.agents {
+			if old.name == name && old.agent == inst && old.fo != nil {
+				return old.fo
+			}
+		}
+	}
+	return &agentStats{}
+}
+
+// failoverHeaders retries agent i's request-header event after err, once,
+// within w. It returns the retry's outcome, or err when no retry applies.
+func (rs *reqState) failoverHeaders(i int, w agentmux.Wait, err error) (*agentmux.Reply, error) {
+	sl := &rs.slots[i]
+	a := sl.ra.a
+	if !a.failover || rs.rh.HasInlineBody || !agentmux.Retryable(err) || rs.canceled() {
+		return nil, err
+	}
+	// The failed exchange is over: its connection is gone.
+	sl.ex.Finish()
+	sl.ex = nil
+	a.fo.retried.Add(1)
+	ex, err := a.agent.Begin(w)
+	if err != nil {
+		return nil, err
+	}
+	sl.ex = ex
+	sl.caps = ex.Capabilities()
+	reply, err := ex.RequestHeaders(w, &rs.rh)
+	if err == nil {
+		a.fo.recovered.Add(1)
+	}
+	return reply, err
+}
+
+// FailoverStatus counts one agent's failovers.
+type FailoverStatus struct {
+	Agent string `json:"agent"`
+	// Retried counts request-header events sent again after their
+	// connection was lost; Recovered those the retry answered.
+	Retried   uint64 `json:"retried"`
+	Recovered uint64 `json:"recovered"`
+	// Members counts exchanges opened on another member because the
+	// first choice could not open one (agents with addresses).
+	Members uint64 `json:"member_failovers"`
+}
+
+// Failovers returns the failover counters of every current agent that
+// has retried or has several members.
+func (s *Server) Failovers() []FailoverStatus {
+	t := s.tbl.Load()
+	var out []FailoverStatus
+	for _, a := range t.agents {
+		st := FailoverStatus{Agent: a.name, Retried: a.fo.retried.Load(), Recovered: a.fo.recovered.Load()}
+		m, multi := a.agent.(*agentmux.Multi)
+		if multi {
+			st.Members = m.Failovers()
+		}
+		if multi || st.Retried > 0 {
+			out = append(out, st)
+		}
+	}
+	return out
+}

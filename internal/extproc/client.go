@@ -1,0 +1,250 @@
+// Package extproc runs Envoy External Processing servers
+// (envoy.service.ext_proc.v3.ExternalProcessor) as agents: the proxy is
+// the ext_proc client, one Process stream per HTTP request over a pool of
+// HTTP/2 connections.
+//
+// The transport is an agentmux.Link: the dataplane drives the same
+// exchanges as for every agent, and each event is mapped onto a
+// ProcessingRequest of its request's stream; each ProcessingResponse is
+// mapped back onto a protocol.Decision, so that Decision.Normalize and the
+// dataplane's rules and limits apply to a processor's mutations exactly
+// as to any agent's. Phases the request's processing mode does not send
+// are answered by the link itself, without the network. See
+// docs/transports.md for the field-by-field mapping.
+package extproc
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	extprocfilter "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocsvc "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"github.com/rs/zerolog"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/zentinelproxy/sidecar/internal/agentmux"
+	"github.com/zentinelproxy/sidecar/internal/grpcwire"
+	"github.com/zentinelproxy/sidecar/protocol"
+)
+
+// event indexes the transport's own counters.
+type event int
+
+const (
+	evStreams event = iota
+	evImmediate
+	evClearRouteCache
+	evOverride
+	evOverrideRefused
+	evIgnored
+	evUnsupported
+	evWrongPhase
+	evUnsolicited
+	evStreamClosed
+	evBufferLimit
+	evProcessorDone
+	numEvents
+)
+
+// EventNames are the labels of the transport's counters, by event.
+var EventNames = [numEvents]string{
+	"streams_opened", "immediate_responses", "clear_route_cache_ignored",
+	"mode_overrides", "mode_overrides_refused", "fields_ignored",
+	"unsupported_responses", "wrong_phase", "unsolicited", "stream_closed",
+	"buffer_limit", "processor_done",
+}
+
+// Client keeps Conns HTTP/2 connections to one processor and implements
+// agentmux.Agent: each connection is an agentmux.Session whose link opens
+// one stream per request.
+type Client struct {
+	*agentmux.Pool
+	cfg    Config
+	caps   protocol.Capabilities
+	conns  []*grpc.ClientConn
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	log    zerolog.Logger
+
+	counts [numEvents]atomic.Uint64
+}
+
+func (c *Client) count(e event) { c.counts[e].Add(1) }
+
+// Counts returns the transport's counters by EventNames.
+func (c *Client) Counts() map[string]uint64 {
+	out := make(map[string]uint64, numEvents)
+	for i := range c.counts {
+		out[EventNames[i]] = c.counts[i].Load()
+	}
+	return out
+}
+
+// Capabilities are what the processor may be sent under the configured
+// mode and every override the configuration allows: the phases no
+// request's mode sends are not offered to it at all.
+func (c *Config) Capabilities() protocol.Capabilities {
+	modes, bounded := c.possibleModes()
+	caps := protocol.Capabilities{
+		HandlesRequestHeaders: sends(c.Mode.RequestHeader, true),
+		// Cancels end the request's stream; they never reach the wire.
+		SupportsCancellation: true,
+	}
+	if !bounded {
+		caps.HandlesResponseHeaders, caps.HandlesRequestBody, caps.HandlesResponseBody, caps.SupportsStreaming = true, true, true, true
+		return caps
+	}
+	for _, m := range modes {
+		caps.HandlesResponseHeaders = caps.HandlesResponseHeaders || sends(m.ResponseHeader, true)
+		caps.HandlesRequestBody = caps.HandlesRequestBody || m.RequestBody != extprocfilter.ProcessingMode_NONE
+		caps.HandlesResponseBody = caps.HandlesResponseBody || m.ResponseBody != extprocfilter.ProcessingMode_NONE
+		caps.SupportsStreaming = caps.SupportsStreaming ||
+			m.RequestBody == extprocfilter.ProcessingMode_STREAMED || m.ResponseBody == extprocfilter.ProcessingMode_STREAMED
+	}
+	return caps
+}
+
+var registry struct {
+	sync.Mutex
+	clients map[*Client]struct{}
+}
+
+// NewClient validates cfg, reads its TLS files and starts connecting;
+// Begin fails with agentmux.ErrAgentUnavailable until a connection is up.
+func NewClient(cfg Config) (*Client, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	creds := insecure.NewCredentials()
+	if cfg.TLS.On() {
+		tc, err := cfg.TLS.ClientTLS()
+		if err != nil {
+			return nil, fmt.Errorf("%w: agent %q: %v", ErrExtProcConfig, cfg.Name, err)
+		}
+		creds = credentials.NewTLS(tc)
+	}
+	opts := []grpc.DialOption{
+		grpc.WithTransportCredentials(creds),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(cfg.MaxMessageSize), grpc.MaxCallSendMsgSize(cfg.MaxMessageSize)),
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: backoff.DefaultConfig.BaseDelay, Multiplier: 2, Jitter: 0.25, MaxDelay: backoff.DefaultConfig.MaxDelay},
+			MinConnectTimeout: cfg.DialTimeout,
+		}),
+		// A stream carries one request's exchange; it is never replayed.
+		grpc.WithDisableRetry(),
+		// Fixed windows turn off gRPC's bandwidth estimator, whose pings
+		// would otherwise follow the data of every new stream
+		// (grpcwire.WindowSize explains the size).
+		grpc.WithInitialWindowSize(grpcwire.WindowSize),
+		grpc.WithInitialConnWindowSize(grpcwire.WindowSize),
+		grpc.WithUserAgent("zentinel-sidecar/0.1 ext_proc"),
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	c := &Client{
+		Pool:   agentmux.NewPool(cfg.Name, "ext_proc"),
+		cfg:    cfg,
+		caps:   cfg.Capabilities(),
+		ctx:    ctx,
+		cancel: cancel,
+		log:    cfg.Logger.With().Str("address", cfg.Address).Logger(),
+	}
+	for i := 0; i < cfg.Conns; i++ {
+		cc, err := grpc.NewClient(cfg.Address, opts...)
+		if err != nil {
+			cancel()
+			for _, cc := range c.conns {
+				_ = cc.Close()
+			}
+			return nil, fmt.Errorf("%w: agent %q: address %q: %v", ErrExtProcConfig, cfg.Name, cfg.Address, err)
+		}
+		c.conns = append(c.conns, cc)
+	}
+	for i := range c.conns {
+		c.wg.Add(1)
+		go c.maintain(i)
+	}
+	registry.Lock()
+	if registry.clients == nil {
+		registry.clients = map[*Client]struct{}{}
+	}
+	registry.clients[c] = struct{}{}
+	registry.Unlock()
+	return c, nil
+}
+
+// maintain keeps connection slot's session in the pool while the
+// connection is usable: a session joins when the connection is READY and
+// fails (its requests fail at once) when it breaks; streams of other
+// connections are not affected.
+func (c *Client) maintain(slot int) {
+	defer c.wg.Done()
+	cc := c.conns[slot]
+	cli := extprocsvc.NewExternalProcessorClient(cc)
+	log := c.log.With().Int("conn", slot).Logger()
+	var sess *agentmux.Session
+	drop := func(why string) {
+		if sess == nil {
+			return
+		}
+		c.Remove(sess)
+		// Its waiting requests fail at once (connection lost); the other
+		// connections' streams are not affected.
+		sess.Fail(fmt.Errorf("processor connection %s", why))
+		_ = sess.Close()
+		sess = nil
+		if c.ctx.Err() == nil {
+			log.Warn().Str("state", why).Msg("processor connection lost")
+		}
+	}
+	defer drop("closed")
+	cc.Connect()
+	for {
+		st := cc.GetState()
+		switch st {
+		case connectivity.Ready:
+			if sess == nil {
+				l := newLink(c, cli)
+				sess = agentmux.NewSession(l, c.caps, agentmux.SessionConfig{
+					Name:           c.cfg.Name,
+					MaxInFlight:    c.cfg.MaxInFlight,
+					MaxQueue:       c.cfg.MaxQueue,
+					MessageTimeout: c.cfg.MessageTimeout,
+				})
+				l.sess = sess
+				c.SetLastError(nil)
+				c.Add(sess)
+			}
+		case connectivity.Idle:
+			// Idle after a quiet period or a GOAWAY: reconnect now, and
+			// keep the session (new streams wait for the connection).
+			cc.Connect()
+		case connectivity.TransientFailure, connectivity.Shutdown:
+			c.SetLastError(fmt.Errorf("connection to processor %s: %s", c.cfg.Address, st))
+			drop(st.String())
+		}
+		if !cc.WaitForStateChange(c.ctx, st) {
+			return
+		}
+	}
+}
+
+// Close ends every stream and closes the connections.
+func (c *Client) Close() error {
+	err := c.Pool.Close()
+	c.cancel()
+	c.wg.Wait()
+	for _, cc := range c.conns {
+		_ = cc.Close()
+	}
+	registry.Lock()
+	delete(registry.clients, c)
+	registry.Unlock()
+	return err
+}
