@@ -1,0 +1,174 @@
+package corazawaf_test
+
+import (
+	"bufio"
+	"cmp"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/zentinelproxy/sidecar/internal/testutil"
+)
+
+// buildBinary builds the main package at pkg (relative to the module root)
+// into dir.
+func buildBinary(t *testing.T, dir, pkg string) string {
+	t.Helper()
+	_, file, _, _ := runtime.Caller(0)
+	root := filepath.Dir(filepath.Dir(filepath.Dir(file)))
+	out := filepath.Join(dir, filepath.Base(pkg))
+	cmd := exec.Command("go", "build", "-o", out, pkg)
+	cmd.Dir = root
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build %s: %v\n%s", pkg, err, b)
+	}
+	return out
+}
+
+// process is a started child whose stderr lines are kept.
+type process struct {
+	cmd    *exec.Cmd
+	mu     sync.Mutex
+	lines  []string
+	linec  chan string
+	exited chan struct{}
+}
+
+func startProcess(t *testing.T, bin string, args ...string) *process {
+	t.Helper()
+	p := &process{cmd: exec.Command(bin, args...), linec: make(chan string, 256), exited: make(chan struct{})}
+	stderr, err := p.cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		defer close(p.exited)
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 1<<20), 8<<20)
+		for sc.Scan() {
+			p.mu.Lock()
+			p.lines = append(p.lines, sc.Text())
+			p.mu.Unlock()
+			select {
+			case p.linec <- sc.Text():
+			default:
+			}
+		}
+		_, _ = io.Copy(io.Discard, stderr)
+		_ = p.cmd.Wait()
+	}()
+	t.Cleanup(func() {
+		_ = p.cmd.Process.Kill()
+		<-p.exited
+		if t.Failed() {
+			p.mu.Lock()
+			t.Logf("%s log:\n%s", filepath.Base(bin), strings.Join(p.lines, "\n"))
+			p.mu.Unlock()
+		}
+	})
+	return p
+}
+
+// TestTablesThroughBinaries runs the attack and benign tables through the
+// built sidecar and the built corazawaf agent, each its own process, as an
+// operator runs them.
+func TestTablesThroughBinaries(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds two binaries; skipped with -short")
+	}
+	dir := t.TempDir()
+	sidecarBin := buildBinary(t, dir, "./cmd/sidecar")
+	agentBin := buildBinary(t, dir, "./examples/corazawaf/cmd/corazawaf")
+
+	var upHits atomic.Int64
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		upHits.Add(1)
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("content-type", "application/json")
+		_, _ = io.WriteString(w, `{"ok":true}`)
+	}))
+	defer up.Close()
+
+	sock := filepath.Join(testutil.SocketDir(t), "waf.sock")
+	startProcess(t, agentBin, "-socket", sock)
+	testutil.WaitFor(t, "the agent's socket", func() bool {
+		_, err := os.Stat(sock)
+		return err == nil
+	})
+
+	cfgPath := filepath.Join(dir, "sidecar.yaml")
+	if err := os.WriteFile(cfgPath, fmt.Appendf(nil, sidecarYAML, up.Listener.Addr(), sock), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	sc := startProcess(t, sidecarBin, "run", "-config", cfgPath, "-log-level", "info")
+	var addr string
+	deadline := time.After(testutil.LongWait)
+	for addr == "" {
+		select {
+		case line := <-sc.linec:
+			var m map[string]any
+			if json.Unmarshal([]byte(line), &m) == nil && m["message"] == "sidecar serving" {
+				if ls, _ := m["listeners"].([]any); len(ls) > 0 {
+					addr, _ = ls[0].(string)
+				}
+			}
+		case <-sc.exited:
+			t.Fatal("the sidecar exited at start")
+		case <-deadline:
+			t.Fatal("the sidecar did not start")
+		}
+	}
+	base := "http://" + addr
+	client := &http.Client{Timeout: testutil.LongWait}
+	do := func(t *testing.T, req *http.Request) result {
+		t.Helper()
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatalf("%s %s: %v", req.Method, req.URL, err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return result{status: resp.StatusCode, ruleID: resp.Header.Get("x-waf-rule-id"), body: string(b)}
+	}
+	for _, tc := range attacks {
+		t.Run("attack/"+tc.name, func(t *testing.T) {
+			before := upHits.Load()
+			r := do(t, tc.req(base))
+			if want := cmp.Or(tc.status, http.StatusForbidden); r.status != want {
+				t.Fatalf("status %d, want %d; body %q", r.status, want, r.body)
+			}
+			if r.ruleID == "" || (tc.rule != "" && r.ruleID != tc.rule) {
+				t.Errorf("x-waf-rule-id %q, want %q", r.ruleID, tc.rule)
+			}
+			if n := upHits.Load() - before; n != 0 {
+				t.Errorf("the upstream saw %d blocked request(s)", n)
+			}
+		})
+	}
+	for _, tc := range benign {
+		t.Run("benign/"+tc.name, func(t *testing.T) {
+			before := upHits.Load()
+			r := do(t, tc.req(base))
+			if r.status != http.StatusOK || r.ruleID != "" {
+				t.Fatalf("status %d, rule %q, want 200 and no rule; body %q", r.status, r.ruleID, r.body)
+			}
+			if n := upHits.Load() - before; n != 1 {
+				t.Errorf("the upstream saw %d request(s), want 1", n)
+			}
+		})
+	}
+}
