@@ -54,9 +54,13 @@ type bodySource struct {
 // read reads into p: until p is full or the body ends when fill is set,
 // else whatever one read returns. last reports the end of the body.
 func (s *bodySource) read(p []byte, fill bool) (n int, last bool, err error) {
+	// The bytes read ahead (prefix) were counted in s.n when first read:
+	// only what comes from s.r now is new.
+	pre := 0
 	if len(s.prefix) > 0 {
-		n = copy(p, s.prefix)
-		s.prefix = s.prefix[n:]
+		pre = copy(p, s.prefix)
+		s.prefix = s.prefix[pre:]
+		n = pre
 	}
 	if s.r == nil {
 		s.eof = true
@@ -69,21 +73,21 @@ func (s *bodySource) read(p []byte, fill bool) (n int, last bool, err error) {
 		switch {
 		case rerr == io.EOF:
 			s.eof = true
-			if (s.want >= 0 && s.n+int64(n) < s.want) || (!s.untilClose && s.ec != nil && s.ec.eof) {
-				s.n += int64(n)
+			if (s.want >= 0 && s.n+int64(n-pre) < s.want) || (!s.untilClose && s.ec != nil && s.ec.eof) {
+				s.n += int64(n - pre)
 				return n, false, io.ErrUnexpectedEOF
 			}
 		case rerr != nil:
-			s.n += int64(n)
+			s.n += int64(n - pre)
 			return n, false, rerr
 		case m == 0:
 			if zero++; zero > 100 {
-				s.n += int64(n)
+				s.n += int64(n - pre)
 				return n, false, errNoProgress
 			}
 		}
 	}
-	s.n += int64(n)
+	s.n += int64(n - pre)
 	if s.max > 0 && s.n > s.max {
 		return n, false, errTooLarge
 	}

@@ -288,6 +288,10 @@ func (dc *decisionCache) get(key []byte, now time.Duration) *cacheEntry {
 // put stores d under key for ttl, evicting the least recently used entry
 // of the shard when it is full.
 func (dc *decisionCache) put(key []byte, d *protocol.Decision, ttl time.Duration) {
+	// The lookup may have been skipped (the agent's capabilities were not
+	// known before the exchange connected): the entries of an earlier
+	// connection go before this answer joins them.
+	dc.checkGen()
 	e := &cacheEntry{hash: xxhash.Sum64(key), key: append([]byte(nil), key...), expires: mono() + ttl}
 	copyDecision(&e.dec, d)
 	s := &dc.shards[e.hash%cacheShards]
@@ -342,19 +346,29 @@ func (s *cacheShard) toFront(e *cacheEntry) {
 	s.head = e
 }
 
-// copyDecision deep-copies what applying a header decision needs.
-func copyDecision(dst, src *protocol.Decision) {
-	n := len(src.Body) + len(src.RedirectURL)
-	for _, h := range src.BlockHeaders {
+// maxCachedDecision bounds the bytes of one cached decision (block body,
+// redirect URL, header names and values): a larger one is not kept, so
+// max_entries bounds the cache's memory, not the agents' answers.
+const maxCachedDecision = 64 << 10
+
+// decisionBytes is the size of what copyDecision copies of d.
+func decisionBytes(d *protocol.Decision) int {
+	n := len(d.Body) + len(d.RedirectURL)
+	for _, h := range d.BlockHeaders {
 		n += len(h.Name) + len(h.Value)
 	}
-	for _, op := range src.RequestHeaderOps {
+	for _, op := range d.RequestHeaderOps {
 		n += len(op.Name) + len(op.Value)
 	}
-	for _, op := range src.ResponseHeaderOps {
+	for _, op := range d.ResponseHeaderOps {
 		n += len(op.Name) + len(op.Value)
 	}
-	arena := make([]byte, 0, n)
+	return n
+}
+
+// copyDecision deep-copies what applying a header decision needs.
+func copyDecision(dst, src *protocol.Decision) {
+	arena := make([]byte, 0, decisionBytes(src))
 	cp := func(b []byte) []byte {
 		if b == nil {
 			return nil
@@ -440,6 +454,12 @@ func (rs *reqState) cacheStore(i int, d *protocol.Decision) {
 	sl := &rs.slots[i]
 	dc := sl.ra.a.cache
 	if d.Cache.NoStore || !d.Final() || rs.rh.HasInlineBody || d.HasRequestBodyMutation || !rs.cacheable(sl) {
+		return
+	}
+	if rs.checkLimits(i, d) != nil {
+		return // breaks the header limits: the agent is asked again
+	}
+	if decisionBytes(d) > maxCachedDecision {
 		return
 	}
 	ttl := dc.ttl

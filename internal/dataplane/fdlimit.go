@@ -62,3 +62,25 @@ func clampConnections(l *config.Listener, budget int, nofile uint64, log zerolog
 	l.MaxConnections = budget
 	return true
 }
+
+// clampTunnels keeps l's tunnels within the listener's descriptor budget.
+// A tunnel's client connection is not one of max_connections (the HTTP
+// server lets go of a hijacked connection), yet it holds a descriptor
+// like one (its upstream side counts against the upstream's max_conns):
+// max_connections and max_tunnels together must fit the budget. Tunnels
+// keep at most half of it. explicit says the operator set either limit;
+// only then is the clamp logged.
+func clampTunnels(l *config.Listener, budget int, nofile uint64, explicit bool, log zerolog.Logger) bool {
+	if budget <= 0 || l.MaxConnections+l.MaxTunnels <= budget {
+		return false
+	}
+	tunnels := min(l.MaxTunnels, max(budget/2, 1))
+	conns := min(l.MaxConnections, max(budget-tunnels, 1))
+	if explicit {
+		log.Warn().Str("listener", l.Name).Int("max_connections", l.MaxConnections).Int("max_tunnels", l.MaxTunnels).
+			Int("connections_clamped_to", conns).Int("tunnels_clamped_to", tunnels).Uint64("rlimit_nofile", nofile).
+			Msg("max_connections and max_tunnels together exceed what the file descriptor limit allows (a tunnel holds a client descriptor outside max_connections); clamped. Raise `ulimit -n` or lower them")
+	}
+	l.MaxConnections, l.MaxTunnels = conns, tunnels
+	return explicit
+}

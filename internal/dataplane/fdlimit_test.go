@@ -70,3 +70,42 @@ func TestClampConnections(t *testing.T) {
 		t.Errorf("explicit within budget changed: %d", l.MaxConnections)
 	}
 }
+
+// A tunnel's client descriptor is outside max_connections: both limits
+// together stay within the listener's budget.
+func TestClampTunnels(t *testing.T) {
+	var buf bytes.Buffer
+	log := zerolog.New(&buf)
+	// ulimit -n 256 with the default 1024 tunnels: budget 96.
+	l := config.Listener{Name: "pub", MaxTunnels: 1024}
+	clampConnections(&l, 96, 256, log)
+	if clampTunnels(&l, 96, 256, false, log) || l.MaxConnections+l.MaxTunnels > 96 || l.MaxTunnels != 48 || l.MaxConnections != 48 {
+		t.Errorf("unset: max_connections %d + max_tunnels %d, want 48 + 48", l.MaxConnections, l.MaxTunnels)
+	}
+	if buf.Len() != 0 {
+		t.Errorf("unset limits logged: %s", buf.String())
+	}
+	// A big budget: tunnels keep their number, connections make room.
+	l = config.Listener{Name: "pub", MaxTunnels: 1024}
+	clampConnections(&l, 18848, 20000, log)
+	if clampTunnels(&l, 18848, 20000, false, log); l.MaxTunnels != 1024 || l.MaxConnections != 18848-1024 {
+		t.Errorf("big budget: %d + %d", l.MaxConnections, l.MaxTunnels)
+	}
+	l = config.Listener{Name: "pub", MaxConnections: 90, MaxTunnels: 1024}
+	clampConnections(&l, 96, 256, log)
+	if !clampTunnels(&l, 96, 256, true, log) || l.MaxConnections != 48 || l.MaxTunnels != 48 {
+		t.Errorf("explicit: %d + %d, want 48 + 48", l.MaxConnections, l.MaxTunnels)
+	}
+	if !strings.Contains(buf.String(), "tunnels_clamped_to") {
+		t.Errorf("explicit clamp not logged: %s", buf.String())
+	}
+	// Within the budget, or no limit known: unchanged.
+	l = config.Listener{Name: "pub", MaxConnections: 40, MaxTunnels: 50}
+	if clampTunnels(&l, 96, 256, true, log) || l.MaxConnections != 40 || l.MaxTunnels != 50 {
+		t.Errorf("within budget changed: %d + %d", l.MaxConnections, l.MaxTunnels)
+	}
+	l = config.Listener{Name: "pub", MaxConnections: 65536, MaxTunnels: 1024}
+	if clampTunnels(&l, 0, 0, true, log) || l.MaxTunnels != 1024 {
+		t.Errorf("unknown limit changed: %d + %d", l.MaxConnections, l.MaxTunnels)
+	}
+}

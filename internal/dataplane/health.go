@@ -59,6 +59,8 @@ func (ep *endpoint) checkClient(up *upstream) *fasthttp.HostClient {
 		Dial:                   dial,
 		MaxConns:               1,
 		MaxIdleConnDuration:    2 * up.cfg.HealthCheck.Interval,
+		ReadBufferSize:         int(up.cfg.ReadBufferSize),
+		MaxResponseBodySize:    maxHealthBody,
 		DisablePathNormalizing: true,
 		SecureErrorLogMessage:  true,
 	}
@@ -67,6 +69,11 @@ func (ep *endpoint) checkClient(up *upstream) *fasthttp.HostClient {
 	}
 	return ep.checkHC.Load()
 }
+
+// maxHealthBody bounds a health check's answer: an endpoint cannot make
+// every check read (and hold) a body of its choosing; a larger one fails
+// the check.
+const maxHealthBody = 64 << 10
 
 // checkOne runs one check of ep and moves its health state.
 func (up *upstream) checkOne(ep *endpoint) {

@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/rs/zerolog"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace"
@@ -122,15 +124,39 @@ func (e *spanExporter) sample() bool {
 	return e.all || rand.Uint64() < e.threshold
 }
 
+// maxSpanString bounds each client-chosen string a span record keeps: a
+// client decides whether its request is sampled (the traceparent flags),
+// and max_queue records of whole header buffers would be its to fill.
+const maxSpanString = 1024
+
+// spanString is b as a span attribute: at most maxSpanString bytes, and
+// valid UTF-8 (a decoded path or a request id may be anything; protobuf
+// refuses to marshal such a string, and one of them failed the export of
+// its whole batch).
+func spanString(b []byte) string {
+	if len(b) > maxSpanString {
+		b = b[:maxSpanString]
+	}
+	if utf8.Valid(b) {
+		return string(b)
+	}
+	v := strings.ToValidUTF8(string(b), "\uFFFD")
+	for len(v) > maxSpanString {
+		_, n := utf8.DecodeLastRuneInString(v)
+		v = v[:len(v)-n]
+	}
+	return v
+}
+
 // record queues the spans of a finished sampled request.
 func (e *spanExporter) record(rs *reqState, route, status int, d time.Duration) {
 	tr := &rs.trace
 	r := spanRecord{traceID: tr.traceID, parentID: tr.parentID, spanID: tr.spanID, upSpanID: tr.upSpanID,
 		start: rs.start, dur: d, upStart: time.Duration(tr.upStart), upEnd: time.Duration(tr.upEnd),
-		agentTime: rs.agentTime, status: status, outcome: rs.outcome, corr: string(rs.corr), endpoint: tr.upAddr}
+		agentTime: rs.agentTime, status: status, outcome: rs.outcome, corr: spanString(rs.corr), endpoint: tr.upAddr}
 	if rs.ctx != nil {
-		r.method = string(rs.ctx.Method())
-		r.path = string(rs.ctx.Path())
+		r.method = spanString(rs.ctx.Method())
+		r.path = spanString(rs.ctx.Path())
 	}
 	if rs.rt != nil {
 		r.route, r.upstream = rs.rt.name, rs.rt.up.name

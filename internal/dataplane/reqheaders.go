@@ -100,8 +100,9 @@ func (rs *reqState) reqOp(op protocol.HeaderOpKind, name, value []byte) {
 // prepareRequest normalises the request head (normalize.go) and builds
 // the upstream request's header list: the client's headers minus
 // hop-by-hop ones (and those its Connection header names), minus the
-// framing headers the body writer sets, plus the forwarding headers. It
-// returns false when the head is refused (a 400 is staged).
+// framing headers the body writer sets and the client's X-Sidecar-*
+// headers, plus the forwarding headers. It returns false when the head is
+// refused (a 400 is staged).
 func (rs *reqState) prepareRequest() bool {
 	if !rs.normalizeTarget() {
 		rs.refuseHead(rejectTarget, "bad request target")
@@ -133,6 +134,10 @@ func (rs *reqState) prepareRequest() bool {
 		case foldEq(k, "content-length"):
 			hasCL = true
 			continue
+		case len(k) >= 10 && foldEq(k[:10], "x-sidecar-"):
+			// The sidecar's own markers: only the sidecar sets them, so
+			// neither the agents nor the upstream take a client's for one.
+			continue
 		case foldEq(k, "host"), foldEq(k, "expect"):
 			// Host is written first from the route's host mode; the body
 			// writer frames the body; the listener answered 100-continue.
@@ -155,6 +160,11 @@ func (rs *reqState) prepareRequest() bool {
 				continue
 			}
 			hasHost = true
+		case foldEq(k, "forwarded"):
+			// RFC 7239's form of the same claims (for=, proto=, host=).
+			if !trust {
+				continue
+			}
 		}
 		hdr = append(hdr, hkv{name: k, value: v})
 	}

@@ -152,6 +152,7 @@ type reqState struct {
 	upCC       any       // *fasthttp.clientConn; its type is unexported
 	upEP       *endpoint // the endpoint of upCC (endpoints.go)
 	upWrap     eofConn
+	upSent     sentConn // the request's writes to the upstream (upstream.go)
 	upBR       *bufio.Reader
 	upResp     fasthttp.Response
 	upClose    bool
@@ -261,6 +262,7 @@ func (rs *reqState) release() {
 	rs.upCC, rs.upBR, rs.upEP = nil, nil, nil
 	rs.trace = traceState{}
 	rs.upWrap = eofConn{}
+	rs.upSent = sentConn{}
 	rs.upResp.Reset()
 	rs.upClose, rs.upBodyDone = false, false
 	rs.hdr = rs.hdr[:0]

@@ -103,7 +103,11 @@ func New(cfg Config, agents map[string]agentmux.Agent, log zerolog.Logger) (*Ser
 			}
 			l.tls = lt
 		}
+		explicit := l.cfg.MaxConnections != 0
 		if clampConnections(&l.cfg, budget, nofile, log) {
+			s.stats.connClamped.Add(1)
+		}
+		if clampTunnels(&l.cfg, budget, nofile, explicit, log) {
 			s.stats.connClamped.Add(1)
 		}
 		l.srv = s.newFastServer(l)
@@ -254,6 +258,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		}
 	}
 	s.drainTunnels(ctx)
+	s.stopShadows(ctx)
 	s.closeTLS()
 	if s.watch != nil {
 		s.watch.close()
@@ -278,6 +283,22 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		}
 	}
 	return first
+}
+
+// stopShadows stops the shadow agents' workers and waits for them to
+// leave (or ctx to end).
+func (s *Server) stopShadows(ctx context.Context) {
+	t := s.tbl.Load()
+	for _, e := range t.agents {
+		if e.shadow != nil {
+			e.shadow.stop()
+		}
+	}
+	for _, e := range t.agents {
+		if e.shadow != nil {
+			e.shadow.waitStopped(ctx)
+		}
+	}
 }
 
 // Swap atomically replaces the routes, upstreams and agent policies with
@@ -316,7 +337,19 @@ func (s *Server) Swap(cfg *config.Config, agents map[string]agentmux.Agent) erro
 	}
 	keepUp := keptEndpoints(t)
 	log := s.log
+	keepShadow := make(map[*shadowRunner]bool)
+	for _, e := range t.agents {
+		if e.shadow != nil {
+			keepShadow[e.shadow] = true
+		}
+	}
 	old.retire(func() {
+		// Shadow runners the new table does not carry over stop.
+		for _, e := range old.agents {
+			if e.shadow != nil && !keepShadow[e.shadow] {
+				e.shadow.stop()
+			}
+		}
 		for name, a := range oldAgents {
 			if !keep[a] {
 				if err := a.Close(); err != nil {

@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"context"
 	"strconv"
 	"strings"
 	"sync"
@@ -54,6 +55,13 @@ type shadowRunner struct {
 	log atomic.Pointer[zerolog.Logger]
 
 	workers atomic.Int32
+	// stopCh, once closed (stop), ends the workers and their exchanges:
+	// at shutdown, or when a reload dropped the runner. wg counts the
+	// workers; startMu orders starting one against stop.
+	stopCh  chan struct{}
+	startMu sync.Mutex
+	stopped bool
+	wg      sync.WaitGroup
 
 	queued, dropped, failed            atomic.Uint64
 	allowed, wouldBlock, wouldRedirect atomic.Uint64
@@ -73,6 +81,7 @@ func newShadowRunner(a *config.Agent, inst agentmux.Agent) *shadowRunner {
 	return &shadowRunner{
 		name: a.Name, agent: inst, timeout: c.timeout, cfg: c,
 		q:        make(chan *shadowEvent, c.queue),
+		stopCh:   make(chan struct{}),
 		byStatus: map[int]uint64{}, byRule: map[string]uint64{},
 	}
 }
@@ -131,9 +140,48 @@ func (sr *shadowRunner) enqueue(m *protocol.RequestHeaders) {
 			return
 		}
 		if sr.workers.CompareAndSwap(n, n+1) {
-			go sr.work()
+			if !sr.start() {
+				sr.workers.Add(-1)
+			}
 			return
 		}
+	}
+}
+
+// start starts a worker unless the runner is stopped.
+func (sr *shadowRunner) start() bool {
+	sr.startMu.Lock()
+	defer sr.startMu.Unlock()
+	if sr.stopped {
+		return false
+	}
+	sr.wg.Add(1)
+	go sr.work()
+	return true
+}
+
+// stop ends the runner: its workers leave (an exchange in flight is
+// canceled) and no new one starts; queued events are dropped.
+func (sr *shadowRunner) stop() {
+	sr.startMu.Lock()
+	defer sr.startMu.Unlock()
+	if !sr.stopped {
+		sr.stopped = true
+		close(sr.stopCh)
+	}
+}
+
+// waitStopped waits for the workers of a stopped runner to leave, or for
+// ctx to end.
+func (sr *shadowRunner) waitStopped(ctx context.Context) {
+	done := make(chan struct{})
+	go func() {
+		sr.wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
 	}
 }
 
@@ -192,10 +240,14 @@ func (ev *shadowEvent) copyFrom(m *protocol.RequestHeaders) {
 
 // work sends queued events until the queue stays empty for shadowIdle.
 func (sr *shadowRunner) work() {
+	defer sr.wg.Done()
 	idle := time.NewTimer(shadowIdle)
 	defer idle.Stop()
 	for {
 		select {
+		case <-sr.stopCh:
+			sr.workers.Add(-1)
+			return
 		case ev := <-sr.q:
 			sr.send(ev)
 			shadowEvents.Put(ev)
@@ -226,7 +278,7 @@ func (sr *shadowRunner) rejoin() bool {
 
 // send runs one event through the shadow agent and counts the answer.
 func (sr *shadowRunner) send(ev *shadowEvent) {
-	w := agentmux.Wait{Deadline: time.Now().Add(sr.timeout)}
+	w := agentmux.Wait{Deadline: time.Now().Add(sr.timeout), Cancel: sr.stopCh}
 	ex, err := sr.agent.Begin(w)
 	if err != nil {
 		sr.fail(ev, err)
@@ -255,6 +307,11 @@ func (sr *shadowRunner) send(ev *shadowEvent) {
 }
 
 func (sr *shadowRunner) fail(ev *shadowEvent, err error) {
+	select {
+	case <-sr.stopCh:
+		return // stopped: not the agent's failure
+	default:
+	}
 	sr.failed.Add(1)
 	if ok, sup := sr.logFail.allow(); ok {
 		sr.log.Load().Warn().Str("agent", sr.name).Bytes("correlation_id", ev.rh.Metadata.CorrelationID).

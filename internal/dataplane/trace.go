@@ -301,6 +301,11 @@ func (rs *reqState) traceContext() {
 	} else if rewrite {
 		formatTraceparent(&tr.buf, &tr.traceID, &tr.spanID, tr.flags&1)
 		rs.setHdr(hdrTraceparent, tr.buf[:])
+	} else if len(tp) != traceparentLen {
+		// A later version: passed on as version 00, without whatever the
+		// client put after the flags (up to a whole header buffer).
+		formatTraceparent(&tr.buf, &tr.traceID, &tr.parentID, tr.flags&1)
+		rs.setHdr(hdrTraceparent, tr.buf[:])
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"unicode/utf8"
 
 	collectortrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
@@ -243,5 +244,64 @@ func TestSpansExported(t *testing.T) {
 	}
 	if servers != 1 {
 		t.Fatalf("%d request spans after the unsampled and the sampled request, want 1", servers)
+	}
+}
+
+// TestTraceparentLaterVersionNormalised: a traceparent of a later version
+// is valid, but what follows its flags is the client's: the agents and
+// the upstream get it as version 00 (same trace, parent and sampled
+// flag), never the client's tail; a 1,500-member tracestate (with 2,000
+// empty ones) is dropped.
+func TestTraceparentLaterVersionNormalised(t *testing.T) {
+	p, u, seen := traceSetup(t, nil)
+	tail := "-" + strings.Repeat("x", 4000)
+	p.do(t, "GET", "/", nil, "traceparent", "cc-"+inTrace+"-"+inParent+"-03"+tail,
+		"tracestate", strings.Repeat("a=1,", 1500)+strings.Repeat(",", 2000))
+	got := u.last(t).Header
+	if tp := got.Values("traceparent"); len(tp) != 1 || tp[0] != inTP {
+		t.Fatalf("upstream got traceparent %.80q, want %q", tp, inTP)
+	}
+	if ts := got.Get("tracestate"); ts != "" {
+		t.Fatalf("upstream got a %d-byte tracestate", len(ts))
+	}
+	if s := seen(); len(s) != 1 || s[0] != inTP {
+		t.Fatalf("agent saw %.80q", s)
+	}
+}
+
+// TestSpanExportSurvivesHostileStrings: a sampled request whose decoded
+// path and request id are not UTF-8 (and far longer than a span needs)
+// still has its spans exported, cut and made valid, and so do the
+// requests batched with it.
+func TestSpanExportSurvivesHostileStrings(t *testing.T) {
+	col := startCollector(t)
+	p, _, _ := traceSetup(t, func(tc *config.Tracing) {
+		tc.OTLP.Endpoint = col.addr
+		tc.OTLP.Insecure = true
+	})
+	long := "/%FF%FE" + strings.Repeat("a", 4000)
+	p.do(t, "GET", long, nil, "traceparent", inTP, "X-Request-Id", "id-\xff")
+	p.do(t, "GET", "/ok", nil, "traceparent", inTP)
+	paths := map[string]bool{}
+	waitFor(t, "both request spans at the collector", func() bool {
+		for _, s := range col.got() {
+			if s.Kind != tracepb.Span_SPAN_KIND_SERVER {
+				continue
+			}
+			for _, a := range s.Attributes {
+				if a.Key == "url.path" {
+					paths[a.Value.GetStringValue()] = true
+				}
+			}
+		}
+		return len(paths) >= 2
+	})
+	for path := range paths {
+		if len(path) > 1024 || !utf8.ValidString(path) {
+			t.Errorf("exported path of %d bytes (valid UTF-8: %v)", len(path), utf8.ValidString(path))
+		}
+	}
+	if !paths["/ok"] {
+		t.Errorf("paths %v", paths)
 	}
 }

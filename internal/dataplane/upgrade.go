@@ -23,12 +23,15 @@ import (
 // reused.
 //
 // Only a bodiless GET over HTTP/1.1 whose Connection lists upgrade (and
-// not close) and that has an Upgrade header is an upgrade; anything else
-// loses both headers as before (hop-by-hop). A tunnel ends when either
-// side closes, when no byte went either way for tunnel_idle_timeout, or
-// at shutdown once the grace period is over. Tunnels are capped per
-// listener (max_tunnels, 503 past it) and hold their upstream connection
-// against the upstream's max_conns until they end.
+// not close) and that has an Upgrade header naming no HTTP version (h2c,
+// h2, HTTP/…: requests inside such a tunnel would bypass the agents) is
+// an upgrade; anything else loses both headers as before (hop-by-hop).
+// A tunnel ends when either side closes, when no byte went either way
+// for tunnel_idle_timeout, or at shutdown once the grace period is over.
+// Tunnels are capped per listener (max_tunnels, 503 past it; with
+// max_connections within the descriptor budget, fdlimit.go) and hold
+// their upstream connection against the upstream's max_conns until they
+// end.
 
 var (
 	hdrConnection = []byte("Connection")
@@ -162,7 +165,7 @@ func (rs *reqState) prepareUpgrade() bool {
 	}
 	conn := h.PeekBytes(hdrConnection)
 	up := h.PeekBytes(hdrUpgrade)
-	if len(up) == 0 || !hasToken(conn, "upgrade") || !validHeaderValue(up) {
+	if len(up) == 0 || !hasToken(conn, "upgrade") || !validHeaderValue(up) || carriesHTTP(up) {
 		return true
 	}
 	l := rs.lst
@@ -175,6 +178,27 @@ func (rs *reqState) prepareUpgrade() bool {
 	rs.hdr = append(rs.hdr, hkv{name: hdrConnection, value: valueUpgrade}, hkv{name: hdrUpgrade, value: up})
 	rs.viewDirty = true
 	return true
+}
+
+// carriesHTTP reports an Upgrade list that names HTTP itself (h2c, h2,
+// HTTP/2.0 …): a tunnel for it would carry requests that no agent sees.
+// Such a request goes on as an ordinary one, without the upgrade.
+func carriesHTTP(up []byte) bool {
+	for len(up) > 0 {
+		var t []byte
+		t, up = nextToken(up)
+		// protocol-name ["/" protocol-version]
+		for i, c := range t {
+			if c == '/' {
+				t = t[:i]
+				break
+			}
+		}
+		if foldEq(t, "h2c") || foldEq(t, "h2") || foldEq(t, "http") {
+			return true
+		}
+	}
+	return false
 }
 
 // validHeaderValue reports a value free of CR, LF and NUL (fasthttp

@@ -221,7 +221,7 @@ const maxReplays = 8
 // replayable reports whether a failed attempt on a reused keep-alive
 // connection may be retried on another: nothing of the body was consumed
 // and either the method is idempotent or the upstream never took the
-// request.
+// request (writing failed before any of it went out).
 func (rs *reqState) replayable(err error) bool {
 	switch rs.reqMode {
 	case reqBodyPass, reqBodyPipe:
@@ -233,7 +233,11 @@ func (rs *reqState) replayable(err error) bool {
 		return false
 	}
 	var ue *upstreamError
-	if errors.As(err, &ue) && ue.write {
+	if errors.As(err, &ue) && ue.write && !rs.upSent.wrote {
+		// Not a byte of the request went out: any method may go again.
+		// Once some did, the upstream may have read the head and acted
+		// on it (answering and closing before the rest of a large body,
+		// the answer lost to the reset): only an idempotent one may.
 		return true
 	}
 	h := &rs.ctx.Request.Header
@@ -249,13 +253,29 @@ func staleConn(err error) bool {
 		errors.As(err, &nr) || errors.Is(err, fasthttp.ErrConnectionClosed)
 }
 
+// sentConn is the upstream connection as the request writer sees it: it
+// remembers whether any write moved bytes out.
+type sentConn struct {
+	net.Conn
+	wrote bool
+}
+
+func (c *sentConn) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	if n > 0 {
+		c.wrote = true
+	}
+	return n, err
+}
+
 // sendRequest writes the request head and body.
 func (rs *reqState) sendRequest(conn net.Conn) error {
 	up := rs.rt.up
 	hc := rs.upEP.hc
 	extendWrite(conn, up.cfg.IdleTimeout)
 	rs.reqSent = true
-	bw := hc.AcquireWriter(conn)
+	rs.upSent = sentConn{Conn: conn}
+	bw := hc.AcquireWriter(&rs.upSent)
 	err := rs.writeHead(bw)
 	if err != nil {
 		err = &upstreamError{err: err, write: true}

@@ -132,6 +132,59 @@ var edgeCases = []edgeCase{
 	{name: "POST body forwarded", req: "POST /p HTTP/1.1\r\nHost: public.example\r\nX-Request-Id: t19\r\nContent-Length: 5\r\n\r\nhello",
 		want: []int{200}, up: []string{"POST /p HTTP/1.1\r\nHost: public.example\r\nX-Request-Id: t19\r\nX-Forwarded-For: 127.0.0.1\r\nX-Forwarded-Proto: http\r\nX-Forwarded-Host: public.example\r\nx-agent: seen\r\nContent-Length: 5\r\n\r\nhello"}},
 
+	// --- Upgrade: nothing past an upgrade request bypasses the agents.
+	// An h2c tunnel would carry HTTP/2 requests no agent sees: the upgrade
+	// is dropped and the pipelined request is one of the sidecar's.
+	{name: "h2c upgrade refused, pipelined request goes through the agent",
+		req: get("/upgrade", "public.example", "u1", "Connection: Upgrade, HTTP2-Settings", "Upgrade: h2c", "HTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA") +
+			get("/blocked", "public.example", "u2"),
+		want: []int{200, 403}, up: []string{fwd("GET", "/upgrade", "public.example", "u1")},
+		agent: []string{"GET public.example /upgrade", "GET public.example /blocked"}},
+	{name: "h2c anywhere in the Upgrade list, any case",
+		req:  get("/upgrade", "public.example", "u3", "Connection: upgrade", "Upgrade: websocket, H2C/1.0") + get("/blocked", "public.example", "u4"),
+		want: []int{200, 403}, up: []string{fwd("GET", "/upgrade", "public.example", "u3")}},
+	{name: "Upgrade: HTTP/2.0 refused",
+		req:  get("/upgrade", "public.example", "u5", "Connection: upgrade", "Upgrade: HTTP/2.0") + get("/blocked", "public.example", "u6"),
+		want: []int{200, 403}, up: []string{fwd("GET", "/upgrade", "public.example", "u5")}},
+	{name: "upgrade with Connection: close is no upgrade",
+		req:  get("/upgrade", "public.example", "u7", "Connection: Upgrade, close", "Upgrade: websocket") + get("/blocked", "public.example", "u8"),
+		want: []int{200}, closed: true, up: []string{fwd("GET", "/upgrade", "public.example", "u7")}},
+	{name: "upgrade with a body is no upgrade",
+		req: "GET /upgrade HTTP/1.1\r\nHost: public.example\r\nX-Request-Id: u9\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nContent-Length: 5\r\n\r\nhello" +
+			get("/blocked", "public.example", "u10"),
+		want: []int{200, 403},
+		up:   []string{strings.Replace(fwd("GET", "/upgrade", "public.example", "u9"), "\r\n\r\n", "\r\nContent-Length: 5\r\n\r\nhello", 1)}},
+	{name: "upgrade with a chunked body is no upgrade",
+		req: "GET /upgrade HTTP/1.1\r\nHost: public.example\r\nX-Request-Id: u11\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n" +
+			get("/blocked", "public.example", "u12"),
+		want: []int{200, 403},
+		up:   []string{strings.Replace(fwd("GET", "/upgrade", "public.example", "u11"), "\r\n\r\n", "\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 1)}},
+	{name: "upgrade over HTTP/1.0 is no upgrade",
+		req:  "GET /upgrade HTTP/1.0\r\nHost: public.example\r\nX-Request-Id: u13\r\nConnection: Upgrade, keep-alive\r\nUpgrade: websocket\r\n\r\n",
+		want: []int{200}, up: []string{fwd("GET", "/upgrade", "public.example", "u13")}},
+	{name: "POST upgrade is no upgrade",
+		req:  "POST /upgrade HTTP/1.1\r\nHost: public.example\r\nX-Request-Id: u14\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nContent-Length: 0\r\n\r\n" + get("/blocked", "public.example", "u15"),
+		want: []int{200, 403},
+		up:   []string{strings.Replace(fwd("POST", "/upgrade", "public.example", "u14"), "\r\n\r\n", "\r\nContent-Length: 0\r\n\r\n", 1)}},
+	// HTTP/2 with prior knowledge never reaches the upstream either.
+	{name: "HTTP/2 connection preface refused", req: "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + get("/blocked", "public.example", "u18"),
+		want: []int{400}, closed: true},
+	// The upstream refuses the upgrade: the pipelined bytes are the next
+	// request, inspected like any other.
+	{name: "pipelined request after an upgrade the upstream refuses",
+		req:  get("/", "public.example", "u16", "Connection: Upgrade", "Upgrade: websocket") + get("/blocked", "public.example", "u17"),
+		want: []int{200, 403}, agent: []string{"GET public.example /", "GET public.example /blocked"},
+		up: []string{strings.Replace(fwd("GET", "/", "public.example", "u16"), "x-agent", "Connection: Upgrade\r\nUpgrade: websocket\r\nx-agent", 1)}},
+
+	// --- Spoofing: a client cannot send what the sidecar sets.
+	{name: "client X-Sidecar-* headers never reach the upstream",
+		req:  get("/s", "public.example", "s1", "X-Sidecar-Inspection: partial", "x-sidecar-fail-open: policy", "X-SIDECAR-Whatever: 1", "X-Sidecar: kept"),
+		want: []int{200}, up: []string{fwd("GET", "/s", "public.example", "s1", "X-Sidecar: kept")}},
+	{name: "X-Forwarded-* and Forwarded from the client are replaced",
+		req: get("/s", "public.example", "s2", "X-Forwarded-Proto: https", "X-Forwarded-For: 10.0.0.1", "X-Forwarded-Host: admin.example",
+			"Forwarded: for=10.0.0.1;proto=https;host=admin.example"),
+		want: []int{200}, up: []string{fwd("GET", "/s", "public.example", "s2")}},
+
 	// --- Hostile agent replies.
 	{name: "block cannot send a javascript: Location", req: get("/x", "public.example", "t20", "X-Edge: location-js"),
 		want: []int{302}, noHeader: "Location"},

@@ -20,6 +20,7 @@ import (
 //	/slow?ms=N       after N milliseconds, 200 "slow-ok"
 //	/download?kb=N&ms=M  N KiB of 'x' in 64 KiB pieces, spread over M ms
 //	/close           200 "bye" with Connection: close, then closes
+//	/upgrade         with an Upgrade header: 101, then HTTP again
 //	anything else    200 "ok"
 type rawUpstream struct {
 	ln   net.Listener
@@ -150,6 +151,15 @@ func (u *rawUpstream) handle(c net.Conn) {
 		case "/close":
 			writeResp(c, "bye", true)
 			return
+		case "/upgrade":
+			// A server that switches to any protocol asked for and then
+			// reads HTTP requests again: what an h2c server does, in
+			// HTTP/1 so that the requests are recorded.
+			if up := headerValue(raw, "upgrade"); up != "" {
+				fmt.Fprintf(c, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: %s\r\n\r\n", up)
+				continue
+			}
+			writeResp(c, "ok", false)
 		default:
 			writeResp(c, "ok", false)
 		}
@@ -239,4 +249,16 @@ func readRequest(br *bufio.Reader) (raw, target string, err error) {
 		b.Write(data)
 	}
 	return b.String(), target, nil
+}
+
+// headerValue is the value of the first header called name in a raw
+// request ("" when none).
+func headerValue(raw, name string) string {
+	head, _, _ := strings.Cut(raw, "\r\n\r\n")
+	for _, l := range strings.Split(head, "\r\n")[1:] {
+		if k, v, ok := strings.Cut(l, ":"); ok && strings.EqualFold(k, name) {
+			return strings.TrimSpace(v)
+		}
+	}
+	return ""
 }
