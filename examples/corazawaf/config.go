@@ -84,6 +84,13 @@ type Config struct {
 	// LogRate is the number of per-request log lines per second; lines
 	// over it are counted and reported in the next line logged.
 	LogRate int
+	// RxPreFilter turns on Coraza's @rx pre-filter (SecRxPreFilter): at
+	// load time each CRS regular expression yields the literals and the
+	// length any match needs, and an input without them skips the regular
+	// expression. A necessary-condition check, it never turns a match
+	// into a miss. It saves a tenth to a third of the CPU of a request
+	// with arguments, more on long ones; Coraza calls it experimental.
+	RxPreFilter bool
 	// ExtraDirectives are SecLang directives appended after the rule set
 	// (e.g. SecRuleUpdateTargetById).
 	ExtraDirectives string
@@ -109,6 +116,7 @@ func DefaultConfig() Config {
 		MaxPending:        DefaultMaxPending,
 		PendingTTL:        DefaultPendingTTL,
 		LogRate:           DefaultLogRate,
+		RxPreFilter:       true,
 	}
 }
 

@@ -24,6 +24,20 @@
 // "waf" and "blocked" or "detected", and {"anomaly_score":N,...} as its
 // custom value; the agent logs the same, at most Config.LogRate lines per
 // second.
+//
+// The cost of a decision is Coraza evaluating the CRS rules; the agent's
+// own work (the WAF and its rules are built once, in New; audit log,
+// debug log and response bodies are off) adds about 30 allocations to
+// Coraza's 3,400. BenchmarkDecision measures the agent, BenchmarkLibraryFloor
+// Coraza alone on the same GET. One run on 2 shared CPUs (medians of 5
+// rounds, CPU per request, request and response phases), with
+// Config.RxPreFilter off then on: a GET with a query string 1.73 ms then
+// 1.26 ms, a 61-byte form POST 2.72 then 1.74 ms, a blocked SQL injection
+// 1.19 ms either way, a 4 KiB form body of one argument 40.3 then
+// 24.7 ms; Coraza alone on the GET 1.75 then 1.47 ms (1.40 then 1.22 ms
+// without the response phases, 0.3 ms for phase 1 alone). Go's regexp
+// runs its slow NFA on long inputs: on the 4 KiB argument five RCE rules
+// (932230, 932235, 932250, 932260, 932340) take about half the time.
 package corazawaf
 
 import (
@@ -136,12 +150,13 @@ SecRequestBodyInMemoryLimit %d
 SecRequestBodyLimitAction Reject
 SecResponseBodyAccess Off
 SecAuditEngine Off
+SecRxPreFilter %s
 Include @crs-setup.conf.example
 SecAction "id:900000,phase:1,pass,t:none,nolog,setvar:tx.blocking_paranoia_level=%d"
 SecAction "id:900110,phase:1,pass,t:none,nolog,setvar:tx.inbound_anomaly_score_threshold=%d,setvar:tx.outbound_anomaly_score_threshold=%d"
 SecAction "id:900200,phase:1,pass,t:none,nolog,setvar:'tx.allowed_methods=%s'"
 %sInclude @owasp_crs/*.conf
-`, engine, cfg.BodyLimit, cfg.BodyLimit, cfg.ParanoiaLevel, cfg.InboundThreshold, cfg.OutboundThreshold, strings.Join(cfg.AllowedMethods, " "), contentTypes(cfg.AllowedContentTypes))
+`, engine, cfg.BodyLimit, cfg.BodyLimit, onOff(cfg.RxPreFilter), cfg.ParanoiaLevel, cfg.InboundThreshold, cfg.OutboundThreshold, strings.Join(cfg.AllowedMethods, " "), contentTypes(cfg.AllowedContentTypes))
 	for _, r := range cfg.Exclusions {
 		fmt.Fprintf(&b, "SecRuleRemoveById %s\n", r)
 	}
@@ -150,6 +165,13 @@ SecAction "id:900200,phase:1,pass,t:none,nolog,setvar:'tx.allowed_methods=%s'"
 		b.WriteByte('\n')
 	}
 	return b.String()
+}
+
+func onOff(b bool) string {
+	if b {
+		return "On"
+	}
+	return "Off"
 }
 
 // contentTypes is the directive that sets CRS's allowed request content

@@ -73,6 +73,7 @@ func run(args []string) error {
 	fs.BoolVar(&cfg.InspectResponse, "inspect-response", cfg.InspectResponse, "inspect response headers (CRS phases 3 and 4)")
 	fs.IntVar(&cfg.MaxPending, "max-pending", cfg.MaxPending, "transactions kept open between a request and its response (the oldest is closed beyond it)")
 	fs.DurationVar(&cfg.PendingTTL, "pending-ttl", cfg.PendingTTL, "close a transaction whose next event has not come after this `duration`")
+	fs.BoolVar(&cfg.RxPreFilter, "rx-prefilter", cfg.RxPreFilter, "skip a rule's regular expression on inputs that lack the literals any match needs (Coraza's SecRxPreFilter)")
 	fs.IntVar(&cfg.LogRate, "log-rate", cfg.LogRate, "request log lines per second at most (0: none)")
 	level := fs.String("log-level", "info", "log `level`: debug, info, warn or error")
 	metricsAddr := fs.String("metrics-address", "", "serve Prometheus metrics on this `host:port` at /metrics (empty: off)")
