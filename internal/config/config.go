@@ -246,9 +246,9 @@ type Agent struct {
 	// CircuitBreaker stops consulting the agent after consecutive
 	// failures, for a cool-down (off by default).
 	CircuitBreaker CircuitBreaker `yaml:"circuit_breaker"`
-	// Shadow makes the agent observe-only: it gets the request-header
-	// events of its routes, but no request waits for it and its decisions
-	// are only logged and counted.
+	// Shadow makes the agent observe-only: it gets the events of its
+	// routes an enforcing agent would get, but no request waits for it and
+	// its decisions are only logged and counted.
 	Shadow bool `yaml:"shadow"`
 	// ShadowQueue bounds the events waiting for a shadow agent; more are
 	// dropped and counted (default 1024).
@@ -256,6 +256,10 @@ type Agent struct {
 	// ShadowWorkers caps the events of a shadow agent in flight at once
 	// (default 16).
 	ShadowWorkers int `yaml:"shadow_workers"`
+	// ShadowQueueBytes bounds the body bytes waiting for a shadow agent;
+	// a request whose body event does not fit is dropped from the shadow
+	// agent's view (default 8 MiB).
+	ShadowQueueBytes Size `yaml:"shadow_queue_bytes"`
 	// DecisionCache caches the agent's request-header decisions (off by
 	// default).
 	DecisionCache DecisionCache `yaml:"decision_cache"`

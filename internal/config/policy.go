@@ -49,6 +49,9 @@ const (
 	MaxShadowQueue = 1 << 20
 	// MaxShadowWorkers bounds shadow_workers.
 	MaxShadowWorkers = 1024
+	// MinShadowQueueBytes and MaxShadowQueueBytes bound shadow_queue_bytes.
+	MinShadowQueueBytes = 64 << 10
+	MaxShadowQueueBytes = 1 << 30
 )
 
 // DecisionCache caches an agent's request-header decisions, keyed by the
@@ -167,6 +170,7 @@ func (a *Agent) setPolicyDefaults() {
 	setSize(&dc.MaxKeyBytes, 4<<10)
 	setInt(&a.ShadowQueue, 1024)
 	setInt(&a.ShadowWorkers, 16)
+	setSize(&a.ShadowQueueBytes, 8<<20)
 }
 
 func (v *validator) agentPolicy(p string, a *Agent) {
@@ -182,6 +186,9 @@ func (v *validator) agentPolicy(p string, a *Agent) {
 	}
 	if a.ShadowWorkers < 1 || a.ShadowWorkers > MaxShadowWorkers {
 		v.failf(p+".shadow_workers", "%d is not in 1..%d", a.ShadowWorkers, MaxShadowWorkers)
+	}
+	if a.ShadowQueueBytes < MinShadowQueueBytes || a.ShadowQueueBytes > MaxShadowQueueBytes {
+		v.failf(p+".shadow_queue_bytes", "%s is not in 64KiB..1GiB", a.ShadowQueueBytes)
 	}
 	dc := &a.DecisionCache
 	dp := p + ".decision_cache"

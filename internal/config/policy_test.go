@@ -18,8 +18,8 @@ func TestPolicyDefaults(t *testing.T) {
 	if a.CircuitBreaker.On() || a.CircuitBreaker.Cooldown != 5*time.Second {
 		t.Errorf("breaker defaults %+v", a.CircuitBreaker)
 	}
-	if a.Shadow || a.ShadowQueue != 1024 || a.ShadowWorkers != 16 {
-		t.Errorf("shadow defaults %v %d %d", a.Shadow, a.ShadowQueue, a.ShadowWorkers)
+	if a.Shadow || a.ShadowQueue != 1024 || a.ShadowWorkers != 16 || a.ShadowQueueBytes != 8<<20 {
+		t.Errorf("shadow defaults %v %d %d %s", a.Shadow, a.ShadowQueue, a.ShadowWorkers, a.ShadowQueueBytes)
 	}
 	dc := a.DecisionCache
 	if dc.On() || dc.TTL != 10*time.Second || dc.BlockTTL != time.Minute || dc.MaxTTL != time.Hour ||
@@ -65,6 +65,8 @@ func TestPolicyInvalid(t *testing.T) {
 		{"    circuit_breaker:\n      failures: 3\n      cooldown: 11m\n", "circuit_breaker.cooldown"},
 		{"    shadow: true\n    shadow_queue: -4\n", "shadow_queue"},
 		{"    shadow_workers: 5000\n", "shadow_workers"},
+		{"    shadow: true\n    shadow_queue_bytes: 1KiB\n", "shadow_queue_bytes"},
+		{"    shadow_queue_bytes: 2GiB\n", "shadow_queue_bytes"},
 		{"    decision_cache:\n      key: [method, cookie]\n", "decision_cache.key[1]"},
 		{"    decision_cache:\n      key: [\"path_prefix:0\"]\n", "decision_cache.key[0]"},
 		{"    decision_cache:\n      key: [\"header:a b\"]\n", "decision_cache.key[0]"},

@@ -254,6 +254,9 @@ func (rs *reqState) responseHeaders() bool {
 	rs.upResp.Header.CopyTo(h)
 	rs.scratch = stripResponse(h, rs.scratch)
 	h.SetNoDefaultContentType(true)
+	if len(rs.shadowConvs) > 0 {
+		rs.shadowResponse()
+	}
 	rs.respOpsApplied = 0
 	rs.phaseNow = PhaseResponseHeaders
 	for i := 0; i < rs.nslots; i++ {

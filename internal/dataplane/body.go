@@ -563,6 +563,9 @@ func (rs *reqState) responseBody() bool {
 			if !ok {
 				return false
 			}
+			if len(rs.shadowConvs) > 0 {
+				rs.shadowBody(protocol.PhaseResponse, out, true, int64(len(out)))
+			}
 			rs.finishResponseHeaders()
 			ctx.Response.SetBody(out)
 			return false
@@ -579,6 +582,7 @@ func (rs *reqState) responseBody() bool {
 	rs.finishResponseHeaders()
 	rs.finishIdle(protocol.PhaseResponse)
 	rs.respBody.reset()
+	rs.respBody.total = int64(size)
 	rs.respStarted = true
 	rs.streaming = true
 	ctx.Response.SetBodyStream(&rs.respBody, size)
@@ -612,6 +616,9 @@ func (rs *reqState) smallResponse(cl int) bool {
 		return false
 	}
 	rs.upBodyDone = true
+	if len(rs.shadowConvs) > 0 {
+		rs.shadowBody(protocol.PhaseResponse, buf[:n], true, int64(n))
+	}
 	rs.finishResponseHeaders()
 	rs.ctx.Response.SetBody(buf[:n])
 	return false
@@ -626,6 +633,8 @@ type respStream struct {
 	eof     bool
 	extend  time.Time
 	written int64
+	// total is the body's length when known, else -1.
+	total int64
 }
 
 func (b *respStream) reset() {
@@ -667,6 +676,9 @@ func (b *respStream) next() ([]byte, bool, error) {
 	}
 	if last {
 		rs.upBodyDone = true
+	}
+	if len(rs.shadowConvs) > 0 && (len(data) > 0 || last) {
+		rs.shadowBody(protocol.PhaseResponse, data, last, b.total)
 	}
 	return data, last, nil
 }

@@ -148,6 +148,9 @@ type reqState struct {
 	streaming bool
 	inl       inlineState // chunk 0 inline in RequestHeaders (inline.go)
 
+	// The request's conversations with shadow agents (shadow.go).
+	shadowConvs []*shadowConv
+
 	// Upstream.
 	upCC       any       // *fasthttp.clientConn; its type is unexported
 	upEP       *endpoint // the endpoint of upCC (endpoints.go)
@@ -344,6 +347,9 @@ func (rs *reqState) finish() {
 	gone := rs.canceled()
 	for i := 0; i < rs.nslots; i++ {
 		rs.endSlot(i, gone)
+	}
+	if len(rs.shadowConvs) > 0 {
+		rs.endShadows()
 	}
 	if gone {
 		s.stats.clientGone.Add(1)

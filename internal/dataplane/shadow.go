@@ -9,19 +9,31 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+	"github.com/valyala/fasthttp"
 
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/internal/config"
 	"github.com/zentinelproxy/sidecar/protocol"
 )
 
-// Shadow agents (agents[].shadow). A shadow agent gets the RequestHeaders
-// of every request of its routes, as the client sent them (before the
-// enforcing agents changed anything), but no request waits for it: the
-// request path copies the event into a bounded queue and goes on, and a
-// few workers per agent send the events and count what the agent would
-// have done. A full queue drops the event (counted), so a slow or dead
-// shadow agent never delays traffic. Its decisions are never applied.
+// Shadow agents (agents[].shadow). A shadow agent gets the events of
+// every request of its routes that an enforcing agent with its
+// capabilities would get: the RequestHeaders as the client sent them
+// (before the enforcing agents changed anything), the request body as the
+// upstream gets it, the response headers as the upstream sent them and the
+// response body as the client gets it, in order, over one exchange per
+// request (a conversation). No request waits for it: the request path
+// copies each event into a bounded queue and goes on, and a few workers
+// per agent send the events and count what the agent would have done. An
+// event that does not fit (the queue's event count or its byte budget for
+// body data) abandons its request's conversation: its later events are
+// dropped, its exchange canceled, and it is counted once as dropped. A
+// slow or dead shadow agent thus never delays traffic. Its decisions are
+// never applied.
+//
+// Ordering: a conversation with queued events is in the runner's ready
+// queue at most once, and only the worker that took it sends its events,
+// so they reach the agent in order whatever the number of workers.
 
 // shadowIdle is how long an idle worker waits for an event before it
 // exits: workers exist only while there is traffic, so a runner that a
@@ -34,14 +46,35 @@ const maxShadowRules = 64
 
 const shadowOtherRule = "(other)"
 
-// shadowEvent is one queued RequestHeaders with its own copy of the bytes.
+// Kinds of shadow events.
+const (
+	shadowReqHeaders uint8 = iota
+	shadowReqBody
+	shadowRespHeaders
+	shadowRespBody
+)
+
+// shadowEvent is one queued event with its own copy of the bytes.
 type shadowEvent struct {
+	kind  uint8
 	rh    protocol.RequestHeaders
+	rsh   protocol.ResponseHeaders
+	chunk protocol.BodyChunk
 	arena []byte
 	hdrs  []protocol.Header
+	// size is what the event holds of the runner's byte budget.
+	size int64
 }
 
 var shadowEvents = sync.Pool{New: func() any { return new(shadowEvent) }}
+
+func putShadowEvent(ev *shadowEvent) {
+	if cap(ev.arena) > 1<<20 {
+		ev.arena = nil
+	}
+	ev.chunk.Data = nil
+	shadowEvents.Put(ev)
+}
 
 // shadowRunner sends one shadow agent its events.
 type shadowRunner struct {
@@ -49,7 +82,9 @@ type shadowRunner struct {
 	agent   agentmux.Agent
 	timeout time.Duration
 	cfg     shadowCfg
-	q       chan *shadowEvent
+	// q holds the conversations with events to send, each at most once;
+	// each holds at least one reserved event, so q never fills.
+	q chan *shadowConv
 	// log is the server's logger, taken from the first request (the
 	// table is built without one).
 	log atomic.Pointer[zerolog.Logger]
@@ -60,11 +95,16 @@ type shadowRunner struct {
 	// workers; startMu orders starting one against stop.
 	stopCh  chan struct{}
 	startMu sync.Mutex
-	stopped bool
+	stopped atomic.Bool
 	wg      sync.WaitGroup
+
+	// events and bytes are what waits in the queues now (bytes: body
+	// data); peakBytes is the most bytes ever waiting.
+	events, bytes, peakBytes atomic.Int64
 
 	queued, dropped, failed            atomic.Uint64
 	allowed, wouldBlock, wouldRedirect atomic.Uint64
+	wouldMutate                        atomic.Uint64
 	logBlock, logFail, logDrop         rateLog
 	mu                                 sync.Mutex
 	byStatus                           map[int]uint64
@@ -73,14 +113,19 @@ type shadowRunner struct {
 
 type shadowCfg struct {
 	queue, workers int
+	bytes          int64
 	timeout        time.Duration
 }
 
+func shadowCfgOf(a *config.Agent) shadowCfg {
+	return shadowCfg{queue: a.ShadowQueue, workers: a.ShadowWorkers, bytes: int64(a.ShadowQueueBytes), timeout: a.Timeouts.Message}
+}
+
 func newShadowRunner(a *config.Agent, inst agentmux.Agent) *shadowRunner {
-	c := shadowCfg{queue: a.ShadowQueue, workers: a.ShadowWorkers, timeout: a.Timeouts.Message}
+	c := shadowCfgOf(a)
 	return &shadowRunner{
 		name: a.Name, agent: inst, timeout: c.timeout, cfg: c,
-		q:        make(chan *shadowEvent, c.queue),
+		q:        make(chan *shadowConv, c.queue),
 		stopCh:   make(chan struct{}),
 		byStatus: map[int]uint64{}, byRule: map[string]uint64{},
 	}
@@ -95,8 +140,7 @@ func shadowFor(prev *table, a *config.Agent, inst agentmux.Agent) *shadowRunner 
 	}
 	if prev != nil {
 		for _, old := range prev.agents {
-			if old.name == a.Name && old.agent == inst && old.shadow != nil &&
-				old.shadow.cfg == (shadowCfg{queue: a.ShadowQueue, workers: a.ShadowWorkers, timeout: a.Timeouts.Message}) {
+			if old.name == a.Name && old.agent == inst && old.shadow != nil && old.shadow.cfg == shadowCfgOf(a) {
 				return old.shadow
 			}
 		}
@@ -104,36 +148,248 @@ func shadowFor(prev *table, a *config.Agent, inst agentmux.Agent) *shadowRunner 
 	return newShadowRunner(a, inst)
 }
 
-// shadowRequest queues the request's headers for the route's shadow
-// agents. It never waits.
+// shadowConv is one request's conversation with one shadow agent.
+type shadowConv struct {
+	sr *shadowRunner
+	// Set when the request starts, read-only afterwards: which events the
+	// request side queues, and the body chunk sizes.
+	want  [4]bool
+	chunk [2]int
+	// Request side only.
+	reqBodyQueued bool
+	progress      [2]int64
+	// For log lines.
+	corr, method, uri string
+
+	// off mirrors dead for the request side's fast check.
+	off atomic.Bool
+
+	mu sync.Mutex
+	// pending events; non-empty only while scheduled.
+	pending []*shadowEvent
+	// scheduled: in the runner's ready queue or held by a worker; ended:
+	// the request is over; dead: no further event is sent.
+	scheduled, ended, dead bool
+	// ex is the open exchange; used by the worker holding the
+	// conversation, or closed by whoever finds it idle and over.
+	ex *agentmux.Exchange
+
+	// Worker side (whoever holds the conversation).
+	begun bool
+	caps  protocol.Capabilities
+	index [2]uint32
+	said  [2]bool // the agent's say over a body ended (final allow)
+}
+
+// shadowRequest opens the conversations of the route's shadow agents and
+// queues the request's headers for them. It never waits.
 func (rs *reqState) shadowRequest() {
 	if rs.viewDirty {
 		rs.buildRequestView()
 	}
-	for _, sr := range rs.rt.shadows {
+	for k, sr := range rs.rt.shadows {
 		if sr.log.Load() == nil {
 			sr.log.CompareAndSwap(nil, &rs.srv.log)
 		}
-		sr.enqueue(&rs.rh)
+		caps := sr.agent.Capabilities()
+		c := &shadowConv{sr: sr}
+		pol := &rs.rt.shadowBody[k]
+		if caps == (protocol.Capabilities{}) {
+			// No live connection: try the headers, to learn why.
+			c.want[shadowReqHeaders] = true
+		} else {
+			c.want[shadowReqHeaders] = caps.HandlesRequestHeaders
+			c.want[shadowReqBody] = caps.HandlesRequestBody && pol[0].mode != bodyNone && rs.hasReqBody
+			c.want[shadowRespHeaders] = caps.HandlesResponseHeaders
+			c.want[shadowRespBody] = caps.HandlesResponseBody && pol[1].mode != bodyNone
+		}
+		if c.want == [4]bool{} {
+			continue
+		}
+		c.chunk = [2]int{pol[0].chunk, pol[1].chunk}
+		c.corr, c.method, c.uri = string(rs.rh.Metadata.CorrelationID), string(rs.rh.Method), string(rs.rh.URI)
+		rs.shadowConvs = append(rs.shadowConvs, c)
+		if c.want[shadowReqHeaders] {
+			ev := shadowEvents.Get().(*shadowEvent)
+			ev.copyFrom(&rs.rh)
+			c.enqueue(ev)
+		}
 	}
 }
 
-func (sr *shadowRunner) enqueue(m *protocol.RequestHeaders) {
-	ev := shadowEvents.Get().(*shadowEvent)
-	ev.copyFrom(m)
-	select {
-	case sr.q <- ev:
-		sr.queued.Add(1)
-	default:
-		sr.dropped.Add(1)
-		shadowEvents.Put(ev)
-		if ok, sup := sr.logDrop.allow(); ok {
-			sr.log.Load().Warn().Str("agent", sr.name).Func(suppressed(sup)).Msg("shadow agent queue full, event dropped")
+// shadowResponse queues the response headers as the upstream sent them.
+func (rs *reqState) shadowResponse() {
+	resp := &rs.ctx.Response
+	for _, c := range rs.shadowConvs {
+		if !c.want[shadowRespHeaders] || c.off.Load() {
+			continue
 		}
+		ev := shadowEvents.Get().(*shadowEvent)
+		ev.copyResponse(resp, rs.respHasBody)
+		c.enqueue(ev)
+	}
+}
+
+// shadowBody queues a piece of body p (a copy of what the upstream or the
+// client gets), cut to each agent's chunk size. total is the body's size
+// when known, else -1.
+func (rs *reqState) shadowBody(p protocol.Phase, data []byte, last bool, total int64) {
+	kind := shadowReqBody
+	if p == protocol.PhaseResponse {
+		kind = shadowRespBody
+	}
+	for _, c := range rs.shadowConvs {
+		if !c.want[kind] || c.off.Load() {
+			continue
+		}
+		rest := data
+		for first := true; first || len(rest) > 0; first = false {
+			n := min(len(rest), c.chunk[p])
+			c.progress[p] += int64(n)
+			ev := shadowEvents.Get().(*shadowEvent)
+			ev.kind = kind
+			ev.arena = append(ev.arena[:0], rest[:n]...)
+			ev.chunk = protocol.BodyChunk{Data: ev.arena, IsLast: last && n == len(rest), TotalSize: total, Progress: c.progress[p]}
+			ev.size = int64(n)
+			if !c.enqueue(ev) {
+				break
+			}
+			rest = rest[n:]
+		}
+	}
+}
+
+// shadowRequestBody queues the whole buffered request body (once: a
+// replayed request writes it again).
+func (rs *reqState) shadowRequestBody(body []byte) {
+	if c := rs.shadowConvs[0]; c.reqBodyQueued {
 		return
 	}
-	// Start a worker when fewer than the limit run; a running one may be
-	// about to exit idle, which is why it re-checks the queue (work).
+	for _, c := range rs.shadowConvs {
+		c.reqBodyQueued = true
+	}
+	rs.shadowBody(protocol.PhaseRequest, body, true, int64(len(body)))
+}
+
+// endShadows ends the request's conversations: events already queued are
+// still sent, then the exchanges end.
+func (rs *reqState) endShadows() {
+	for k, c := range rs.shadowConvs {
+		c.end()
+		rs.shadowConvs[k] = nil
+	}
+	rs.shadowConvs = rs.shadowConvs[:0]
+}
+
+// enqueue queues ev for the conversation without waiting. It reports
+// false when the conversation is over (ev is then released).
+func (c *shadowConv) enqueue(ev *shadowEvent) bool {
+	sr := c.sr
+	c.mu.Lock()
+	if c.dead || c.ended {
+		c.mu.Unlock()
+		putShadowEvent(ev)
+		return false
+	}
+	if sr.stopped.Load() || !sr.reserve(ev.size) {
+		ex := c.kill()
+		c.mu.Unlock()
+		putShadowEvent(ev)
+		closeShadow(ex)
+		if sr.stopped.Load() {
+			return false
+		}
+		sr.dropped.Add(1)
+		if ok, sup := sr.logDrop.allow(); ok {
+			sr.log.Load().Warn().Str("agent", sr.name).Str("correlation_id", c.corr).Func(suppressed(sup)).
+				Msg("shadow agent queue full, conversation dropped")
+		}
+		return false
+	}
+	c.pending = append(c.pending, ev)
+	sched := !c.scheduled
+	c.scheduled = true
+	c.mu.Unlock()
+	sr.queued.Add(1)
+	if sched {
+		sr.q <- c // never blocks: q has room for every reserved event
+	}
+	if sr.stopped.Load() {
+		sr.drain()
+		return false
+	}
+	sr.spawn()
+	return true
+}
+
+// kill marks the conversation dead (c.mu held) and returns its exchange
+// for the caller to close when no worker holds it.
+func (c *shadowConv) kill() *agentmux.Exchange {
+	c.dead = true
+	c.off.Store(true)
+	if c.scheduled {
+		return nil // the worker holding it closes it
+	}
+	ex := c.ex
+	c.ex = nil
+	return ex
+}
+
+// end is called once the request is over.
+func (c *shadowConv) end() {
+	c.mu.Lock()
+	c.ended = true
+	var ex *agentmux.Exchange
+	if !c.scheduled {
+		ex, c.ex = c.ex, nil
+	}
+	c.mu.Unlock()
+	closeShadow(ex)
+}
+
+func closeShadow(ex *agentmux.Exchange) {
+	if ex == nil {
+		return
+	}
+	// The shadow agent has no further say in this request.
+	ex.Cancel(reasonDecided)
+	ex.Finish()
+}
+
+// reserve takes room for one event of size body bytes, or reports false.
+func (sr *shadowRunner) reserve(size int64) bool {
+	if sr.events.Add(1) > int64(sr.cfg.queue) {
+		sr.events.Add(-1)
+		return false
+	}
+	if size > 0 {
+		b := sr.bytes.Add(size)
+		if b > sr.cfg.bytes {
+			sr.bytes.Add(-size)
+			sr.events.Add(-1)
+			return false
+		}
+		for {
+			p := sr.peakBytes.Load()
+			if b <= p || sr.peakBytes.CompareAndSwap(p, b) {
+				break
+			}
+		}
+	}
+	return true
+}
+
+func (sr *shadowRunner) release(ev *shadowEvent) {
+	sr.events.Add(-1)
+	if ev.size > 0 {
+		sr.bytes.Add(-ev.size)
+	}
+	putShadowEvent(ev)
+}
+
+// spawn starts a worker when fewer than the limit run; a running one may
+// be about to exit idle, which is why it re-checks the queue (work).
+func (sr *shadowRunner) spawn() {
 	for {
 		n := sr.workers.Load()
 		if int(n) >= sr.cfg.workers {
@@ -152,7 +408,7 @@ func (sr *shadowRunner) enqueue(m *protocol.RequestHeaders) {
 func (sr *shadowRunner) start() bool {
 	sr.startMu.Lock()
 	defer sr.startMu.Unlock()
-	if sr.stopped {
+	if sr.stopped.Load() {
 		return false
 	}
 	sr.wg.Add(1)
@@ -164,11 +420,42 @@ func (sr *shadowRunner) start() bool {
 // canceled) and no new one starts; queued events are dropped.
 func (sr *shadowRunner) stop() {
 	sr.startMu.Lock()
-	defer sr.startMu.Unlock()
-	if !sr.stopped {
-		sr.stopped = true
+	if !sr.stopped.Load() {
+		sr.stopped.Store(true)
 		close(sr.stopCh)
 	}
+	sr.startMu.Unlock()
+	sr.drain()
+}
+
+// drain abandons the conversations waiting in the ready queue of a
+// stopped runner.
+func (sr *shadowRunner) drain() {
+	for {
+		select {
+		case c := <-sr.q:
+			sr.abandon(c)
+		default:
+			return
+		}
+	}
+}
+
+// abandon ends a conversation taken from the ready queue unsent.
+func (sr *shadowRunner) abandon(c *shadowConv) {
+	c.mu.Lock()
+	c.dead = true
+	c.off.Store(true)
+	c.scheduled = false
+	drop := c.pending
+	c.pending = nil
+	ex := c.ex
+	c.ex = nil
+	c.mu.Unlock()
+	for _, ev := range drop {
+		sr.release(ev)
+	}
+	closeShadow(ex)
 }
 
 // waitStopped waits for the workers of a stopped runner to leave, or for
@@ -188,6 +475,8 @@ func (sr *shadowRunner) waitStopped(ctx context.Context) {
 // copyFrom fills ev with a deep copy of m (the fields an agent sees in
 // RequestHeaders; the inline body is never sent to a shadow agent).
 func (ev *shadowEvent) copyFrom(m *protocol.RequestHeaders) {
+	ev.kind = shadowReqHeaders
+	ev.size = 0
 	a := ev.arena[:0]
 	cp := func(b []byte) []byte {
 		if b == nil {
@@ -238,7 +527,38 @@ func (ev *shadowEvent) copyFrom(m *protocol.RequestHeaders) {
 	ev.arena, ev.hdrs = a, hdrs
 }
 
-// work sends queued events until the queue stays empty for shadowIdle.
+// copyResponse fills ev with a copy of the response head, header names
+// lower-cased as in every ResponseHeaders.
+func (ev *shadowEvent) copyResponse(resp *fasthttp.Response, hasBody bool) {
+	ev.kind = shadowRespHeaders
+	ev.size = 0
+	n := 0
+	for k, v := range resp.Header.All() {
+		n += len(k) + len(v)
+	}
+	a := ev.arena[:0]
+	if cap(a) < n {
+		a = make([]byte, 0, n)
+	}
+	hdrs := ev.hdrs[:0]
+	for k, v := range resp.Header.All() {
+		start := len(a)
+		a = append(a, k...)
+		name := a[start:len(a):len(a)]
+		for i, c := range name {
+			if 'A' <= c && c <= 'Z' {
+				name[i] = c + 'a' - 'A'
+			}
+		}
+		start = len(a)
+		a = append(a, v...)
+		hdrs = append(hdrs, protocol.Header{Name: name, Value: a[start:len(a):len(a)]})
+	}
+	ev.rsh = protocol.ResponseHeaders{StatusCode: resp.StatusCode(), Headers: hdrs, HasBody: hasBody}
+	ev.arena, ev.hdrs = a, hdrs
+}
+
+// work runs conversations until none is ready for shadowIdle.
 func (sr *shadowRunner) work() {
 	defer sr.wg.Done()
 	idle := time.NewTimer(shadowIdle)
@@ -247,15 +567,15 @@ func (sr *shadowRunner) work() {
 		select {
 		case <-sr.stopCh:
 			sr.workers.Add(-1)
+			sr.drain()
 			return
-		case ev := <-sr.q:
-			sr.send(ev)
-			shadowEvents.Put(ev)
+		case c := <-sr.q:
+			sr.run(c)
 			idle.Reset(shadowIdle)
 		case <-idle.C:
 			sr.workers.Add(-1)
-			// An event queued while this worker was leaving found the
-			// limit reached and started none: take it back up.
+			// A conversation queued while this worker was leaving found
+			// the limit reached and started none: take it back up.
 			if len(sr.q) == 0 || !sr.rejoin() {
 				return
 			}
@@ -276,37 +596,142 @@ func (sr *shadowRunner) rejoin() bool {
 	}
 }
 
-// send runs one event through the shadow agent and counts the answer.
-func (sr *shadowRunner) send(ev *shadowEvent) {
-	w := agentmux.Wait{Deadline: time.Now().Add(sr.timeout), Cancel: sr.stopCh}
-	ex, err := sr.agent.Begin(w)
-	if err != nil {
-		sr.fail(ev, err)
-		return
+// run sends the conversation's pending events, in order, until none is
+// left; the conversation goes back to idle (or ends).
+func (sr *shadowRunner) run(c *shadowConv) {
+	for {
+		c.mu.Lock()
+		if c.dead || len(c.pending) == 0 || sr.stopped.Load() {
+			drop := c.pending
+			c.pending = c.pending[:0]
+			c.scheduled = false
+			var ex *agentmux.Exchange
+			if c.dead || c.ended || sr.stopped.Load() {
+				c.dead = true
+				c.off.Store(true)
+				ex, c.ex = c.ex, nil
+			}
+			c.mu.Unlock()
+			for k, ev := range drop {
+				sr.release(ev)
+				drop[k] = nil
+			}
+			closeShadow(ex)
+			return
+		}
+		ev := c.pending[0]
+		c.pending[0] = nil
+		c.pending = c.pending[1:]
+		c.mu.Unlock()
+		more := sr.send(c, ev)
+		sr.release(ev)
+		if !more {
+			c.mu.Lock()
+			c.dead = true
+			c.off.Store(true)
+			c.mu.Unlock()
+		}
 	}
-	reply, err := ex.RequestHeaders(w, &ev.rh)
+}
+
+// send runs one event through the shadow agent and counts the answer. It
+// reports whether the conversation goes on.
+func (sr *shadowRunner) send(c *shadowConv, ev *shadowEvent) bool {
+	w := agentmux.Wait{Deadline: time.Now().Add(sr.timeout), Cancel: sr.stopCh}
+	if c.ex == nil {
+		if c.begun {
+			return false
+		}
+		c.begun = true
+		ex, err := sr.agent.Begin(w)
+		if err != nil {
+			sr.fail(c, err)
+			return false
+		}
+		c.ex, c.caps = ex, ex.Capabilities()
+	}
+	var reply *agentmux.Reply
+	var err error
+	phase := protocol.PhaseRequest
+	body := false
+	switch ev.kind {
+	case shadowReqHeaders:
+		if !c.caps.HandlesRequestHeaders {
+			return c.expectMore(ev)
+		}
+		reply, err = c.ex.RequestHeaders(w, &ev.rh)
+	case shadowRespHeaders:
+		phase = protocol.PhaseResponse
+		if !c.caps.HandlesResponseHeaders {
+			return c.expectMore(ev)
+		}
+		reply, err = c.ex.ResponseHeaders(w, &ev.rsh)
+	default:
+		body = true
+		if ev.kind == shadowRespBody {
+			phase = protocol.PhaseResponse
+		}
+		if !c.caps.Handles(phase, true) || c.said[phase] {
+			return c.expectMore(ev)
+		}
+		ev.chunk.ChunkIndex = c.index[phase]
+		c.index[phase]++
+		reply, err = c.ex.BodyChunk(w, phase, &ev.chunk)
+		if ev.chunk.IsLast {
+			c.said[phase] = true
+		}
+	}
 	if err != nil {
-		ex.Finish()
-		sr.fail(ev, err)
-		return
+		sr.fail(c, err)
+		return false
+	}
+	if reply.Type == protocol.TypeBodyMutation {
+		if reply.Mutation.Action != protocol.MutationPass {
+			sr.wouldMutate.Add(1)
+		}
+		sr.allowed.Add(1)
+		return c.expectMore(ev)
 	}
 	d := &reply.Decision
 	switch d.Kind {
 	case protocol.DecisionBlock:
 		sr.wouldBlock.Add(1)
-		sr.countBlock(ev, d, "would block")
+		sr.countBlock(c, phase, body, d, "would block")
+		return false // the request would have ended here
 	case protocol.DecisionRedirect:
 		sr.wouldRedirect.Add(1)
-		sr.countBlock(ev, d, "would redirect")
-	default:
-		sr.allowed.Add(1)
+		sr.countBlock(c, phase, body, d, "would redirect")
+		return false
 	}
-	// The shadow agent has no further say in this request.
-	ex.Cancel(reasonDecided)
-	ex.Finish()
+	sr.allowed.Add(1)
+	if (phase == protocol.PhaseRequest && d.HasRequestBodyMutation && d.RequestBodyMutation.Action != protocol.MutationPass) ||
+		(phase == protocol.PhaseResponse && d.HasResponseBodyMutation && d.ResponseBodyMutation.Action != protocol.MutationPass) {
+		sr.wouldMutate.Add(1)
+	}
+	if body && d.Final() {
+		c.said[phase] = true // its say over this body ended
+	}
+	return c.expectMore(ev)
 }
 
-func (sr *shadowRunner) fail(ev *shadowEvent, err error) {
+// expectMore reports whether the agent may get further events of the
+// request after ev.
+func (c *shadowConv) expectMore(ev *shadowEvent) bool {
+	caps := c.caps
+	respHdr := c.want[shadowRespHeaders] && caps.HandlesResponseHeaders
+	respBody := c.want[shadowRespBody] && caps.HandlesResponseBody
+	switch ev.kind {
+	case shadowReqHeaders:
+		return c.want[shadowReqBody] && caps.HandlesRequestBody || respHdr || respBody
+	case shadowReqBody:
+		return !ev.chunk.IsLast || respHdr || respBody
+	case shadowRespHeaders:
+		return respBody && ev.rsh.HasBody
+	}
+	return !ev.chunk.IsLast
+}
+
+func (sr *shadowRunner) fail(c *shadowConv, err error) {
 	select {
 	case <-sr.stopCh:
 		return // stopped: not the agent's failure
@@ -314,12 +739,12 @@ func (sr *shadowRunner) fail(ev *shadowEvent, err error) {
 	}
 	sr.failed.Add(1)
 	if ok, sup := sr.logFail.allow(); ok {
-		sr.log.Load().Warn().Str("agent", sr.name).Bytes("correlation_id", ev.rh.Metadata.CorrelationID).
+		sr.log.Load().Warn().Str("agent", sr.name).Str("correlation_id", c.corr).
 			Str("failure", outcomeOf(err).String()).Func(suppressed(sup)).Err(err).Msg("shadow agent failed")
 	}
 }
 
-func (sr *shadowRunner) countBlock(ev *shadowEvent, d *protocol.Decision, what string) {
+func (sr *shadowRunner) countBlock(c *shadowConv, phase protocol.Phase, body bool, d *protocol.Decision, what string) {
 	sr.mu.Lock()
 	sr.byStatus[d.Status]++
 	for _, r := range d.Audit.RuleIDs {
@@ -331,8 +756,8 @@ func (sr *shadowRunner) countBlock(ev *shadowEvent, d *protocol.Decision, what s
 	}
 	sr.mu.Unlock()
 	if ok, sup := sr.logBlock.allow(); ok {
-		e := sr.log.Load().Info().Str("agent", sr.name).Bytes("correlation_id", ev.rh.Metadata.CorrelationID).
-			Bytes("method", ev.rh.Method).Bytes("uri", ev.rh.URI).Int("status", d.Status)
+		e := sr.log.Load().Info().Str("agent", sr.name).Str("correlation_id", c.corr).
+			Str("method", c.method).Str("uri", c.uri).Str("phase", phaseName(phase, body)).Int("status", d.Status)
 		if len(d.Audit.RuleIDs) > 0 {
 			arr := zerolog.Arr()
 			for _, r := range d.Audit.RuleIDs {
@@ -356,21 +781,31 @@ func ruleLabel(r []byte) string {
 // ShadowStatus counts what one shadow agent saw and would have done.
 type ShadowStatus struct {
 	Agent string `json:"agent"`
-	// Queued events were accepted into the queue; Dropped found it full.
+	// Queued events were accepted into the queue. Dropped counts the
+	// conversations (requests) abandoned because one of their events did
+	// not fit the queue (shadow_queue events, shadow_queue_bytes of body
+	// data): their later events were not sent.
 	Queued  uint64 `json:"queued"`
 	Dropped uint64 `json:"dropped"`
-	// Failed events got no answer (timeout, connection, overload).
+	// Failed conversations got no answer (timeout, connection, overload).
 	Failed uint64 `json:"failed"`
-	// Allowed, WouldBlock and WouldRedirect are the answers.
+	// Allowed, WouldBlock and WouldRedirect are the answers, of every
+	// phase; WouldMutate counts the answers that would have changed a
+	// body chunk (never applied).
 	Allowed       uint64 `json:"allowed"`
 	WouldBlock    uint64 `json:"would_block"`
 	WouldRedirect uint64 `json:"would_redirect"`
+	WouldMutate   uint64 `json:"would_mutate"`
 	// ByStatus counts blocks and redirects by status; ByRule counts them
 	// by the audit rule ids of the decision (at most 64, then "(other)").
 	ByStatus map[string]uint64 `json:"by_status,omitempty"`
 	ByRule   map[string]uint64 `json:"by_rule,omitempty"`
-	// Waiting is the queue's length now.
-	Waiting int `json:"waiting"`
+	// Waiting is the number of events queued now, WaitingBytes their body
+	// bytes; PeakWaitingBytes is the most body bytes ever queued at once
+	// (never above shadow_queue_bytes).
+	Waiting          int   `json:"waiting"`
+	WaitingBytes     int64 `json:"waiting_bytes"`
+	PeakWaitingBytes int64 `json:"peak_waiting_bytes"`
 }
 
 // Shadows returns the counters of every current shadow agent.
@@ -385,7 +820,8 @@ func (s *Server) Shadows() []ShadowStatus {
 		st := ShadowStatus{
 			Agent: a.name, Queued: sr.queued.Load(), Dropped: sr.dropped.Load(), Failed: sr.failed.Load(),
 			Allowed: sr.allowed.Load(), WouldBlock: sr.wouldBlock.Load(), WouldRedirect: sr.wouldRedirect.Load(),
-			Waiting: len(sr.q),
+			WouldMutate: sr.wouldMutate.Load(),
+			Waiting:     int(sr.events.Load()), WaitingBytes: sr.bytes.Load(), PeakWaitingBytes: sr.peakBytes.Load(),
 		}
 		sr.mu.Lock()
 		if len(sr.byStatus) > 0 {

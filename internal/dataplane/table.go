@@ -141,6 +141,9 @@ type route struct {
 	shadows  []*shadowRunner // observe-only agents (shadow.go)
 	hostMode uint8
 	hostLit  []byte
+
+	// shadowBody is the body policy of each of shadows on this route.
+	shadowBody [][2]bodyPolicy
 }
 
 // Body modes resolved from config (auto is resolved per request from the
@@ -261,11 +264,12 @@ func buildTable(cfg *config.Config, agents map[string]agentmux.Agent, prev *tabl
 			if e == nil {
 				return nil, fmt.Errorf("%w: route %q: unknown agent %q", ErrDataplaneConfig, rc.Name, ra.Name)
 			}
+			p := cfg.Policy(ra)
 			if e.shadow != nil {
 				r.shadows = append(r.shadows, e.shadow)
+				r.shadowBody = append(r.shadowBody, [2]bodyPolicy{resolveBody(p.RequestBody), resolveBody(p.ResponseBody)})
 				continue
 			}
-			p := cfg.Policy(ra)
 			r.agents = append(r.agents, routeAgent{
 				a:        e,
 				failOpen: p.FailOpen,

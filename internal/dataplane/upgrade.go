@@ -319,6 +319,14 @@ func (t *tunnel) run(c net.Conn) {
 	}
 	t.client, t.started = c, true
 	t.mu.Unlock()
+	// fasthttp releases c for reuse once this handler returns: forget it
+	// first (after end), so that a late closeBoth (a drain) never touches
+	// a connection that is no longer this tunnel's.
+	defer func() {
+		t.mu.Lock()
+		t.client = nil
+		t.mu.Unlock()
+	}()
 	defer t.end()
 	_ = c.SetWriteDeadline(time.Now().Add(t.idle))
 	if _, err := c.Write(t.head); err != nil {
@@ -389,14 +397,16 @@ func (t *tunnel) markIdle() {
 // or write blocked on it.
 func (t *tunnel) closeBoth() {
 	t.closing.Store(true)
-	t.mu.Lock()
-	c := t.client
-	t.mu.Unlock()
 	_ = t.up.Close()
-	if c != nil {
+	// Under t.mu: run clears t.client under it before fasthttp takes the
+	// connection back, so c is still this tunnel's while it is used here
+	// (neither call blocks).
+	t.mu.Lock()
+	if c := t.client; c != nil {
 		_ = c.SetDeadline(time.Unix(1, 0))
 		_ = c.Close()
 	}
+	t.mu.Unlock()
 }
 
 // end releases the tunnel once.

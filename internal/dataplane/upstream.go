@@ -298,6 +298,9 @@ func (rs *reqState) writeBody(bw *bufio.Writer, conn net.Conn) error {
 	case reqBodyNone:
 		return nil
 	case reqBodyRaw:
+		if len(rs.shadowConvs) > 0 {
+			rs.shadowRequestBody(rs.reqOut)
+		}
 		if _, err := bw.Write(rs.reqOut); err != nil {
 			return &upstreamError{err: err, write: true}
 		}
@@ -321,6 +324,13 @@ func (rs *reqState) writeBody(bw *bufio.Writer, conn net.Conn) error {
 		}
 		if last {
 			rs.reqBodyEOF = true
+		}
+		if len(rs.shadowConvs) > 0 && (len(data) > 0 || last) {
+			total := rs.total[0]
+			if pipe {
+				total = -1 // the agents may change its length
+			}
+			rs.shadowBody(protocol.PhaseRequest, data, last, total)
 		}
 		extendWrite(conn, idle)
 		if len(data) > 0 {

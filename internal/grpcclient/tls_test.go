@@ -69,9 +69,13 @@ func TestTLS(t *testing.T) {
 		{"mtls", []string{"127.0.0.1"}, true, func(p *testPKI) grpcclient.TLSConfig {
 			return grpcclient.TLSConfig{CAFile: p.caFile, CertFile: p.clientCert, KeyFile: p.clientKy}
 		}, true, ""},
+		// TLS 1.3: the client's handshake is over before the server checks
+		// the client certificate, so the server's refusal reaches the client
+		// as its alert or, when the server has already closed, as a broken
+		// pipe or reset on the client's first write.
 		{"mtls without client certificate", []string{"127.0.0.1"}, true, func(p *testPKI) grpcclient.TLSConfig {
 			return grpcclient.TLSConfig{CAFile: p.caFile}
-		}, false, "certificate"},
+		}, false, "certificate|broken pipe|connection reset by peer"},
 		{"unknown CA", []string{"127.0.0.1"}, false, func(p *testPKI) grpcclient.TLSConfig {
 			other := newPKI(t, "127.0.0.1")
 			return grpcclient.TLSConfig{CAFile: other.caFile}

@@ -20,13 +20,17 @@ var (
 	descShadowEvents = prometheus.NewDesc(Namespace+"_shadow_events_total",
 		"Events for shadow agents by result: queued, dropped (queue full), failed (no answer: timeout, connection, overload).", []string{"agent", "result"}, nil)
 	descShadowDecisions = prometheus.NewDesc(Namespace+"_shadow_decisions_total",
-		"Answers of shadow agents (never applied) by decision: allow, block, redirect.", []string{"agent", "decision"}, nil)
+		"Answers of shadow agents (never applied) by decision: allow, block, redirect, mutate (a body chunk changed; also counted as allow).", []string{"agent", "decision"}, nil)
 	descShadowByStatus = prometheus.NewDesc(Namespace+"_shadow_would_block_total",
 		"Requests a shadow agent would have blocked or redirected, by status.", []string{"agent", "status"}, nil)
 	descShadowByRule = prometheus.NewDesc(Namespace+"_shadow_would_block_rules_total",
 		"Audit rule ids of the blocks and redirects of shadow agents (at most 64 per agent, then \"(other)\").", []string{"agent", "rule"}, nil)
 	descShadowWaiting = prometheus.NewDesc(Namespace+"_shadow_queue_length",
 		"Events waiting in a shadow agent's queue.", []string{"agent"}, nil)
+	descShadowBytes = prometheus.NewDesc(Namespace+"_shadow_queue_bytes",
+		"Body bytes waiting in a shadow agent's queue (at most its shadow_queue_bytes).", []string{"agent"}, nil)
+	descShadowPeak = prometheus.NewDesc(Namespace+"_shadow_queue_bytes_peak",
+		"The most body bytes that ever waited in a shadow agent's queue at once.", []string{"agent"}, nil)
 	descFailovers = prometheus.NewDesc(Namespace+"_agent_failovers_total",
 		"Agent failovers by stage: event (a request-header event sent again after its connection was lost), member (an exchange opened on another member).", []string{"agent", "stage"}, nil)
 	descFailoverOK = prometheus.NewDesc(Namespace+"_agent_failovers_recovered_total",
@@ -59,7 +63,7 @@ type policyCollector struct{ m *Metrics }
 
 func (c *policyCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descCircuitState, descCircuitOpens, descCircuitRejected, descCircuitProbes,
-		descShadowEvents, descShadowDecisions, descShadowByStatus, descShadowByRule, descShadowWaiting,
+		descShadowEvents, descShadowDecisions, descShadowByStatus, descShadowByRule, descShadowWaiting, descShadowBytes, descShadowPeak,
 		descCacheLookups, descCacheStores, descCacheEvictions, descCacheFlushes, descCacheEntries,
 		descFailovers, descFailoverOK, descBodyOver} {
 		ch <- d
@@ -93,6 +97,7 @@ func (c *policyCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descShadowDecisions, prometheus.CounterValue, float64(sh.Allowed), a, "allow")
 		ch <- prometheus.MustNewConstMetric(descShadowDecisions, prometheus.CounterValue, float64(sh.WouldBlock), a, "block")
 		ch <- prometheus.MustNewConstMetric(descShadowDecisions, prometheus.CounterValue, float64(sh.WouldRedirect), a, "redirect")
+		ch <- prometheus.MustNewConstMetric(descShadowDecisions, prometheus.CounterValue, float64(sh.WouldMutate), a, "mutate")
 		for status, n := range sh.ByStatus {
 			ch <- prometheus.MustNewConstMetric(descShadowByStatus, prometheus.CounterValue, float64(n), a, status)
 		}
@@ -100,6 +105,8 @@ func (c *policyCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(descShadowByRule, prometheus.CounterValue, float64(n), a, rule)
 		}
 		ch <- prometheus.MustNewConstMetric(descShadowWaiting, prometheus.GaugeValue, float64(sh.Waiting), a)
+		ch <- prometheus.MustNewConstMetric(descShadowBytes, prometheus.GaugeValue, float64(sh.WaitingBytes), a)
+		ch <- prometheus.MustNewConstMetric(descShadowPeak, prometheus.GaugeValue, float64(sh.PeakWaitingBytes), a)
 	}
 	for _, c := range st.Caches {
 		a := c.Agent

@@ -42,7 +42,7 @@ var (
 		"Failover": {},
 	}
 	policyFields = []string{"FailureMode", "Timeouts.Request", "RequestBody", "ResponseBody", "Limits",
-		"CircuitBreaker", "Shadow", "ShadowQueue", "ShadowWorkers", "DecisionCache"}
+		"CircuitBreaker", "Shadow", "ShadowQueue", "ShadowQueueBytes", "ShadowWorkers", "DecisionCache"}
 )
 
 // leaves lists the fields of config.Agent, Timeouts expanded.
@@ -114,6 +114,8 @@ func change(t *testing.T, a config.Agent, field string) config.Agent {
 		b.ShadowQueue = 9
 	case "ShadowWorkers":
 		b.ShadowWorkers = 3
+	case "ShadowQueueBytes":
+		b.ShadowQueueBytes = 1 << 20
 	case "DecisionCache":
 		b.DecisionCache.Key = []string{config.KeyMethod}
 	case "Addresses":
