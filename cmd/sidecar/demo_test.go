@@ -18,13 +18,25 @@ import (
 // addresses; the demo stops (and must return nil) when the test ends.
 func startDemo(t *testing.T, transport string) demoAddrs {
 	t.Helper()
+	return startDemoWith(t, demoOptions{Transport: transport}, nil)
+}
+
+// startDemoWith is startDemo with o's agent and transport; ready (which
+// may be nil) sees the addresses first.
+func startDemoWith(t *testing.T, o demoOptions, ready func(demoAddrs)) demoAddrs {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	readyc := make(chan demoAddrs, 1)
 	done := make(chan error, 1)
-	log := zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel)
+	o.Listen, o.LogLevel = "127.0.0.1:0", "warn"
+	o.Log = zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel)
 	go func() {
-		done <- runDemo(ctx, demoOptions{Listen: "127.0.0.1:0", Transport: transport, Log: log, LogLevel: "warn"},
-			func(a demoAddrs) { readyc <- a })
+		done <- runDemo(ctx, o, func(a demoAddrs) {
+			if ready != nil {
+				ready(a)
+			}
+			readyc <- a
+		})
 	}()
 	t.Cleanup(func() {
 		cancel()
@@ -42,7 +54,7 @@ func startDemo(t *testing.T, transport string) demoAddrs {
 		return a
 	case err := <-done:
 		t.Fatalf("demo failed to start: %v", err)
-	case <-time.After(20 * time.Second):
+	case <-time.After(30 * time.Second): // the WAF's rules take a while to load
 		t.Fatal("demo not ready")
 	}
 	return demoAddrs{}

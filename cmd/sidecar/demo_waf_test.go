@@ -9,40 +9,11 @@ import (
 	"net/http"
 	"strings"
 	"testing"
-	"time"
-
-	"github.com/rs/zerolog"
 )
 
 func TestDemoWAF(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	readyc := make(chan demoAddrs, 1)
-	done := make(chan error, 1)
 	var printed bytes.Buffer
-	log := zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel)
-	go func() {
-		done <- runDemo(ctx, demoOptions{Listen: "127.0.0.1:0", Agent: "waf", Log: log, LogLevel: "warn"},
-			func(a demoAddrs) { printInstructions(&printed, a); readyc <- a })
-	}()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("demo returned %v after cancel", err)
-			}
-		case <-time.After(15 * time.Second):
-			t.Error("demo did not stop")
-		}
-	})
-	var a demoAddrs
-	select {
-	case a = <-readyc:
-	case err := <-done:
-		t.Fatalf("demo failed to start: %v", err)
-	case <-time.After(30 * time.Second):
-		t.Fatal("demo not ready")
-	}
+	a := startDemoWith(t, demoOptions{Agent: "waf"}, func(a demoAddrs) { printInstructions(&printed, a) })
 	base := "http://" + a.Sidecar
 	if !strings.Contains(printed.String(), `curl -i "`+base+`/products?id=1'%20OR%20'1'='1"`) {
 		t.Errorf("instructions lack the SQL injection curl:\n%s", printed.String())

@@ -134,20 +134,10 @@ func TestTablesThroughBinaries(t *testing.T) {
 	}
 	base := "http://" + addr
 	client := &http.Client{Timeout: testutil.LongWait}
-	do := func(t *testing.T, req *http.Request) result {
-		t.Helper()
-		resp, err := client.Do(req)
-		if err != nil {
-			t.Fatalf("%s %s: %v", req.Method, req.URL, err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return result{status: resp.StatusCode, ruleID: resp.Header.Get("x-waf-rule-id"), body: string(b)}
-	}
 	for _, tc := range attacks {
 		t.Run("attack/"+tc.name, func(t *testing.T) {
 			before := upHits.Load()
-			r := do(t, tc.req(base))
+			r := doRequest(t, client, tc.req(base))
 			if want := cmp.Or(tc.status, http.StatusForbidden); r.status != want {
 				t.Fatalf("status %d, want %d; body %q", r.status, want, r.body)
 			}
@@ -162,7 +152,7 @@ func TestTablesThroughBinaries(t *testing.T) {
 	for _, tc := range benign {
 		t.Run("benign/"+tc.name, func(t *testing.T) {
 			before := upHits.Load()
-			r := do(t, tc.req(base))
+			r := doRequest(t, client, tc.req(base))
 			if r.status != http.StatusOK || r.ruleID != "" {
 				t.Fatalf("status %d, rule %q, want 200 and no rule; body %q", r.status, r.ruleID, r.body)
 			}

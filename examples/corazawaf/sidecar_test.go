@@ -37,27 +37,10 @@ type stack struct {
 	slowHits chan struct{}
 	agent    *corazawaf.Handler
 	upHits   atomic.Int64
-	logs     *syncBuf
+	logs     *testutil.LogBuffer
 	client   *http.Client
 	stopOnce sync.Once
 	stop     func()
-}
-
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 const sidecarYAML = `
@@ -85,7 +68,7 @@ logging:
 // startStack runs cfg's agent behind a real sidecar.
 func startStack(t *testing.T, cfg corazawaf.Config) *stack {
 	t.Helper()
-	st := &stack{logs: &syncBuf{}, slow: make(chan struct{}), slowHits: make(chan struct{}, 16)}
+	st := &stack{logs: &testutil.LogBuffer{}, slow: make(chan struct{}), slowHits: make(chan struct{}, 16)}
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		st.upHits.Add(1)
 		if r.URL.Path == "/slow" {
@@ -161,7 +144,13 @@ type result struct {
 
 func (st *stack) do(t *testing.T, req *http.Request) result {
 	t.Helper()
-	resp, err := st.client.Do(req)
+	return doRequest(t, st.client, req)
+}
+
+// doRequest sends req with client and returns what the client saw.
+func doRequest(t *testing.T, client *http.Client, req *http.Request) result {
+	t.Helper()
+	resp, err := client.Do(req)
 	if err != nil {
 		t.Fatalf("%s %s: %v", req.Method, req.URL, err)
 	}

@@ -81,8 +81,7 @@ func (e *Env) StartExtProcAgent(name string) (config.Agent, error) {
 		defer close(done)
 		_ = srv.Serve(ln)
 	}()
-	ctx, cancel := context.WithCancel(e.ctx)
-	stop := context.AfterFunc(ctx, srv.Stop)
-	e.Defer(func() { cancel(); stop(); srv.Stop(); <-done })
+	stop := context.AfterFunc(e.ctx, srv.Stop)
+	e.Defer(func() { stop(); srv.Stop(); <-done })
 	return config.Agent{Name: name, Transport: config.TransportExtProc, Address: ln.Addr().String()}, nil
 }

@@ -48,10 +48,7 @@ func init() {
 			if err != nil {
 				return "", err
 			}
-			s, err := env.StartUDSAgent("shadow", &sleepAgent{
-				Base: sdk.Base{Caps: protocol.Capabilities{HandlesRequestHeaders: true, SupportsCancellation: true}},
-				d:    100 * time.Millisecond,
-			})
+			s, err := env.StartUDSAgent("shadow", newSleepAgent(100*time.Millisecond))
 			if err != nil {
 				return "", err
 			}
@@ -73,10 +70,7 @@ func init() {
 }
 
 func hungRow(env *Env, failures int) (string, error) {
-	a, err := env.StartUDSAgent("hung", &sleepAgent{
-		Base: sdk.Base{Caps: protocol.Capabilities{HandlesRequestHeaders: true, SupportsCancellation: true}},
-		d:    time.Hour,
-	})
+	a, err := env.StartUDSAgent("hung", newSleepAgent(time.Hour))
 	if err != nil {
 		return "", err
 	}
@@ -90,6 +84,10 @@ func hungRow(env *Env, failures int) (string, error) {
 type sleepAgent struct {
 	sdk.Base
 	d time.Duration
+}
+
+func newSleepAgent(d time.Duration) *sleepAgent {
+	return &sleepAgent{Base: sdk.Base{Caps: protocol.Capabilities{HandlesRequestHeaders: true, SupportsCancellation: true}}, d: d}
 }
 
 // OnRequestHeaders implements sdk.Handler.
