@@ -25,11 +25,9 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/connectivity"
-	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
-	"github.com/zentinelproxy/sidecar/internal/grpcwire"
+	"github.com/zentinelproxy/sidecar/internal/grpcclient"
 	"github.com/zentinelproxy/sidecar/protocol"
 )
 
@@ -122,29 +120,11 @@ func NewClient(cfg Config) (*Client, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	creds := insecure.NewCredentials()
-	if cfg.TLS.On() {
-		tc, err := cfg.TLS.ClientTLS()
-		if err != nil {
-			return nil, fmt.Errorf("%w: agent %q: %v", ErrExtProcConfig, cfg.Name, err)
-		}
-		creds = credentials.NewTLS(tc)
-	}
-	opts := []grpc.DialOption{
-		grpc.WithTransportCredentials(creds),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(cfg.MaxMessageSize), grpc.MaxCallSendMsgSize(cfg.MaxMessageSize)),
-		grpc.WithConnectParams(grpc.ConnectParams{
-			Backoff:           backoff.Config{BaseDelay: backoff.DefaultConfig.BaseDelay, Multiplier: 2, Jitter: 0.25, MaxDelay: backoff.DefaultConfig.MaxDelay},
-			MinConnectTimeout: cfg.DialTimeout,
-		}),
-		// A stream carries one request's exchange; it is never replayed.
-		grpc.WithDisableRetry(),
-		// Fixed windows turn off gRPC's bandwidth estimator, whose pings
-		// would otherwise follow the data of every new stream
-		// (grpcwire.WindowSize explains the size).
-		grpc.WithInitialWindowSize(grpcwire.WindowSize),
-		grpc.WithInitialConnWindowSize(grpcwire.WindowSize),
-		grpc.WithUserAgent("zentinel-sidecar/0.1 ext_proc"),
+	// The dial options of transport grpc, with gRPC's default backoff.
+	opts, err := grpcclient.DialOptions(&cfg.TLS, cfg.MaxMessageSize, cfg.DialTimeout,
+		backoff.DefaultConfig.BaseDelay, backoff.DefaultConfig.MaxDelay, "zentinel-sidecar/0.1 ext_proc")
+	if err != nil {
+		return nil, fmt.Errorf("%w: agent %q: %v", ErrExtProcConfig, cfg.Name, err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &Client{

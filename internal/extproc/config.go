@@ -3,6 +3,7 @@ package extproc
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -209,11 +210,10 @@ type Config struct {
 }
 
 // Option names of transport ext_proc (config agents[].options).
-var Options = []string{
-	"tls", "tls_ca_file", "tls_cert_file", "tls_key_file", "tls_server_name",
+var Options = append(slices.Clone(grpcclient.TLSOptions),
 	"processing_mode", "allow_mode_override", "allowed_override_modes",
 	"request_attributes", "response_attributes", "metadata", "buffer_limit",
-}
+)
 
 // DefaultBufferLimit is the default of option buffer_limit (1 MiB);
 // MaxBufferLimit its largest value (8 MiB: a held body is sent in one
@@ -242,25 +242,10 @@ func DefaultConfig(name, address string) Config {
 
 // ApplyOptions reads the transport's options into c.
 func (c *Config) ApplyOptions(opts map[string]string) error {
-	keys := make([]string, 0, len(opts))
-	for k := range opts {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	for _, k := range keys {
+	for _, k := range slices.Sorted(maps.Keys(opts)) {
 		v := opts[k]
 		var err error
 		switch k {
-		case "tls":
-			c.TLS.Enabled, err = strconv.ParseBool(v)
-		case "tls_ca_file":
-			c.TLS.CAFile = v
-		case "tls_cert_file":
-			c.TLS.CertFile = v
-		case "tls_key_file":
-			c.TLS.KeyFile = v
-		case "tls_server_name":
-			c.TLS.ServerName = v
 		case "processing_mode":
 			c.Mode, err = ParseMode(v)
 		case "allow_mode_override":
@@ -292,7 +277,11 @@ func (c *Config) ApplyOptions(opts map[string]string) error {
 			}
 			c.BufferLimit = int(n)
 		default:
-			err = fmt.Errorf("unknown option (known: %s)", strings.Join(Options, ", "))
+			// The TLS options are shared with transport grpc.
+			var tls bool
+			if tls, err = c.TLS.ApplyOption(k, v); !tls {
+				err = fmt.Errorf("unknown option (known: %s)", strings.Join(Options, ", "))
+			}
 		}
 		if err != nil {
 			return fmt.Errorf("%w: option %s: %v", ErrExtProcConfig, k, err)

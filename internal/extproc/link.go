@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	extprocfilter "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
@@ -125,13 +126,7 @@ func (l *link) SendControl(m protocol.Message) error {
 			st.abort()
 		}
 	case *protocol.CancelAll:
-		l.mu.Lock()
-		all := l.streams
-		l.streams = map[uint64]*reqStream{}
-		l.mu.Unlock()
-		for _, st := range all {
-			st.abort()
-		}
+		l.abortAll(false)
 	}
 	return nil
 }
@@ -146,15 +141,23 @@ func (l *link) Finished(id uint64) {
 
 // Close implements agentmux.Link.
 func (l *link) Close() error {
+	l.abortAll(true)
+	return nil
+}
+
+// abortAll aborts every stream; with closing, the link also takes no
+// more.
+func (l *link) abortAll(closing bool) {
 	l.mu.Lock()
-	l.closed = true
+	if closing {
+		l.closed = true
+	}
 	all := l.streams
 	l.streams = map[uint64]*reqStream{}
 	l.mu.Unlock()
 	for _, st := range all {
 		st.abort()
 	}
-	return nil
 }
 
 // reqStream is one request's conversation with the processor.
@@ -246,13 +249,11 @@ func (st *reqStream) event(m protocol.Message, w agentmux.Wait) error {
 		if ended || !sends(st.mode.RequestHeader, true) {
 			return st.answer(allowFinal, nil)
 		}
-		st.setNames(0, m.Headers)
 		pr, k = st.requestHeaders(m), kindRequestHeaders
 	case *protocol.ResponseHeaders:
 		if ended || !sends(st.mode.ResponseHeader, true) {
 			return st.answer(allowFinal, nil)
 		}
-		st.setNames(1, m.Headers)
 		pr, k = st.responseHeaders(m), kindResponseHeaders
 	case *protocol.RequestBodyChunk:
 		if ended {
@@ -352,8 +353,7 @@ func (st *reqStream) send(pr *extprocsvc.ProcessingRequest, w agentmux.Wait) err
 			dl = m
 		}
 	}
-	var timedOut bool
-	var tmu sync.Mutex
+	var timedOut atomic.Bool // set when t fires
 	if st.stream == nil {
 		ctx, cancel := context.WithCancel(context.Background())
 		st.mu.Lock()
@@ -364,13 +364,13 @@ func (st *reqStream) send(pr *extprocsvc.ProcessingRequest, w agentmux.Wait) err
 			cancel()
 		}
 		if !dl.IsZero() {
-			t = time.AfterFunc(time.Until(dl), func() { tmu.Lock(); timedOut = true; tmu.Unlock(); cancel() })
+			t = time.AfterFunc(time.Until(dl), func() { timedOut.Store(true); cancel() })
 		}
 		s, err := st.l.cli.Process(ctx)
 		if err != nil {
 			stopTimer(t)
 			cancel()
-			return st.sendError(err, &tmu, &timedOut)
+			return st.sendError(err, timedOut.Load())
 		}
 		st.stream = s
 		st.readDone = make(chan struct{})
@@ -380,7 +380,7 @@ func (st *reqStream) send(pr *extprocsvc.ProcessingRequest, w agentmux.Wait) err
 		st.mu.Lock()
 		cancel := st.cancel
 		st.mu.Unlock()
-		t = time.AfterFunc(time.Until(dl), func() { tmu.Lock(); timedOut = true; tmu.Unlock(); cancel() })
+		t = time.AfterFunc(time.Until(dl), func() { timedOut.Store(true); cancel() })
 	}
 	err := st.stream.Send(pr)
 	stopTimer(t)
@@ -391,7 +391,7 @@ func (st *reqStream) send(pr *extprocsvc.ProcessingRequest, w agentmux.Wait) err
 	}
 	if err != nil {
 		st.stopStream()
-		return st.sendError(err, &tmu, &timedOut)
+		return st.sendError(err, timedOut.Load())
 	}
 	return nil
 }
@@ -426,12 +426,9 @@ func stopTimer(t *time.Timer) {
 	}
 }
 
-func (st *reqStream) sendError(err error, mu *sync.Mutex, timedOut *bool) error {
-	mu.Lock()
-	to := *timedOut
-	mu.Unlock()
+func (st *reqStream) sendError(err error, timedOut bool) error {
 	name := st.l.c.cfg.Name
-	if to {
+	if timedOut {
 		return fmt.Errorf("%w: %s: could not send to the processor in time", agentmux.ErrAgentTimeout, name)
 	}
 	if err == io.EOF {

@@ -17,34 +17,77 @@ import (
 // attrNamespace is the key Envoy files the attributes under.
 const attrNamespace = "envoy.filters.http.ext_proc"
 
-// setNames records the header names of direction dir (0 request, 1
-// response) as they are sent to the processor.
-func (st *reqStream) setNames(dir int, hs protocol.Headers) {
-	n := make(map[string]bool, len(hs))
-	for i := range hs {
-		n[strings.ToLower(string(hs[i].Name))] = true
+// setNames records the lower-cased header names of direction dir (0
+// request, 1 response) as they are sent to the processor.
+func (st *reqStream) setNames(dir int, names []string) {
+	n := make(map[string]bool, len(names))
+	for _, k := range names {
+		n[k] = true
 	}
 	st.mu.Lock()
 	st.names[dir] = n
 	st.mu.Unlock()
 }
 
-func headerMap(pseudo [][2]string, hs protocol.Headers, skipHost bool) *corev3.HeaderMap {
-	out := make([]*corev3.HeaderValue, 0, len(pseudo)+len(hs))
+// pseudoHeader is a pseudo-header sent ahead of the headers.
+type pseudoHeader struct {
+	key   string
+	value []byte
+}
+
+// schemeHTTP is the :scheme sent (read only).
+var schemeHTTP = []byte("http")
+
+// headerMap maps the pseudo-headers and hs to a HeaderMap; it also returns
+// the lower-cased names of hs (all of them, host included). The values
+// are aliased and the HeaderValues share one backing array: Send encodes
+// the message before it returns and these connections have no stats
+// handler that could read it later, so the event's buffers may be reused
+// afterwards.
+func headerMap(pseudo []pseudoHeader, hs protocol.Headers, skipHost bool) (*corev3.HeaderMap, []string) {
+	vals := make([]corev3.HeaderValue, len(pseudo)+len(hs))
+	out := make([]*corev3.HeaderValue, 0, len(vals))
+	names := make([]string, len(hs))
 	for _, p := range pseudo {
-		out = append(out, &corev3.HeaderValue{Key: p[0], RawValue: []byte(p[1])})
+		v := &vals[len(out)]
+		v.Key, v.RawValue = p.key, p.value
+		out = append(out, v)
 	}
 	for i := range hs {
-		name := strings.ToLower(string(hs[i].Name))
+		name := lowerName(hs[i].Name)
+		names[i] = name
 		if skipHost && name == "host" {
 			continue // it is :authority
 		}
-		// Aliased: Send encodes the message before it returns and these
-		// connections have no stats handler that could read it later, so
-		// the event's buffers may be reused afterwards.
-		out = append(out, &corev3.HeaderValue{Key: name, RawValue: hs[i].Value})
+		v := &vals[len(out)]
+		v.Key, v.RawValue = name, hs[i].Value
+		out = append(out, v)
 	}
-	return &corev3.HeaderMap{Headers: out}
+	return &corev3.HeaderMap{Headers: out}, names
+}
+
+// lowerName is strings.ToLower(string(b)) with one allocation for an
+// ASCII name.
+func lowerName(b []byte) string {
+	upper := false
+	for _, c := range b {
+		if c >= 0x80 {
+			return strings.ToLower(string(b))
+		}
+		upper = upper || ('A' <= c && c <= 'Z')
+	}
+	if !upper {
+		return string(b)
+	}
+	var sb strings.Builder
+	sb.Grow(len(b))
+	for _, c := range b {
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		sb.WriteByte(c)
+	}
+	return sb.String()
 }
 
 // first fills what the request's first message carries: the protocol
@@ -144,10 +187,11 @@ func headersValue(hs protocol.Headers) *structpb.Value {
 }
 
 func (st *reqStream) requestHeaders(m *protocol.RequestHeaders) *extprocsvc.ProcessingRequest {
-	authority := string(header(m.Headers, "host"))
-	pseudo := [][2]string{{":method", string(m.Method)}, {":path", string(m.URI)}, {":authority", authority}, {":scheme", "http"}}
+	pseudo := [...]pseudoHeader{{":method", m.Method}, {":path", m.URI}, {":authority", header(m.Headers, "host")}, {":scheme", schemeHTTP}}
+	hm, names := headerMap(pseudo[:], m.Headers, true)
+	st.setNames(0, names)
 	pr := &extprocsvc.ProcessingRequest{Request: &extprocsvc.ProcessingRequest_RequestHeaders{
-		RequestHeaders: &extprocsvc.HttpHeaders{Headers: headerMap(pseudo, m.Headers, true), EndOfStream: !m.HasBody},
+		RequestHeaders: &extprocsvc.HttpHeaders{Headers: hm, EndOfStream: !m.HasBody},
 	}}
 	st.first(pr)
 	st.requestAttrs(pr, m)
@@ -155,11 +199,11 @@ func (st *reqStream) requestHeaders(m *protocol.RequestHeaders) *extprocsvc.Proc
 }
 
 func (st *reqStream) responseHeaders(m *protocol.ResponseHeaders) *extprocsvc.ProcessingRequest {
+	pseudo := [...]pseudoHeader{{":status", strconv.AppendInt(nil, int64(m.StatusCode), 10)}}
+	hm, names := headerMap(pseudo[:], m.Headers, false)
+	st.setNames(1, names)
 	pr := &extprocsvc.ProcessingRequest{Request: &extprocsvc.ProcessingRequest_ResponseHeaders{
-		ResponseHeaders: &extprocsvc.HttpHeaders{
-			Headers:     headerMap([][2]string{{":status", strconv.Itoa(m.StatusCode)}}, m.Headers, false),
-			EndOfStream: !m.HasBody,
-		},
+		ResponseHeaders: &extprocsvc.HttpHeaders{Headers: hm, EndOfStream: !m.HasBody},
 	}}
 	st.first(pr)
 	if names := st.l.c.cfg.ResponseAttrs; len(names) > 0 {

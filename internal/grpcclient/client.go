@@ -92,36 +92,9 @@ func NewClient(cfg Config) (*Client, error) {
 }
 
 func dialOptions(cfg *Config) ([]grpc.DialOption, error) {
-	creds := insecure.NewCredentials()
-	if cfg.TLS.On() {
-		tc, err := cfg.TLS.ClientTLS()
-		if err != nil {
-			return nil, fmt.Errorf("agent %q: %w", cfg.Name, err)
-		}
-		creds = credentials.NewTLS(tc)
-	}
-	opts := []grpc.DialOption{
-		grpc.WithTransportCredentials(creds),
-		grpc.WithDefaultCallOptions(
-			grpc.MaxCallRecvMsgSize(cfg.MaxMessageSize),
-			grpc.MaxCallSendMsgSize(cfg.MaxMessageSize),
-		),
-		grpc.WithConnectParams(grpc.ConnectParams{
-			Backoff: backoff.Config{
-				BaseDelay:  cfg.BackoffMin,
-				Multiplier: 2,
-				Jitter:     0.25,
-				MaxDelay:   cfg.BackoffMax,
-			},
-			MinConnectTimeout: cfg.DialTimeout,
-		}),
-		// Replies are matched by request_id on one stream; a transparent
-		// retry would only buffer messages.
-		grpc.WithDisableRetry(),
-		// Fixed flow-control windows (see grpcwire.WindowSize).
-		grpc.WithInitialWindowSize(grpcwire.WindowSize),
-		grpc.WithInitialConnWindowSize(grpcwire.WindowSize),
-		grpc.WithUserAgent(cfg.ClientName),
+	opts, err := DialOptions(&cfg.TLS, cfg.MaxMessageSize, cfg.DialTimeout, cfg.BackoffMin, cfg.BackoffMax, cfg.ClientName)
+	if err != nil {
+		return nil, fmt.Errorf("agent %q: %w", cfg.Name, err)
 	}
 	if cfg.KeepaliveTime > 0 {
 		opts = append(opts, grpc.WithKeepaliveParams(keepalive.ClientParameters{
@@ -131,6 +104,48 @@ func dialOptions(cfg *Config) ([]grpc.DialOption, error) {
 		}))
 	}
 	return opts, nil
+}
+
+// DialOptions are the options of a connection to an agent, shared by
+// transports grpc and ext_proc: credentials from t (its files are read
+// now), messages capped at maxMsg both ways, reconnects backing off from
+// backoffMin to backoffMax (doubling, with jitter), no transparent
+// retries, fixed flow-control windows and user agent ua.
+func DialOptions(t *TLSConfig, maxMsg int, dialTimeout, backoffMin, backoffMax time.Duration, ua string) ([]grpc.DialOption, error) {
+	creds := insecure.NewCredentials()
+	if t.On() {
+		tc, err := t.ClientTLS()
+		if err != nil {
+			return nil, err
+		}
+		creds = credentials.NewTLS(tc)
+	}
+	return []grpc.DialOption{
+		grpc.WithTransportCredentials(creds),
+		grpc.WithDefaultCallOptions(
+			grpc.MaxCallRecvMsgSize(maxMsg),
+			grpc.MaxCallSendMsgSize(maxMsg),
+		),
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff: backoff.Config{
+				BaseDelay:  backoffMin,
+				Multiplier: 2,
+				Jitter:     0.25,
+				MaxDelay:   backoffMax,
+			},
+			MinConnectTimeout: dialTimeout,
+		}),
+		// Streams are never replayed: replies are matched by request_id
+		// (grpc) or a stream carries one request's exchange (ext_proc), so
+		// a transparent retry would only buffer messages.
+		grpc.WithDisableRetry(),
+		// Fixed flow-control windows turn off gRPC's bandwidth estimator,
+		// whose pings would otherwise follow the data of every new stream
+		// (see grpcwire.WindowSize).
+		grpc.WithInitialWindowSize(grpcwire.WindowSize),
+		grpc.WithInitialConnWindowSize(grpcwire.WindowSize),
+		grpc.WithUserAgent(ua),
+	}, nil
 }
 
 // Close stops reconnecting, sends CancelAll on every stream and closes the

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -34,6 +35,30 @@ type TLSConfig struct {
 
 // On reports whether TLS is used.
 func (t *TLSConfig) On() bool { return t.Enabled || t.CAFile != "" || t.CertFile != "" }
+
+// TLSOptions are the transport options (config agents[].options) that
+// TLSConfig.ApplyOption reads.
+var TLSOptions = []string{"tls", "tls_ca_file", "tls_cert_file", "tls_key_file", "tls_server_name"}
+
+// ApplyOption sets the field of transport option k (one of TLSOptions)
+// to v; ok is false, and t unchanged, when k is not a TLS option.
+func (t *TLSConfig) ApplyOption(k, v string) (ok bool, err error) {
+	switch k {
+	case "tls":
+		t.Enabled, err = strconv.ParseBool(v)
+	case "tls_ca_file":
+		t.CAFile = v
+	case "tls_cert_file":
+		t.CertFile = v
+	case "tls_key_file":
+		t.KeyFile = v
+	case "tls_server_name":
+		t.ServerName = v
+	default:
+		return false, nil
+	}
+	return true, err
+}
 
 // Config is the proxy side of one gRPC agent.
 type Config struct {

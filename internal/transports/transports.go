@@ -11,6 +11,7 @@ package transports
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -67,7 +68,7 @@ func NewUDS(a *config.Agent, log zerolog.Logger) (agentmux.Agent, error) {
 }
 
 // GRPCOptions are the options of transport grpc (config agents[].options).
-var GRPCOptions = []string{"tls", "tls_ca_file", "tls_cert_file", "tls_key_file", "tls_server_name", "health_interval"}
+var GRPCOptions = append(slices.Clone(grpcclient.TLSOptions), "health_interval")
 
 // GRPCConfig maps a configured agent of transport grpc to the client's
 // configuration, options included, and validates it.
@@ -83,20 +84,14 @@ func GRPCConfig(a *config.Agent, log zerolog.Logger) (grpcclient.Config, error) 
 		v := a.Options[k]
 		var err error
 		switch k {
-		case "tls":
-			c.TLS.Enabled, err = strconv.ParseBool(v)
-		case "tls_ca_file":
-			c.TLS.CAFile = v
-		case "tls_cert_file":
-			c.TLS.CertFile = v
-		case "tls_key_file":
-			c.TLS.KeyFile = v
-		case "tls_server_name":
-			c.TLS.ServerName = v
 		case "health_interval":
 			c.HealthInterval, err = time.ParseDuration(v)
 		default:
-			err = fmt.Errorf("unknown option (known: %s)", strings.Join(GRPCOptions, ", "))
+			// The TLS options are shared with transport ext_proc.
+			var tls bool
+			if tls, err = c.TLS.ApplyOption(k, v); !tls {
+				err = fmt.Errorf("unknown option (known: %s)", strings.Join(GRPCOptions, ", "))
+			}
 		}
 		if err != nil {
 			return c, fmt.Errorf("%w: option %s: %v", grpcclient.ErrGRPCConfig, k, err)
@@ -187,14 +182,7 @@ func agentError(cfg *config.Config, i int, key string, err error) error {
 	return fmt.Errorf("config: %s: %w", path, err)
 }
 
-func sortedKeys(m map[string]string) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
-}
+func sortedKeys(m map[string]string) []string { return slices.Sorted(maps.Keys(m)) }
 
 // ExtProcConfig maps a configured agent of transport ext_proc to the
 // client's configuration, options included (extproc.Options), and
