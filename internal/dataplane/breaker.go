@@ -212,12 +212,8 @@ func (s *Server) Breakers() []BreakerStatus {
 // previous table's when the agent instance and its settings are the same
 // (a reload keeps the circuit's state), else a fresh one.
 func breakerFor(prev *table, name string, inst agentmux.Agent, c config.CircuitBreaker) *breaker {
-	if prev != nil {
-		for _, old := range prev.agents {
-			if old.name == name && old.agent == inst && old.brk != nil && old.brk.cfg == c {
-				return old.brk
-			}
-		}
+	if old := prevAgent(prev, name, inst); old != nil && old.brk != nil && old.brk.cfg == c {
+		return old.brk
 	}
 	return newBreaker(c, inst)
 }

@@ -73,13 +73,19 @@ func breakerSetup(t *testing.T, failure, cooldown string) (*proxy, *upstream, *h
 	return startProxy(t, cfg, map[string]agentmux.Agent{"slow": a}, nil), u, h
 }
 
+// onlyAgent returns the one entry of a PolicyStatus list, failing the
+// test unless the list holds exactly one, for agent want.
+func onlyAgent[T any](t *testing.T, list []T, agent func(T) string, want string) T {
+	t.Helper()
+	if len(list) != 1 || agent(list[0]) != want {
+		t.Fatalf("%T %+v, want one for agent %s", list, list, want)
+	}
+	return list[0]
+}
+
 func circuit(t *testing.T, p *proxy) dataplane.BreakerStatus {
 	t.Helper()
-	bs := p.srv.PolicyStatus().Circuits
-	if len(bs) != 1 || bs[0].Agent != "slow" {
-		t.Fatalf("circuits %+v, want one for agent slow", bs)
-	}
-	return bs[0]
+	return onlyAgent(t, p.srv.PolicyStatus().Circuits, func(s dataplane.BreakerStatus) string { return s.Agent }, "slow")
 }
 
 // A hung fail-open agent: after 3 timeouts the circuit opens and later

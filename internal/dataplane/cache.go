@@ -137,13 +137,8 @@ func cacheFor(prev *table, a *config.Agent, inst agentmux.Agent) (*decisionCache
 	if !c.On() {
 		return nil, nil
 	}
-	if prev != nil && !c.FlushReload() {
-		sig := cacheSig(c)
-		for _, old := range prev.agents {
-			if old.name == a.Name && old.agent == inst && old.cache != nil && old.cache.sig == sig {
-				return old.cache, nil
-			}
-		}
+	if old := prevAgent(prev, a.Name, inst); old != nil && !c.FlushReload() && old.cache != nil && old.cache.sig == cacheSig(c) {
+		return old.cache, nil
 	}
 	return newDecisionCache(c, inst)
 }

@@ -81,11 +81,7 @@ func cacheSetup(t *testing.T, data map[string]any) (*proxy, *upstream, *cachingA
 
 func cacheStatus(t *testing.T, p *proxy) dataplane.CacheStatus {
 	t.Helper()
-	cs := p.srv.PolicyStatus().Caches
-	if len(cs) != 1 || cs[0].Agent != "authz" {
-		t.Fatalf("caches %+v, want one for agent authz", cs)
-	}
-	return cs[0]
+	return onlyAgent(t, p.srv.PolicyStatus().Caches, func(s dataplane.CacheStatus) string { return s.Agent }, "authz")
 }
 
 func TestDecisionCacheHits(t *testing.T) {

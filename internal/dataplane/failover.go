@@ -26,12 +26,8 @@ type agentStats struct {
 
 // failoverFor returns the counters of agent name for a new table.
 func failoverFor(prev *table, name string, inst agentmux.Agent) *agentStats {
-	if prev != nil {
-		for _, old := range prev.agents {
-			if old.name == name && old.agent == inst && old.fo != nil {
-				return old.fo
-			}
-		}
+	if old := prevAgent(prev, name, inst); old != nil && old.fo != nil {
+		return old.fo
 	}
 	return &agentStats{}
 }

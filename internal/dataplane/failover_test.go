@@ -161,11 +161,7 @@ func failoverSetup(t *testing.T, failover bool) (*proxy, *upstream, *memberProc,
 
 func failoverStatus(t *testing.T, p *proxy) dataplane.FailoverStatus {
 	t.Helper()
-	fs := p.srv.PolicyStatus().Failovers
-	if len(fs) != 1 || fs[0].Agent != "pair" {
-		t.Fatalf("failovers %+v", fs)
-	}
-	return fs[0]
+	return onlyAgent(t, p.srv.PolicyStatus().Failovers, func(s dataplane.FailoverStatus) string { return s.Agent }, "pair")
 }
 
 // Two member processes; the one holding a request is killed: the request

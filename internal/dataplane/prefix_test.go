@@ -22,6 +22,9 @@ const prefixConfig = `
 listeners:
   - name: test
     address: 127.0.0.1:0
+{{- with .MaxBody}}
+    max_request_body: {{.}}
+{{- end}}
 upstreams:
   - name: app
     address: {{.Upstream}}
@@ -104,20 +107,23 @@ func newCountingUpstream(t *testing.T) (*countingUpstream, string) {
 
 func prefixSetup(t *testing.T, over string) (*proxy, *countingUpstream, *bodyAgent) {
 	t.Helper()
+	return prefixSetupMax(t, over, "")
+}
+
+// prefixSetupMax is prefixSetup with the listener's max_request_body
+// (none when empty).
+func prefixSetupMax(t *testing.T, over, maxBody string) (*proxy, *countingUpstream, *bodyAgent) {
+	t.Helper()
 	u, addr := newCountingUpstream(t)
 	ba := &bodyAgent{}
 	path := serveAgent(t, ba.handler())
-	cfg := configText(t, prefixConfig, map[string]any{"Upstream": addr, "Path": path, "Over": over})
+	cfg := configText(t, prefixConfig, map[string]any{"Upstream": addr, "Path": path, "Over": over, "MaxBody": maxBody})
 	return startProxy(t, cfg, map[string]agentmux.Agent{"a": udsAgent(t, "a", path, nil)}, nil), u, ba
 }
 
 func agentBodyCounts(t *testing.T, p *proxy) dataplane.BodyStatus {
 	t.Helper()
-	bs := p.srv.PolicyStatus().Bodies
-	if len(bs) != 1 || bs[0].Agent != "a" {
-		t.Fatalf("bodies %+v", bs)
-	}
-	return bs[0]
+	return onlyAgent(t, p.srv.PolicyStatus().Bodies, func(s dataplane.BodyStatus) string { return s.Agent }, "a")
 }
 
 // over_limit prefix: the agent decides on the first 64 KiB (its last

@@ -2,6 +2,7 @@ package dataplane
 
 import (
 	"context"
+	"maps"
 	"strconv"
 	"strings"
 	"sync"
@@ -138,12 +139,8 @@ func shadowFor(prev *table, a *config.Agent, inst agentmux.Agent) *shadowRunner 
 	if !a.Shadow {
 		return nil
 	}
-	if prev != nil {
-		for _, old := range prev.agents {
-			if old.name == a.Name && old.agent == inst && old.shadow != nil && old.shadow.cfg == shadowCfgOf(a) {
-				return old.shadow
-			}
-		}
+	if old := prevAgent(prev, a.Name, inst); old != nil && old.shadow != nil && old.shadow.cfg == shadowCfgOf(a) {
+		return old.shadow
 	}
 	return newShadowRunner(a, inst)
 }
@@ -165,8 +162,10 @@ type shadowConv struct {
 	off atomic.Bool
 
 	mu sync.Mutex
-	// pending events; non-empty only while scheduled.
+	// pending events; non-empty only while scheduled. It starts in pend,
+	// so a request's first events cost no allocation.
 	pending []*shadowEvent
+	pend    [4]*shadowEvent
 	// scheduled: in the runner's ready queue or held by a worker; ended:
 	// the request is over; dead: no further event is sent.
 	scheduled, ended, dead bool
@@ -187,6 +186,9 @@ func (rs *reqState) shadowRequest() {
 	if rs.viewDirty {
 		rs.buildRequestView()
 	}
+	// For log lines: one allocation per request, shared by its
+	// conversations.
+	var corr, method, uri string
 	for k, sr := range rs.rt.shadows {
 		if sr.log.Load() == nil {
 			sr.log.CompareAndSwap(nil, &rs.srv.log)
@@ -207,7 +209,14 @@ func (rs *reqState) shadowRequest() {
 			continue
 		}
 		c.chunk = [2]int{pol[0].chunk, pol[1].chunk}
-		c.corr, c.method, c.uri = string(rs.rh.Metadata.CorrelationID), string(rs.rh.Method), string(rs.rh.URI)
+		if corr == "" && method == "" && uri == "" {
+			rh := &rs.rh
+			s := string(rh.Metadata.CorrelationID) + string(rh.Method) + string(rh.URI)
+			n1, n2 := len(rh.Metadata.CorrelationID), len(rh.Metadata.CorrelationID)+len(rh.Method)
+			corr, method, uri = s[:n1], s[n1:n2], s[n2:]
+		}
+		c.corr, c.method, c.uri = corr, method, uri
+		c.pending = c.pend[:0]
 		rs.shadowConvs = append(rs.shadowConvs, c)
 		if c.want[shadowReqHeaders] {
 			ev := shadowEvents.Get().(*shadowEvent)
@@ -602,8 +611,10 @@ func (sr *shadowRunner) run(c *shadowConv) {
 	for {
 		c.mu.Lock()
 		if c.dead || len(c.pending) == 0 || sr.stopped.Load() {
+			// A non-empty drop means the conversation is now dead: no
+			// event joins pend again while drop is cleared below.
 			drop := c.pending
-			c.pending = c.pending[:0]
+			c.pending = c.pend[:0]
 			c.scheduled = false
 			var ex *agentmux.Exchange
 			if c.dead || c.ended || sr.stopped.Load() {
@@ -831,10 +842,7 @@ func (s *Server) Shadows() []ShadowStatus {
 			}
 		}
 		if len(sr.byRule) > 0 {
-			st.ByRule = make(map[string]uint64, len(sr.byRule))
-			for k, v := range sr.byRule {
-				st.ByRule[k] = v
-			}
+			st.ByRule = maps.Clone(sr.byRule)
 		}
 		sr.mu.Unlock()
 		out = append(out, st)

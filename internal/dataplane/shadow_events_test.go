@@ -17,38 +17,6 @@ import (
 	"github.com/zentinelproxy/sidecar/sdk"
 )
 
-// shadowBodyConfig has an enforcing agent (guard, headers only) and a
-// shadow agent with 1 KiB body chunks.
-const shadowBodyConfig = `
-listeners:
-  - name: test
-    address: 127.0.0.1:0
-upstreams:
-  - name: app
-    address: {{.Upstream}}
-agents:
-  - name: guard
-    transport: uds
-    address: {{.Guard}}
-  - name: watch
-    transport: uds
-    address: {{.Watch}}
-    shadow: true
-    shadow_queue: {{.Queue}}
-    shadow_workers: {{.Workers}}
-    shadow_queue_bytes: {{.Bytes}}
-    timeouts:
-      message: 5s
-    request_body:
-      chunk_size: {{.Chunk}}
-    response_body:
-      chunk_size: {{.Chunk}}
-routes:
-  - name: main
-    upstream: app
-    agents: [watch, guard]
-`
-
 func allEvents() protocol.Capabilities {
 	return protocol.Capabilities{HandlesRequestHeaders: true, HandlesRequestBody: true, HandlesResponseHeaders: true,
 		HandlesResponseBody: true, SupportsStreaming: true, SupportsCancellation: true}
@@ -175,7 +143,7 @@ func shadowBodySetup(t *testing.T, watch sdk.Handler, up http.HandlerFunc, data 
 	for k, v := range data {
 		vals[k] = v
 	}
-	cfg := configText(t, shadowBodyConfig, vals)
+	cfg := configText(t, shadowConfig, vals)
 	agents := map[string]agentmux.Agent{
 		"guard": udsAgent(t, "guard", guard, nil),
 		"watch": udsAgent(t, "watch", watchPath, func(c *udsclient.Config) { c.MessageTimeout = 5 * time.Second }),
@@ -359,16 +327,7 @@ func TestShadowByteBudget(t *testing.T) {
 // A shadow agent that is down delays no request, bodies included; each
 // request's conversation fails once and is counted.
 func TestShadowDownWithBodies(t *testing.T) {
-	u := newUpstream(t, nil)
-	guard := serveAgent(t, &agentFuncs{Base: sdk.Base{Caps: headersOnly()}})
-	watchPath := serveAgent(t, &agentFuncs{Base: sdk.Base{Caps: allEvents()}})
-	cfg := configText(t, shadowBodyConfig, map[string]any{"Upstream": u.addr(), "Guard": guard, "Watch": watchPath,
-		"Queue": 16, "Workers": 2, "Bytes": "64KiB", "Chunk": "1KiB"})
-	watch := udsAgent(t, "watch", watchPath, nil)
-	if err := watch.Close(); err != nil {
-		t.Fatal(err)
-	}
-	p := startProxy(t, cfg, map[string]agentmux.Agent{"guard": udsAgent(t, "guard", guard, nil), "watch": watch}, nil)
+	p, u := shadowDownSetup(t, allEvents(), map[string]any{"Bytes": "64KiB", "Chunk": "1KiB"})
 	body := shadowBytes(5, 3000)
 	for i := 0; i < 4; i++ {
 		if res, _ := p.do(t, "POST", "/", bytes.NewReader(body)); res.StatusCode != 200 {

@@ -14,6 +14,9 @@ import (
 	"github.com/zentinelproxy/sidecar/sdk"
 )
 
+// shadowConfig has an enforcing agent (guard) and a shadow agent
+// (watch); Bytes (shadow_queue_bytes) and Chunk (the body chunk sizes)
+// are optional.
 const shadowConfig = `
 listeners:
   - name: test
@@ -31,8 +34,17 @@ agents:
     shadow: true
     shadow_queue: {{.Queue}}
     shadow_workers: {{.Workers}}
+{{- with .Bytes}}
+    shadow_queue_bytes: {{.}}
+{{- end}}
     timeouts:
       message: 5s
+{{- with .Chunk}}
+    request_body:
+      chunk_size: {{.}}
+    response_body:
+      chunk_size: {{.}}
+{{- end}}
 routes:
   - name: main
     upstream: app
@@ -64,11 +76,7 @@ func shadowSetup(t *testing.T, watch sdk.Handler, queue, workers int) (*proxy, *
 
 func shadowStatus(t *testing.T, p *proxy) dataplane.ShadowStatus {
 	t.Helper()
-	sh := p.srv.PolicyStatus().Shadows
-	if len(sh) != 1 || sh[0].Agent != "watch" {
-		t.Fatalf("shadows %+v, want one for agent watch", sh)
-	}
-	return sh[0]
+	return onlyAgent(t, p.srv.PolicyStatus().Shadows, func(s dataplane.ShadowStatus) string { return s.Agent }, "watch")
 }
 
 // waitShadow polls the shadow counters until cond holds (bounded by the
@@ -183,15 +191,7 @@ func TestShadowHungAgentDropsEvents(t *testing.T) {
 // A shadow agent that is down costs requests nothing; its events fail
 // and are counted.
 func TestShadowAgentDown(t *testing.T) {
-	u := newUpstream(t, nil)
-	guard := serveAgent(t, &agentFuncs{Base: sdk.Base{Caps: headersOnly()}})
-	watchPath := serveAgent(t, &agentFuncs{Base: sdk.Base{Caps: headersOnly()}})
-	cfg := configText(t, shadowConfig, map[string]any{"Upstream": u.addr(), "Guard": guard, "Watch": watchPath, "Queue": 16, "Workers": 2})
-	watch := udsAgent(t, "watch", watchPath, nil)
-	if err := watch.Close(); err != nil {
-		t.Fatal(err)
-	}
-	p := startProxy(t, cfg, map[string]agentmux.Agent{"guard": udsAgent(t, "guard", guard, nil), "watch": watch}, nil)
+	p, _ := shadowDownSetup(t, headersOnly(), nil)
 	for i := 0; i < 4; i++ {
 		if resp, _ := p.do(t, "GET", "/", nil); resp.StatusCode != 200 || resp.Header.Get("X-Sidecar-Fail-Open") != "" {
 			t.Fatalf("request %d: status %d", i, resp.StatusCode)
@@ -201,4 +201,24 @@ func TestShadowAgentDown(t *testing.T) {
 	if st.Allowed != 0 || st.WouldBlock != 0 || st.Queued != 4 {
 		t.Fatalf("down shadow: %+v", st)
 	}
+}
+
+// shadowDownSetup starts a proxy whose shadow agent (with capabilities
+// caps) is closed before the first request; data adds to or overrides
+// the shadowConfig fields (Queue 16, Workers 2).
+func shadowDownSetup(t *testing.T, caps protocol.Capabilities, data map[string]any) (*proxy, *upstream) {
+	t.Helper()
+	u := newUpstream(t, nil)
+	guard := serveAgent(t, &agentFuncs{Base: sdk.Base{Caps: headersOnly()}})
+	watchPath := serveAgent(t, &agentFuncs{Base: sdk.Base{Caps: caps}})
+	vals := map[string]any{"Upstream": u.addr(), "Guard": guard, "Watch": watchPath, "Queue": 16, "Workers": 2}
+	for k, v := range data {
+		vals[k] = v
+	}
+	cfg := configText(t, shadowConfig, vals)
+	watch := udsAgent(t, "watch", watchPath, nil)
+	if err := watch.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return startProxy(t, cfg, map[string]agentmux.Agent{"guard": udsAgent(t, "guard", guard, nil), "watch": watch}, nil), u
 }
