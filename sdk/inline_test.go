@@ -323,17 +323,7 @@ func TestAllocsDispatchInline(t *testing.T) {
 	payload := protocol.AppendRequestHeaders(nil, &protocol.RequestHeaders{Method: []byte("POST"), URI: []byte("/"),
 		Headers: protocol.Headers{{Name: []byte("host"), Value: []byte("example.com")}}, HasBody: true,
 		HasInlineBody: true, InlineBody: protocol.BodyChunk{Data: bytes.Repeat([]byte("b"), 4096), IsLast: true, TotalSize: 4096, Progress: 4096}})
-	var id uint64
-	allocs := testing.AllocsPerRun(1000, func() {
-		ev := AcquireEvent()
-		if err := ev.Decode(protocol.TypeRequestHeaders, payload); err != nil {
-			t.Fatal(err)
-		}
-		id++
-		ev.RequestHeaders.RequestID = id
-		d.Dispatch(ev)
-		<-out.sent
-	})
+	allocs := allocsPerEvent(t, payload, d.Dispatch, out.sent)
 	if allocs != 1 {
 		t.Fatalf("%.2f allocations per inline event, want exactly 1 (the handler's context)", allocs)
 	}

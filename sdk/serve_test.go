@@ -242,17 +242,7 @@ func TestAllocsServe(t *testing.T) {
 	f := &feed{ch: make(chan *Event), end: errors.New("end")}
 	go func() { _ = d.Serve(f.next, func() int { return 0 }) }()
 	defer close(f.ch)
-	var id uint64
-	allocs := testing.AllocsPerRun(1000, func() {
-		ev := AcquireEvent()
-		if err := ev.Decode(protocol.TypeRequestHeaders, payload); err != nil {
-			t.Fatal(err)
-		}
-		id++
-		ev.RequestHeaders.RequestID = id
-		f.ch <- ev
-		<-out.sent
-	})
+	allocs := allocsPerEvent(t, payload, func(ev *Event) { f.ch <- ev }, out.sent)
 	if allocs != 1 {
 		t.Fatalf("%.2f allocations per event, want exactly 1 (the handler's context)", allocs)
 	}

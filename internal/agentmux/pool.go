@@ -104,16 +104,21 @@ func (p *Pool) Remove(s *Session) {
 		}
 	}
 	if len(next) != len(old) {
-		st := s.Stats()
-		p.retired.Late += st.Late
-		p.retired.Timeouts += st.Timeouts
-		p.retired.Protocol += st.Protocol
-		p.retired.Completed += st.Completed
-		p.retired.Cancels += st.Cancels
-		p.retired.SendWaits += st.SendWaits
-		p.retired.ControlDropped += st.ControlDropped
+		p.retired.addCounters(s.Stats())
 	}
 	p.sessions.Store(&next)
+}
+
+// addCounters adds x's cumulative counters (not the InFlight and Waiting
+// gauges) to s.
+func (s *Stats) addCounters(x Stats) {
+	s.Late += x.Late
+	s.Timeouts += x.Timeouts
+	s.Cancels += x.Cancels
+	s.Protocol += x.Protocol
+	s.Completed += x.Completed
+	s.SendWaits += x.SendWaits
+	s.ControlDropped += x.ControlDropped
 }
 
 // Sessions returns the live sessions (do not modify the slice).
@@ -187,30 +192,18 @@ func (p *Pool) Capabilities() protocol.Capabilities {
 // Snapshot implements Agent.
 func (p *Pool) Snapshot() AgentStatus {
 	p.mu.Lock()
-	st := AgentStatus{
-		Name:      p.name,
-		Transport: p.transport,
-		Late:      p.retired.Late,
-		Timeouts:  p.retired.Timeouts,
-		Protocol:  p.retired.Protocol,
-		Completed: p.retired.Completed,
-
-		SendWaits:      p.retired.SendWaits,
-		ControlDropped: p.retired.ControlDropped,
-	}
+	tot := p.retired
 	p.mu.Unlock()
+	st := AgentStatus{Name: p.name, Transport: p.transport}
 	for _, s := range *p.sessions.Load() {
 		x := s.Stats()
 		st.Connections++
 		st.InFlight += x.InFlight
-		st.Late += x.Late
-		st.Timeouts += x.Timeouts
-		st.Protocol += x.Protocol
-		st.Completed += x.Completed
-		st.SendWaits += x.SendWaits
-		st.ControlDropped += x.ControlDropped
+		tot.addCounters(x)
 		st.Caps = s.caps
 	}
+	st.Late, st.Timeouts, st.Protocol, st.Completed = tot.Late, tot.Timeouts, tot.Protocol, tot.Completed
+	st.SendWaits, st.ControlDropped = tot.SendWaits, tot.ControlDropped
 	st.Ready = st.Connections > 0
 	if le := p.lastErr.Load(); le != nil {
 		st.LastError = *le

@@ -476,12 +476,17 @@ func (rs *reqState) failure(i int, phase protocol.Phase, body bool, err error) b
 // dropActive removes agent i from the body pipelines.
 func (rs *reqState) dropActive(i int) {
 	for p := range rs.active {
-		a := rs.active[p]
-		for k, j := range a {
-			if int(j) == i {
-				rs.active[p] = append(a[:k], a[k+1:]...)
-				break
-			}
+		rs.dropActiveIn(p, i)
+	}
+}
+
+// dropActiveIn removes agent i from the body pipeline of phase p.
+func (rs *reqState) dropActiveIn(p, i int) {
+	a := rs.active[p]
+	for k, j := range a {
+		if int(j) == i {
+			rs.active[p] = append(a[:k], a[k+1:]...)
+			return
 		}
 	}
 }

@@ -105,13 +105,7 @@ func (rs *reqState) inlineAfter(i int, d *protocol.Decision) {
 	}
 	if d.Final() || rs.inl.last {
 		sl.flags |= flagReqBodyDone
-		a := rs.active[0]
-		for k, j := range a {
-			if int(j) == i {
-				rs.active[0] = append(a[:k], a[k+1:]...)
-				break
-			}
-		}
+		rs.dropActiveIn(0, i)
 	}
 }
 

@@ -76,13 +76,7 @@ func NewOutbox(send func(m any) error, maxMsg, depth int) *Outbox {
 // Put encodes msg and queues it. It returns once msg is encoded: the
 // caller may reuse it. It never waits (a full queue fails with
 // ErrGRPCQueueFull), so a stream's read loop may answer a Ping with it.
-func (o *Outbox) Put(msg protocol.Message) error {
-	var m Outgoing
-	if err := m.Encode(msg, o.limit); err != nil {
-		return err
-	}
-	return o.enqueue(m, 0, false, false)
-}
+func (o *Outbox) Put(msg protocol.Message) error { return o.put(msg, 0, false, false) }
 
 // PutAgentError queues an agent error for request id.
 func (o *Outbox) PutAgentError(id uint64, reason string) error {
@@ -98,11 +92,7 @@ func (o *Outbox) PutAgentError(id uint64, reason string) error {
 // the calling goroutine, which then cannot block in SendMsg; otherwise
 // it queues msg for Run. Either way it never waits for the peer.
 func (o *Outbox) SendEvent(id uint64, msg protocol.Message) error {
-	var m Outgoing
-	if err := m.Encode(msg, o.limit); err != nil {
-		return err
-	}
-	return o.enqueue(m, id, true, false)
+	return o.put(msg, id, true, false)
 }
 
 // Answered records that the peer answered the last event SendEvent sent
@@ -126,12 +116,15 @@ func (o *Outbox) Answered(id uint64) {
 // messages not yet written, is used up: the peer has stopped reading
 // behind a full flow-control window), so it is for senders that may wait
 // as long as the stream lives, never for a read loop.
-func (o *Outbox) PutDirect(msg protocol.Message) error {
+func (o *Outbox) PutDirect(msg protocol.Message) error { return o.put(msg, 0, false, true) }
+
+// put encodes msg and hands it to enqueue.
+func (o *Outbox) put(msg protocol.Message, id uint64, event, direct bool) error {
 	var m Outgoing
 	if err := m.Encode(msg, o.limit); err != nil {
 		return err
 	}
-	return o.enqueue(m, 0, false, true)
+	return o.enqueue(m, id, event, direct)
 }
 
 // enqueue queues m, or sends it directly (see SendEvent, PutDirect).

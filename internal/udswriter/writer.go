@@ -150,26 +150,17 @@ func NewWriter(nc net.Conn, cfg Config, onErr func(error)) *Writer {
 // never waits: it encodes m into the pending batch and returns. When the
 // connection is so backed up that even the room reserved for control
 // frames is full, m is dropped with ErrBackedUp.
-func (w *Writer) Send(m protocol.Message) error {
-	w.mu.Lock()
-	if w.err != nil {
-		err := w.err
-		w.mu.Unlock()
-		return err
-	}
-	start := len(w.buf)
-	b, err := uds.AppendFrame(w.buf, m)
-	w.buf = b
-	if err != nil {
-		w.mu.Unlock()
-		return err
-	}
-	return w.commitControl(start)
-}
+func (w *Writer) Send(m protocol.Message) error { return w.sendControl(m, 0, nil) }
 
 // SendRaw queues a control frame whose payload is already encoded JSON
 // (an agent error); like Send it never waits.
 func (w *Writer) SendRaw(t protocol.MsgType, payload []byte) error {
+	return w.sendControl(nil, t, payload)
+}
+
+// sendControl encodes m, or when m is nil the raw frame (t, payload), into
+// the pending batch and keeps it if it fits under the cap.
+func (w *Writer) sendControl(m protocol.Message, t protocol.MsgType, payload []byte) error {
 	w.mu.Lock()
 	if w.err != nil {
 		err := w.err
@@ -177,8 +168,12 @@ func (w *Writer) SendRaw(t protocol.MsgType, payload []byte) error {
 		return err
 	}
 	start := len(w.buf)
-	b, err := uds.AppendRawFrame(w.buf, t, payload)
-	w.buf = b
+	var err error
+	if m != nil {
+		w.buf, err = uds.AppendFrame(w.buf, m)
+	} else {
+		w.buf, err = uds.AppendRawFrame(w.buf, t, payload)
+	}
 	if err != nil {
 		w.mu.Unlock()
 		return err
