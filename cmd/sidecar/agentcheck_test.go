@@ -3,21 +3,17 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/zentinelproxy/sidecar/examples/allowagent"
+	"github.com/zentinelproxy/sidecar/internal/testutil"
 	"github.com/zentinelproxy/sidecar/sdk"
 )
 
 func TestAgentCheckCommand(t *testing.T) {
-	dir, err := os.MkdirTemp("", "acc")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	dir := testutil.SocketDir(t)
 	sock := filepath.Join(dir, "a.sock")
 	ln, err := sdk.ListenUDS(sock, nil)
 	if err != nil {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"net"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -13,21 +12,10 @@ import (
 	"github.com/zentinelproxy/sidecar/examples/allowagent"
 	"github.com/zentinelproxy/sidecar/examples/demoagent"
 	"github.com/zentinelproxy/sidecar/examples/wafagent"
+	"github.com/zentinelproxy/sidecar/internal/testutil"
 	"github.com/zentinelproxy/sidecar/sdk"
 	"github.com/zentinelproxy/sidecar/sdk/grpcsdk"
 )
-
-// shortDir is a directory for sockets: t.TempDir paths can exceed the
-// 108-byte limit of a Unix socket path.
-func shortDir(t *testing.T) string {
-	t.Helper()
-	d, err := os.MkdirTemp("", "ac")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(d) })
-	return d
-}
 
 // serve starts h over transport and returns the address agent-check
 // uses. For reverse the agent dials addr, where Run will listen.
@@ -43,7 +31,7 @@ func serve(t *testing.T, transport string, h sdk.Handler) string {
 			t.Error("agent did not stop")
 		}
 	})
-	dir := shortDir(t)
+	dir := testutil.SocketDir(t)
 	addr := filepath.Join(dir, "a.sock")
 	switch transport {
 	case TransportUDS:
@@ -168,7 +156,7 @@ func TestReverseWrongToken(t *testing.T) {
 // TestSilentAgent: an agent that accepts connections and never answers
 // makes every check fail within its bound; nothing hangs.
 func TestSilentAgent(t *testing.T) {
-	addr := filepath.Join(shortDir(t), "silent.sock")
+	addr := filepath.Join(testutil.SocketDir(t), "silent.sock")
 	ln, err := net.Listen("unix", addr)
 	if err != nil {
 		t.Fatal(err)
@@ -196,7 +184,7 @@ func TestSilentAgent(t *testing.T) {
 
 // TestUnreachable: no agent at the address is a FAIL, not an error.
 func TestUnreachable(t *testing.T) {
-	rep := run(t, Config{Address: filepath.Join(shortDir(t), "none.sock"), Only: []string{"handshake"}})
+	rep := run(t, Config{Address: filepath.Join(testutil.SocketDir(t), "none.sock"), Only: []string{"handshake"}})
 	if r := rep.Find("handshake"); r == nil || r.Status != Fail || !strings.Contains(r.Detail, "cannot set up") {
 		t.Fatalf("%+v", r)
 	}

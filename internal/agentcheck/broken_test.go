@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/zentinelproxy/sidecar/internal/testutil"
 )
 
 // brokenBin is testdata/brokenagent, built once by TestMain.
@@ -74,7 +76,7 @@ func waitSocket(t *testing.T, addr string) {
 // startBroken runs the broken agent in mode on a Unix socket.
 func startBroken(t *testing.T, mode string) (addr string, pid int) {
 	t.Helper()
-	addr = filepath.Join(shortDir(t), "b.sock")
+	addr = filepath.Join(testutil.SocketDir(t), "b.sock")
 	cmd := startProc(t, brokenBin, "-mode", mode, "-socket", addr)
 	waitSocket(t, addr)
 	return addr, cmd.Process.Pid
@@ -168,7 +170,7 @@ func TestReverseNoBackoff(t *testing.T) {
 		want Status
 	}{{"nobackoff", Fail}, {"good", Pass}} {
 		t.Run(c.mode, func(t *testing.T) {
-			addr := filepath.Join(shortDir(t), "r.sock")
+			addr := filepath.Join(testutil.SocketDir(t), "r.sock")
 			cmd := startProc(t, brokenBin, "-mode", c.mode, "-reverse", addr)
 			rep := run(t, Config{Transport: TransportReverse, Address: addr, PID: cmd.Process.Pid, Only: []string{"registration", "reconnect", "ping"}, ReconnectWait: 10 * time.Second})
 			r := rep.Find("reconnect")

@@ -1,6 +1,7 @@
 package agentcheck
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -220,7 +221,7 @@ func checkVersion(e *env, r *Result) {
 			return
 		}
 		defer func() { _ = cc.Close() }()
-		ctx, cancel := contextWithTimeout(e, e.cfg.Timeout)
+		ctx, cancel := context.WithTimeout(e.ctx, e.cfg.Timeout)
 		defer cancel()
 		req := capsRequest(3)
 		r.Sent = []string{"gRPC GetCapabilities " + shortText(req)}
@@ -290,7 +291,7 @@ func checkPing(e *env, r *Result) {
 		worse(r, Fail, "%v", err)
 		return
 	}
-	r.Received = []string{got.Ev}
+	r.Received = []string{got.Ev()}
 	switch {
 	case got.Err != nil || got.Ping == nil:
 		worse(r, Fail, "the Pong does not decode: %v", got.Err)
@@ -353,7 +354,7 @@ func checkUnknown(e *env, r *Result) {
 		worse(r, Fail, "after frames it must skip, the agent no longer answers a Ping: %v", err)
 		return
 	}
-	r.Received = []string{got.Ev}
+	r.Received = []string{got.Ev()}
 	if got.Ping == nil || got.Ping.Sequence != sent.Sequence {
 		worse(r, Warn, "the Pong does not echo the Ping (see the ping check)")
 		return
@@ -405,7 +406,7 @@ func checkCorrelation(e *env, r *Result) {
 	r.Sent = append(ev[:min(2, len(ev))], fmt.Sprintf("… %d events in one write, request_id %d … %d", n, ids[0], ids[len(ids)-1]))
 	for _, id := range ids[:min(2, len(ids))] {
 		if g := got[id]; g != nil {
-			r.Received = append(r.Received, g.Ev)
+			r.Received = append(r.Received, g.Ev())
 		}
 	}
 	if err != nil {
@@ -415,7 +416,7 @@ func checkCorrelation(e *env, r *Result) {
 	for _, x := range extra {
 		if x.Type == protocol.TypeDecision || x.Type == protocol.TypeBodyMutation {
 			dirty = true
-			r.Received = append(r.Received, x.Ev)
+			r.Received = append(r.Received, x.Ev())
 			worse(r, Fail, "a reply for request_id %d, which has no event outstanding (an id not echoed exactly, or a second reply) (§7.1, §7.2)", x.ID)
 			break
 		}
@@ -424,7 +425,7 @@ func checkCorrelation(e *env, r *Result) {
 	for _, id := range ids {
 		if g := got[id]; g != nil && g.Err != nil {
 			if bad == 0 {
-				r.Received = append(r.Received, g.Ev)
+				r.Received = append(r.Received, g.Ev())
 				worse(r, Fail, "invalid reply for request %d: %v", id, g.Err)
 			}
 			bad++
@@ -602,7 +603,7 @@ func judgeAfterCancel(e *env, l link, r *Result, ids map[uint64]bool, sentAt tim
 		if d > e.lateAfter() {
 			late++
 			lateBy = max(lateBy, d)
-			r.Received = append(r.Received, x.Ev)
+			r.Received = append(r.Received, x.Ev())
 		} else {
 			early++
 		}
@@ -693,7 +694,7 @@ func checkPhases(e *env, r *Result) {
 		}
 		if p := phaseProblem(x, id, body, phase, idx, inline); p != "" {
 			r.Sent = append(r.Sent, s...)
-			r.Received = append(r.Received, x.Ev)
+			r.Received = append(r.Received, x.Ev())
 			worse(r, Fail, "%s: %s", m.MsgType(), p)
 			return nil
 		}

@@ -1,7 +1,6 @@
 package agentcheck
 
 import (
-	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -10,10 +9,6 @@ import (
 	"github.com/zentinelproxy/sidecar/protocol"
 	"github.com/zentinelproxy/sidecar/uds"
 )
-
-func contextWithTimeout(e *env, d time.Duration) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(e.ctx, d)
-}
 
 // agentAlive checks that the agent survived what a check did to it: its
 // process (when known) is alive and a new connection serves a Ping.
@@ -78,7 +73,7 @@ func rawCase(e *env, r *Result, b []byte, id uint64) (answered *reply, closed bo
 		case err != nil:
 			return nil, true, true
 		case id != 0 && x.ID == id:
-			r.Received = append(r.Received, x.Ev)
+			r.Received = append(r.Received, x.Ev())
 			return x, false, true
 		}
 	}

@@ -333,15 +333,28 @@ func procAlive(pid int) bool {
 	if err := syscall.Kill(pid, 0); err != nil && !errors.Is(err, syscall.EPERM) {
 		return false
 	}
+	f, err := procStat(pid)
+	if err != nil {
+		return !errors.Is(err, os.ErrNotExist)
+	}
+	// f[0] is the state.
+	return len(f) == 0 || f[0] != "Z" && f[0] != "X"
+}
+
+// procStat returns the fields of /proc/<pid>/stat after the command name
+// (which may hold spaces and parentheses): the state is f[0], field n of
+// the whole line is f[n-3].
+func procStat(pid int) ([]string, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
-		return !os.IsNotExist(err)
+		return nil, err
 	}
 	s := string(b)
-	if i := strings.LastIndexByte(s, ')'); i >= 0 && i+2 < len(s) {
-		return s[i+2] != 'Z' && s[i+2] != 'X'
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return nil, fmt.Errorf("%w: unreadable stat", errNoProc)
 	}
-	return true
+	return strings.Fields(s[i+1:]), nil
 }
 
 // clockTicks is USER_HZ, 100 on every Linux architecture Go supports.
@@ -349,18 +362,14 @@ const clockTicks = 100
 
 // procCPU returns the user+system CPU time pid has used.
 func procCPU(pid int) (time.Duration, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	f, err := procStat(pid)
 	if err != nil {
-		return 0, fmt.Errorf("%w: %v", errNoProc, err)
+		if !errors.Is(err, errNoProc) {
+			err = fmt.Errorf("%w: %v", errNoProc, err)
+		}
+		return 0, err
 	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return 0, fmt.Errorf("%w: unreadable stat", errNoProc)
-	}
-	f := strings.Fields(s[i+1:])
-	// Fields after the name: state is f[0]; utime and stime are fields 14
-	// and 15 of the whole line, f[11] and f[12] here.
+	// utime and stime are fields 14 and 15 of the whole line.
 	if len(f) < 13 {
 		return 0, fmt.Errorf("%w: short stat", errNoProc)
 	}

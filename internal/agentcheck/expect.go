@@ -218,7 +218,7 @@ func (c *ExpectCase) exchange(d *dispatcher, caps protocol.Capabilities, timeout
 	rt := func(m protocol.Message) (*reply, error) {
 		r, err := d.roundTrip(m, id, timeout)
 		if r != nil {
-			o.evidence = append(o.evidence, r.Ev)
+			o.evidence = append(o.evidence, r.Ev())
 		}
 		if err != nil {
 			return nil, err

@@ -19,13 +19,11 @@ import (
 
 // grpcLink is one ProcessStream on its own client connection.
 type grpcLink struct {
+	inbox
 	cc     *grpc.ClientConn
 	stream grpc.BidiStreamingClient[pb.AgentMessage, pb.AgentMessage]
 	cancel context.CancelFunc
 	caps   protocol.Capabilities
-	ch     chan *reply
-	done   chan struct{}
-	err    error
 	once   sync.Once
 	smu    sync.Mutex
 }
@@ -84,8 +82,7 @@ func openGRPC(ctx context.Context, addr string, d time.Duration) (*grpcLink, *pb
 		_ = cc.Close()
 		return nil, cr, fmt.Errorf("%w: ProcessStream: %v", ErrConnect, err)
 	}
-	l := &grpcLink{cc: cc, stream: st, cancel: cancel, caps: grpcwire.CapabilitiesFromPB(cr.GetCapabilities()),
-		ch: make(chan *reply, 8192), done: make(chan struct{})}
+	l := &grpcLink{inbox: newInbox(), cc: cc, stream: st, cancel: cancel, caps: grpcwire.CapabilitiesFromPB(cr.GetCapabilities())}
 	go l.read()
 	return l, cr, nil
 }
@@ -127,24 +124,6 @@ func (l *grpcLink) Send(msgs ...protocol.Message) ([]string, error) {
 		}
 	}
 	return ev, nil
-}
-
-func (l *grpcLink) Recv(d time.Duration) (*reply, error) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case r := <-l.ch:
-		return r, nil
-	case <-l.done:
-		select {
-		case r := <-l.ch:
-			return r, nil
-		default:
-		}
-		return nil, l.err
-	case <-t.C:
-		return nil, fmt.Errorf("%w (%v)", ErrTimeout, d)
-	}
 }
 
 func (l *grpcLink) Close() {
@@ -265,7 +244,7 @@ func fromPBMutation(m *pb.BodyMutation) (*protocol.BodyMutation, error) {
 // fromPB decodes what the agent sent over gRPC into the reply the checks
 // judge, with the same rules as the proxy (docs/protocol.md §9.3).
 func fromPB(m *pb.AgentMessage) *reply {
-	r := &reply{ID: m.GetRequestId(), At: time.Now(), Ev: "gRPC " + shortText(m)}
+	r := &reply{ID: m.GetRequestId(), At: time.Now(), pbm: m}
 	switch p := m.GetPayload().(type) {
 	case *pb.AgentMessage_Decision:
 		r.Type = protocol.TypeDecision

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/zentinelproxy/sidecar/grpcagent/pb"
 	"github.com/zentinelproxy/sidecar/protocol"
 	"github.com/zentinelproxy/sidecar/uds"
 )
@@ -29,8 +30,19 @@ type reply struct {
 	// Err is a decode or validation error of the payload.
 	Err error
 	At  time.Time
-	// Ev is the message as evidence (type and payload).
-	Ev string
+	// The message as received, for Ev: a frame's payload (copied), or
+	// the gRPC message.
+	payload []byte
+	pbm     *pb.AgentMessage
+}
+
+// Ev is the message as evidence (type and payload). It is formatted only
+// when a result shows it, not for every reply read.
+func (r *reply) Ev() string {
+	if r.pbm != nil {
+		return "gRPC " + shortText(r.pbm)
+	}
+	return evidence(r.Type, r.payload)
 }
 
 // link is one connection to the agent after setup (handshake,
@@ -80,7 +92,7 @@ func rawEvidence(b []byte) string {
 // decodeFrame turns a frame of the agent into a reply; payload is copied.
 func decodeFrame(t protocol.MsgType, payload []byte) *reply {
 	p := append([]byte(nil), payload...)
-	r := &reply{Type: t, At: time.Now(), Ev: evidence(t, p)}
+	r := &reply{Type: t, At: time.Now(), payload: p}
 	switch t {
 	case protocol.TypeDecision:
 		d := new(protocol.Decision)
@@ -116,11 +128,9 @@ func decodeFrame(t protocol.MsgType, payload []byte) *reply {
 
 // framedLink is a UDS or reverse connection after its setup.
 type framedLink struct {
+	inbox
 	nc   net.Conn
 	caps protocol.Capabilities
-	ch   chan *reply
-	done chan struct{}
-	err  error // set before done closes
 	once sync.Once
 	wmu  sync.Mutex
 	wto  time.Duration
@@ -128,7 +138,7 @@ type framedLink struct {
 
 // newFramedLink starts reading frames from fr (which reads nc).
 func newFramedLink(nc net.Conn, fr *uds.FrameReader, caps protocol.Capabilities, wto time.Duration) *framedLink {
-	l := &framedLink{nc: nc, caps: caps, ch: make(chan *reply, 8192), done: make(chan struct{}), wto: wto}
+	l := &framedLink{inbox: newInbox(), nc: nc, caps: caps, wto: wto}
 	go l.read(fr)
 	return l
 }
@@ -182,35 +192,50 @@ func (l *framedLink) SendRaw(b []byte) error {
 	return err
 }
 
-func (l *framedLink) Recv(d time.Duration) (*reply, error) {
+func (l *framedLink) Close() { l.once.Do(func() { _ = l.nc.Close() }) }
+
+// inbox holds the replies a link's reader goroutine has decoded, for
+// Recv; both transports share it.
+type inbox struct {
+	ch   chan *reply
+	done chan struct{} // closed when the reader ends
+	err  error         // why it ended; set before done closes
+}
+
+func newInbox() inbox {
+	return inbox{ch: make(chan *reply, 8192), done: make(chan struct{})}
+}
+
+// Recv returns the next reply, waiting at most d; replies read before the
+// connection ended still come first.
+func (b *inbox) Recv(d time.Duration) (*reply, error) {
 	select {
-	case r := <-l.ch:
+	case r := <-b.ch:
 		return r, nil
 	default:
 	}
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
-	case r := <-l.ch:
+	case r := <-b.ch:
 		return r, nil
-	case <-l.done:
+	case <-b.done:
 		select {
-		case r := <-l.ch:
+		case r := <-b.ch:
 			return r, nil
 		default:
 		}
-		return nil, l.err
+		return nil, b.err
 	case <-t.C:
 		return nil, fmt.Errorf("%w (%v)", ErrTimeout, d)
 	}
 }
 
-func (l *framedLink) Close() { l.once.Do(func() { _ = l.nc.Close() }) }
-
-// alive reports whether the agent has not closed the connection.
-func (l *framedLink) alive() bool {
+// alive reports whether the reader still runs (the agent has not closed
+// the connection).
+func (b *inbox) alive() bool {
 	select {
-	case <-l.done:
+	case <-b.done:
 		return false
 	default:
 		return true

@@ -15,6 +15,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/zentinelproxy/sidecar/internal/testutil"
 )
 
 const pythonAgent = "../../examples/python-agent/agent.py"
@@ -27,7 +29,7 @@ func startPython(t *testing.T) (addr string, pid int) {
 	if err != nil {
 		t.Skip("python3 not found in PATH: the Python example agent cannot run here")
 	}
-	addr = filepath.Join(shortDir(t), "py.sock")
+	addr = filepath.Join(testutil.SocketDir(t), "py.sock")
 	cmd := startProc(t, py, pythonAgent, "--socket", addr, "--log-level", "warning")
 	waitSocket(t, addr)
 	return addr, cmd.Process.Pid
@@ -112,7 +114,7 @@ func TestPythonAgentThroughSidecar(t *testing.T) {
 	}))
 	t.Cleanup(up.Close)
 
-	cfgPath := filepath.Join(shortDir(t), "sidecar.yaml")
+	cfgPath := filepath.Join(testutil.SocketDir(t), "sidecar.yaml")
 	cfg := fmt.Sprintf(`listeners: [{name: main, address: "127.0.0.1:0"}]
 upstreams: [{name: app, address: %q}]
 agents:
