@@ -302,11 +302,11 @@ func (up *upstream) start(log *zerolog.Logger) {
 	up.stopCh = make(chan struct{})
 	if up.cfg.HealthCheck.Path != "" {
 		up.wg.Add(1)
-		go up.healthLoop()
+		go up.every(up.cfg.HealthCheck.Interval, up.checkAll)
 	}
 	if up.cfg.Resolve.Interval > 0 {
 		up.wg.Add(1)
-		go up.resolveLoop()
+		go up.every(up.cfg.Resolve.Interval, up.resolveOnce)
 	}
 }
 

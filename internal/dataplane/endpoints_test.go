@@ -9,10 +9,10 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/zentinelproxy/sidecar/internal/config"
 	"github.com/zentinelproxy/sidecar/internal/dataplane"
+	"github.com/zentinelproxy/sidecar/internal/testutil"
 )
 
 // backend is one killable upstream instance on a real TCP socket: kill
@@ -138,18 +138,6 @@ func endpointState(srv *dataplane.Server, addr string) (dataplane.EndpointStatus
 	return dataplane.EndpointStatus{}, false
 }
 
-// waitFor polls cond until it holds or the hang guard runs out.
-func waitFor(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(hangGuard)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // TestEndpointKilledUnderLoad: with three endpoints and one killed while
 // GETs stream through the proxy, no request fails (those that hit the
 // dead endpoint are retried on another), the dead endpoint is ejected,
@@ -195,11 +183,11 @@ func TestEndpointKilledUnderLoad(t *testing.T) {
 	})
 	defer stopLoad()
 	for _, b := range bs {
-		waitFor(t, "load on every endpoint", func() bool { return b.hits.Load() >= 50 })
+		testutil.WaitFor(t, "load on every endpoint", func() bool { return b.hits.Load() >= 50 })
 	}
 	dead := bs[1]
 	dead.kill()
-	waitFor(t, "the killed endpoint out", func() bool {
+	testutil.WaitFor(t, "the killed endpoint out", func() bool {
 		e, _ := endpointState(p.srv, dead.addr)
 		return e.Ejected || !e.Healthy
 	})
@@ -209,19 +197,19 @@ func TestEndpointKilledUnderLoad(t *testing.T) {
 	}
 	// The load goes on around it.
 	before := ok.Load()
-	waitFor(t, "requests after the ejection", func() bool { return ok.Load() >= before+200 })
-	waitFor(t, "the health check to fail", func() bool {
+	testutil.WaitFor(t, "requests after the ejection", func() bool { return ok.Load() >= before+200 })
+	testutil.WaitFor(t, "the health check to fail", func() bool {
 		e, _ := endpointState(p.srv, dead.addr)
 		return !e.Healthy
 	})
 
 	hits := dead.hits.Load()
 	dead.revive()
-	waitFor(t, "the endpoint back", func() bool {
+	testutil.WaitFor(t, "the endpoint back", func() bool {
 		e, _ := endpointState(p.srv, dead.addr)
 		return e.Healthy && !e.Ejected
 	})
-	waitFor(t, "requests on the revived endpoint", func() bool { return dead.hits.Load() >= hits+20 })
+	testutil.WaitFor(t, "requests on the revived endpoint", func() bool { return dead.hits.Load() >= hits+20 })
 
 	stopLoad()
 	if n := failed.Load(); n != 0 {
@@ -269,7 +257,7 @@ func TestEndpointLeastInFlight(t *testing.T) {
 			held <- err
 		}()
 		// Sequential: the request completed, or the slow endpoint holds it.
-		waitFor(t, "the request to finish or be held", func() bool {
+		testutil.WaitFor(t, "the request to finish or be held", func() bool {
 			select {
 			case <-done:
 				return true
@@ -324,7 +312,7 @@ func TestEndpointEjectionEnds(t *testing.T) {
 		t.Fatalf("bad endpoint %+v after %d hits", e, bad.hits.Load())
 	}
 	bad.status.Store(0)
-	waitFor(t, "the ejection to end", func() bool {
+	testutil.WaitFor(t, "the ejection to end", func() bool {
 		e, _ := endpointState(p.srv, bad.addr)
 		return !e.Ejected
 	})
@@ -345,7 +333,7 @@ func TestEndpointReloadKeepsHealth(t *testing.T) {
 	a, b, c := newBackend(t, "a"), newBackend(t, "b"), newBackend(t, "c")
 	a.health.Store(503)
 	p := startProxy(t, endpointsCfg(t, map[string]any{"Health": true}, a, b), nil, nil)
-	waitFor(t, "a unhealthy", func() bool {
+	testutil.WaitFor(t, "a unhealthy", func() bool {
 		e, _ := endpointState(p.srv, a.addr)
 		return !e.Healthy
 	})
@@ -372,7 +360,7 @@ func TestEndpointReloadKeepsHealth(t *testing.T) {
 		t.Fatalf("body %q, want c", body)
 	}
 	a.health.Store(0)
-	waitFor(t, "a healthy again", func() bool {
+	testutil.WaitFor(t, "a healthy again", func() bool {
 		e, _ := endpointState(p.srv, a.addr)
 		return e.Healthy
 	})
@@ -425,7 +413,7 @@ func TestEndpointResolve(t *testing.T) {
 	_, port, _ := net.SplitHostPort(b.addr)
 	p := startProxy(t, endpointsCfg(t, map[string]any{"Endpoints": "localhost:" + port, "Resolve": true}), nil, nil)
 	var u dataplane.UpstreamStatus
-	waitFor(t, "a resolution", func() bool {
+	testutil.WaitFor(t, "a resolution", func() bool {
 		u = p.srv.Upstreams()[0]
 		return u.Resolutions > 0
 	})

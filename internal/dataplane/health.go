@@ -18,12 +18,14 @@ import (
 
 var valueHealthUA = []byte("sidecar-health-check")
 
-func (up *upstream) healthLoop() {
+// every runs run now and then every interval until the upstream stops
+// (the health check and DNS re-resolution goroutines).
+func (up *upstream) every(interval time.Duration, run func()) {
 	defer up.wg.Done()
-	t := time.NewTicker(up.cfg.HealthCheck.Interval)
+	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
-		up.checkAll()
+		run()
 		select {
 		case <-up.stopCh:
 			return
@@ -119,20 +121,6 @@ type healthStatusError struct{ status int }
 
 func (e *healthStatusError) Error() string {
 	return "health check answered " + strconv.Itoa(e.status)
-}
-
-func (up *upstream) resolveLoop() {
-	defer up.wg.Done()
-	t := time.NewTicker(up.cfg.Resolve.Interval)
-	defer t.Stop()
-	for {
-		up.resolveOnce()
-		select {
-		case <-up.stopCh:
-			return
-		case <-t.C:
-		}
-	}
 }
 
 // resolveOnce resolves the endpoint names and publishes the new list when

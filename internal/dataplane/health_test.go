@@ -7,6 +7,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/zentinelproxy/sidecar/internal/testutil"
 )
 
 // rawHealth is an endpoint whose /health answer is the bytes of answer;
@@ -95,7 +97,7 @@ func TestHealthCheckHostileAnswers(t *testing.T) {
 	cfg := configText(t, healthConfig, map[string]any{"Endpoints": good.addr + ", " + garbage.addr + ", " + big.addr})
 	p := startProxy(t, cfg, nil, nil)
 	for _, ep := range []*rawHealth{garbage, big} {
-		waitFor(t, "endpoint "+ep.addr+" checked out", func() bool {
+		testutil.WaitFor(t, "endpoint "+ep.addr+" checked out", func() bool {
 			st, _ := endpointState(p.srv, ep.addr)
 			return st.ChecksFailed >= 2 || (st.Checks >= 4 && st.Healthy)
 		})
@@ -103,7 +105,7 @@ func TestHealthCheckHostileAnswers(t *testing.T) {
 			t.Errorf("endpoint %s healthy after %d checks (%d failed)", ep.addr, st.Checks, st.ChecksFailed)
 		}
 	}
-	waitFor(t, "the good endpoint checked", func() bool {
+	testutil.WaitFor(t, "the good endpoint checked", func() bool {
 		st, _ := endpointState(p.srv, good.addr)
 		return st.Checks >= 2
 	})

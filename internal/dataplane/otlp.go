@@ -193,14 +193,17 @@ func (e *spanExporter) run() {
 		}
 		spans = nil // the slice went to the client
 	}
+	add := func(r *spanRecord) {
+		spans = e.appendSpans(spans, r)
+		if len(spans) >= e.batch {
+			export()
+		}
+	}
 	drain := func() {
 		for {
 			select {
 			case r := <-e.queue:
-				spans = e.appendSpans(spans, &r)
-				if len(spans) >= e.batch {
-					export()
-				}
+				add(&r)
 			default:
 				export()
 				return
@@ -210,10 +213,7 @@ func (e *spanExporter) run() {
 	for {
 		select {
 		case r := <-e.queue:
-			spans = e.appendSpans(spans, &r)
-			if len(spans) >= e.batch {
-				export()
-			}
+			add(&r)
 		case <-t.C:
 			export()
 		case ack := <-e.flushReq:

@@ -118,6 +118,7 @@ func (rs *reqState) prepareRequest() bool {
 	conn := rs.scratch[:0] // NUL-terminated names the Connection header lists
 	xff := rs.xffBuf[:0]
 	hasProto, hasHost, hasCL, hasTE := false, false, false, false
+	traceHdrs := false // a traceparent or tracestate header (trace.go)
 	for k, v := range h.AllInOrder() {
 		switch {
 		case hopName(k):
@@ -166,6 +167,9 @@ func (rs *reqState) prepareRequest() bool {
 				continue
 			}
 		}
+		if !traceHdrs && (eqFold(k, hdrTraceparent) || eqFold(k, hdrTracestate)) {
+			traceHdrs = true
+		}
 		hdr = append(hdr, hkv{name: k, value: v})
 	}
 	rs.clientCL = hasCL
@@ -208,7 +212,7 @@ func (rs *reqState) prepareRequest() bool {
 	if rs.corrGen {
 		rs.setHdr(hdrXRequestID, rs.corr)
 	}
-	rs.traceContext()
+	rs.traceContext(traceHdrs)
 	rs.viewDirty = true
 	return true
 }

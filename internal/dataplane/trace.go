@@ -234,7 +234,12 @@ func formatTraceparent(buf *[traceparentLen]byte, traceID *[16]byte, spanID *[8]
 
 // traceContext checks the request's trace context headers in the
 // upstream header list and settles the request's trace (see above).
-func (rs *reqState) traceContext() {
+// maybe is false when prepareRequest's scan of the headers saw neither:
+// then, with tracing off, there is nothing to look at.
+func (rs *reqState) traceContext(maybe bool) {
+	if !maybe && !rs.srv.traceGen(rs.tbl) {
+		return
+	}
 	tr := &rs.trace
 	var tp []byte
 	ntp, nts, members := 0, 0, 0

@@ -16,6 +16,7 @@ import (
 
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/internal/config"
+	"github.com/zentinelproxy/sidecar/internal/testutil"
 	"github.com/zentinelproxy/sidecar/internal/udsclient"
 	"github.com/zentinelproxy/sidecar/protocol"
 	"github.com/zentinelproxy/sidecar/sdk"
@@ -195,7 +196,7 @@ func TestSpansExported(t *testing.T) {
 		t.Fatalf("agent saw %q, upstream %q", s, upTP)
 	}
 	var spans []*tracepb.Span
-	waitFor(t, "three spans at the collector", func() bool {
+	testutil.WaitFor(t, "three spans at the collector", func() bool {
 		spans = col.got()
 		return len(spans) >= 3
 	})
@@ -223,7 +224,7 @@ func TestSpansExported(t *testing.T) {
 		t.Errorf("upstream span outside the request span")
 	}
 	// The collector has the spans before the exporter hears back.
-	waitFor(t, "the export counted", func() bool { return p.srv.TracingStats().Exported >= 3 })
+	testutil.WaitFor(t, "the export counted", func() bool { return p.srv.TracingStats().Exported >= 3 })
 	if st := p.srv.TracingStats(); st.Dropped != 0 || st.Failed != 0 {
 		t.Errorf("tracing stats %+v", st)
 	}
@@ -235,7 +236,7 @@ func TestSpansExported(t *testing.T) {
 		t.Fatalf("unsampled traceparent became %q", got)
 	}
 	p.do(t, "GET", "/", nil, "traceparent", inTP) // a sampled one after it
-	waitFor(t, "the next sampled request's spans", func() bool { return len(col.got()) >= before+3 })
+	testutil.WaitFor(t, "the next sampled request's spans", func() bool { return len(col.got()) >= before+3 })
 	servers := 0
 	for _, s := range col.got()[before:] {
 		if s.Kind == tracepb.Span_SPAN_KIND_SERVER {
@@ -283,7 +284,7 @@ func TestSpanExportSurvivesHostileStrings(t *testing.T) {
 	p.do(t, "GET", long, nil, "traceparent", inTP, "X-Request-Id", "id-\xff")
 	p.do(t, "GET", "/ok", nil, "traceparent", inTP)
 	paths := map[string]bool{}
-	waitFor(t, "both request spans at the collector", func() bool {
+	testutil.WaitFor(t, "both request spans at the collector", func() bool {
 		for _, s := range col.got() {
 			if s.Kind != tracepb.Span_SPAN_KIND_SERVER {
 				continue

@@ -163,9 +163,13 @@ func (rs *reqState) prepareUpgrade() bool {
 	if !h.IsGet() || !h.IsHTTP11() || rs.hasReqBody || rs.closeConn {
 		return true
 	}
-	conn := h.PeekBytes(hdrConnection)
+	// Upgrade first: an ordinary request has none, and each Peek is a
+	// scan of the headers.
 	up := h.PeekBytes(hdrUpgrade)
-	if len(up) == 0 || !hasToken(conn, "upgrade") || !validHeaderValue(up) || carriesHTTP(up) {
+	if len(up) == 0 {
+		return true
+	}
+	if !hasToken(h.PeekBytes(hdrConnection), "upgrade") || !validHeaderValue(up) || carriesHTTP(up) {
 		return true
 	}
 	l := rs.lst
