@@ -72,21 +72,40 @@ func AppendRegistrationRequest(dst []byte, m *RegistrationRequest) []byte {
 }
 
 type registrationResponseJSON struct {
-	Accepted   bool            `json:"accepted"`
-	Error      string          `json:"error,omitempty"`
-	AssignedID string          `json:"assigned_id,omitempty"`
-	Config     json.RawMessage `json:"config,omitempty"`
+	Accepted        bool            `json:"accepted"`
+	Error           string          `json:"error,omitempty"`
+	AssignedID      string          `json:"assigned_id,omitempty"`
+	PayloadEncoding string          `json:"payload_encoding,omitempty"`
+	Config          json.RawMessage `json:"config,omitempty"`
 }
 
 // AppendRegistrationResponse appends the RegistrationResponse (0x04) payload
 // of m. config is written when non-empty and valid JSON.
 func AppendRegistrationResponse(dst []byte, m *RegistrationResponse) []byte {
 	return appendJSON(dst, &registrationResponseJSON{
-		Accepted:   m.Accepted,
-		Error:      m.Error,
-		AssignedID: m.AssignedID,
-		Config:     rawOrNil(m.Config),
+		Accepted:        m.Accepted,
+		Error:           m.Error,
+		AssignedID:      m.AssignedID,
+		PayloadEncoding: encodingOut(m.PayloadEncoding),
+		Config:          rawOrNil(m.Config),
 	})
+}
+
+// encodingOut writes the default encoding as absent, so that a JSON
+// connection's response stays the seed's shape.
+func encodingOut(enc string) string {
+	if enc == EncodingJSON {
+		return ""
+	}
+	return enc
+}
+
+// clipName bounds a peer's unknown value before it reaches an error.
+func clipName(s string) string {
+	if len(s) > 32 {
+		return s[:32] + "…"
+	}
+	return s
 }
 
 // checkObject applies the hot decoders' structural rules (one JSON object,
@@ -203,6 +222,13 @@ func DecodeRegistrationResponse(payload []byte, m *RegistrationResponse) error {
 		Error:      v.Error,
 		AssignedID: v.AssignedID,
 		Config:     compactRaw(v.Config),
+	}
+	switch v.PayloadEncoding {
+	case "", EncodingJSON:
+	case EncodingProtobuf:
+		m.PayloadEncoding = EncodingProtobuf
+	default:
+		return fmt.Errorf("%w: payload_encoding: unknown encoding %q", ErrProtocolField, clipName(v.PayloadEncoding))
 	}
 	return nil
 }

@@ -436,6 +436,11 @@ type Capabilities struct {
 	// SupportsInlineBody: the agent takes chunk 0 of a buffered request
 	// body inside RequestHeaders (FeatureInlineBody). Written only when true.
 	SupportsInlineBody bool `json:"supports_inline_body,omitempty"`
+	// SupportsProtobufPayloads: after the handshake (or registration) the
+	// agent takes and sends frame payloads in the protobuf encoding of
+	// agent.proto instead of JSON (FeatureProtobufPayloads). Written only
+	// when true.
+	SupportsProtobufPayloads bool `json:"supports_protobuf_payloads,omitempty"`
 	// MaxConcurrentRequests of 0 means the agent sets no limit.
 	MaxConcurrentRequests uint32 `json:"max_concurrent_requests,omitempty"`
 }
@@ -463,6 +468,19 @@ const (
 	// body inside RequestHeaders to an agent that declares
 	// supports_inline_body, and take one Decision for both.
 	FeatureInlineBody = "inline_body"
+	// FeatureProtobufPayloads: the proxy can exchange the frames after the
+	// handshake with protobuf payloads (the AgentMessage of agent.proto,
+	// the gRPC transport's stream message) with an agent that declares
+	// supports_protobuf_payloads. JSON stays the default.
+	FeatureProtobufPayloads = "protobuf_payloads"
+)
+
+// Payload encodings of the frames after a handshake or registration.
+const (
+	// EncodingJSON is the default: UTF-8 JSON objects.
+	EncodingJSON = "json"
+	// EncodingProtobuf: each payload is one AgentMessage of agent.proto.
+	EncodingProtobuf = "protobuf"
 )
 
 // HandshakeRequest (0x01) is the first frame on a proxy-initiated connection.
@@ -497,6 +515,11 @@ type RegistrationResponse struct {
 	Accepted   bool   `json:"accepted"`
 	Error      string `json:"error,omitempty"`
 	AssignedID string `json:"assigned_id,omitempty"`
+	// PayloadEncoding is the encoding of the frames that follow:
+	// EncodingProtobuf when the agent declared supports_protobuf_payloads
+	// and the proxy takes it; empty (absent on the wire) means
+	// EncodingJSON.
+	PayloadEncoding string `json:"payload_encoding,omitempty"`
 	// Config is pushed configuration as raw JSON (nil when absent).
 	Config []byte `json:"-"`
 }

@@ -80,6 +80,9 @@ type ReverseConfig struct {
 	// proxy has begun it (default uds.DefaultFrameTimeout, 5s; negative:
 	// no bound); a stall ends the connection, which is then redialed.
 	FrameTimeout time.Duration
+	// JSONPayloads keeps the connection's payloads JSON: the registration
+	// does not declare supports_protobuf_payloads (see Options.JSONPayloads).
+	JSONPayloads bool
 	// OnRegistered, when set, is called with the proxy-assigned connection
 	// id after each accepted registration.
 	OnRegistered func(assignedID string)
@@ -206,7 +209,7 @@ func reverseLoop(ctx context.Context, cfg *ReverseConfig, h Handler, slot int) {
 	o := Options{Name: cfg.AgentID, WriteTimeout: cfg.WriteTimeout, MaxPendingBytes: cfg.MaxPendingBytes, FrameTimeout: cfg.FrameTimeout, Logger: &log}
 	redial.Loop(ctx, redial.Config{Min: cfg.BackoffMin, Max: cfg.BackoffMax, What: "reverse connection", Logger: log},
 		func(ctx context.Context) (func() error, error) {
-			nc, fr, assigned, err := dialRegister(ctx, cfg, h)
+			nc, fr, assigned, enc, err := dialRegister(ctx, cfg, h)
 			if err != nil {
 				if permanentRefusal(err) {
 					// Retrying soon cannot help, but the proxy's config may
@@ -217,18 +220,18 @@ func reverseLoop(ctx context.Context, cfg *ReverseConfig, h Handler, slot int) {
 			}
 			log.Info().Str("conn_id", assigned).Msg("registered with proxy")
 			nc.idle = cfg.IdleTimeout
-			return func() error { return serveFrames(ctx, nc, fr, h, &o) }, nil
+			return func() error { return serveFrames(ctx, nc, fr, enc, h, &o) }, nil
 		})
 }
 
 // dialRegister connects and registers; the returned reader continues the
 // connection after the RegistrationResponse.
-func dialRegister(ctx context.Context, cfg *ReverseConfig, h Handler) (*idleConn, *uds.FrameReader, string, error) {
+func dialRegister(ctx context.Context, cfg *ReverseConfig, h Handler) (*idleConn, *uds.FrameReader, string, uds.Encoding, error) {
 	token := cfg.Token
 	if cfg.TokenFile != "" {
 		t, err := readToken(cfg.TokenFile)
 		if err != nil {
-			return nil, nil, "", err
+			return nil, nil, "", 0, err
 		}
 		token = t
 	}
@@ -244,7 +247,7 @@ func dialRegister(ctx context.Context, cfg *ReverseConfig, h Handler) (*idleConn
 		raw, err = d.DialContext(dctx, cfg.Network, cfg.Address)
 	}
 	if err != nil {
-		return nil, nil, "", err
+		return nil, nil, "", 0, err
 	}
 	// The frame reader must read through the wrapper, so that the idle
 	// timeout (set once registered) covers the serving reads.
@@ -252,41 +255,51 @@ func dialRegister(ctx context.Context, cfg *ReverseConfig, h Handler) (*idleConn
 	stop := context.AfterFunc(ctx, func() { _ = nc.Close() })
 	defer stop()
 	_ = nc.SetDeadline(time.Now().Add(cfg.RegistrationTimeout))
+	caps := DeclaredCapabilities(h)
+	caps.SupportsProtobufPayloads = !cfg.JSONPayloads
 	req := protocol.RegistrationRequest{
 		ProtocolVersion: protocol.Version,
 		AgentID:         cfg.AgentID,
-		Capabilities:    DeclaredCapabilities(h),
+		Capabilities:    caps,
 		AuthToken:       token,
 		Metadata:        cfg.Metadata,
 	}
 	if err := uds.WriteFrame(nc, &req); err != nil {
 		_ = nc.Close()
-		return nil, nil, "", fmt.Errorf("%w: send: %v", ErrSDKRegistration, err)
+		return nil, nil, "", 0, fmt.Errorf("%w: send: %v", ErrSDKRegistration, err)
 	}
 	fr := uds.NewFrameReader(nc)
 	t, payload, err := fr.Next()
 	if err != nil {
 		_ = nc.Close()
-		return nil, nil, "", fmt.Errorf("%w: read answer: %v", ErrSDKRegistration, err)
+		return nil, nil, "", 0, fmt.Errorf("%w: read answer: %v", ErrSDKRegistration, err)
 	}
 	if t != protocol.TypeRegistrationResponse && t != protocol.TypeHandshakeResponse {
 		_ = nc.Close()
-		return nil, nil, "", fmt.Errorf("%w: expected RegistrationResponse, got type 0x%02x", ErrSDKRegistration, uint8(t))
+		return nil, nil, "", 0, fmt.Errorf("%w: expected RegistrationResponse, got type 0x%02x", ErrSDKRegistration, uint8(t))
 	}
 	var resp protocol.RegistrationResponse
 	if err := protocol.DecodeRegistrationResponse(payload, &resp); err != nil {
 		_ = nc.Close()
-		return nil, nil, "", fmt.Errorf("%w: %v", ErrSDKRegistration, err)
+		return nil, nil, "", 0, fmt.Errorf("%w: %v", ErrSDKRegistration, err)
 	}
 	if err := handshake.CheckRegistrationResponse(&resp); err != nil {
 		_ = nc.Close()
-		return nil, nil, "", fmt.Errorf("%w: %w", ErrSDKRegistration, err)
+		return nil, nil, "", 0, fmt.Errorf("%w: %w", ErrSDKRegistration, err)
+	}
+	enc := uds.JSON
+	if resp.PayloadEncoding == protocol.EncodingProtobuf {
+		if !caps.SupportsProtobufPayloads {
+			_ = nc.Close()
+			return nil, nil, "", 0, fmt.Errorf("%w: proxy chose protobuf payloads, which this agent did not declare", ErrSDKRegistration)
+		}
+		enc = uds.Protobuf
 	}
 	_ = nc.SetDeadline(time.Time{})
 	if cfg.OnRegistered != nil {
 		cfg.OnRegistered(resp.AssignedID)
 	}
-	return nc, fr, resp.AssignedID, nil
+	return nc, fr, resp.AssignedID, enc, nil
 }
 
 // permanentRefusal reports a refusal that only a configuration change on

@@ -14,6 +14,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/zentinelproxy/sidecar/internal/handshake"
+	"github.com/zentinelproxy/sidecar/internal/pbwire"
 	"github.com/zentinelproxy/sidecar/internal/udswriter"
 	"github.com/zentinelproxy/sidecar/internal/unixsock"
 	"github.com/zentinelproxy/sidecar/protocol"
@@ -48,6 +49,12 @@ type Options struct {
 	// no bound). A proxy that stalls mid-frame loses the connection instead
 	// of holding the agent's reader forever.
 	FrameTimeout time.Duration
+	// JSONPayloads keeps a connection's payloads JSON even when the proxy
+	// offers protobuf_payloads. By default the SDK declares
+	// supports_protobuf_payloads, and a proxy that offered the feature
+	// (or, on a reverse connection, accepted it) exchanges the AgentMessage
+	// of agent.proto instead: less to encode and decode on both ends.
+	JSONPayloads bool
 	// SocketMode is the socket file's permission (default 0660: the proxy's
 	// user or group only).
 	SocketMode os.FileMode
@@ -157,7 +164,9 @@ func ServeConn(ctx context.Context, nc net.Conn, h Handler, opts *Options) error
 		_ = nc.Close()
 		return fmt.Errorf("%w: %v", ErrSDKHandshake, err)
 	}
-	resp, herr := handshake.Answer(&req, o.Name, DeclaredCapabilities(h))
+	caps := DeclaredCapabilities(h)
+	caps.SupportsProtobufPayloads = !o.JSONPayloads
+	resp, herr := handshake.Answer(&req, o.Name, caps)
 	_ = nc.SetWriteDeadline(time.Now().Add(o.WriteTimeout))
 	werr := uds.WriteFrame(nc, &resp)
 	_ = nc.SetDeadline(time.Time{})
@@ -165,19 +174,30 @@ func ServeConn(ctx context.Context, nc net.Conn, h Handler, opts *Options) error
 		_ = nc.Close()
 		return fmt.Errorf("%w: %v", ErrSDKHandshake, errors.Join(herr, werr))
 	}
-	return serveFrames(ctx, nc, fr, h, &o)
+	enc := uds.JSON
+	if resp.Capabilities.SupportsProtobufPayloads {
+		enc = uds.Protobuf
+	}
+	return serveFrames(ctx, nc, fr, enc, h, &o)
 }
 
 // udsSender answers over a udswriter.Writer: replies are data frames that
 // wait for room (bounded by their request's context), agent errors are
 // control frames that never wait.
-type udsSender struct{ w *udswriter.Writer }
+type udsSender struct {
+	w   *udswriter.Writer
+	enc uds.Encoding
+}
 
 func (s udsSender) Send(ctx context.Context, m protocol.Message) error {
 	return s.w.SendContext(ctx, m)
 }
 
 func (s udsSender) SendError(id uint64, reason string) error {
+	if s.enc == uds.Protobuf {
+		// An AgentMessage with agent_error, in a Decision frame.
+		return s.w.SendRaw(protocol.TypeDecision, pbwire.AppendAgentError(make([]byte, 0, 32+len(reason)), id, reason))
+	}
 	// "error" is not a decision kind the proxy accepts, so its failure
 	// policy decides; the reason reaches the proxy's log only.
 	b := make([]byte, 0, 96)
@@ -190,11 +210,11 @@ func (s udsSender) SendError(id uint64, reason string) error {
 }
 
 // serveFrames is the agent's read loop after the handshake or registration.
-func serveFrames(ctx context.Context, nc net.Conn, fr *uds.FrameReader, h Handler, o *Options) error {
+func serveFrames(ctx context.Context, nc net.Conn, fr *uds.FrameReader, enc uds.Encoding, h Handler, o *Options) error {
 	var once sync.Once
 	closeConn := func() { once.Do(func() { _ = nc.Close() }) }
-	w := udswriter.NewWriter(nc, udswriter.Config{WriteTimeout: o.WriteTimeout, MaxPendingBytes: o.MaxPendingBytes}, func(error) { closeConn() })
-	out := udsSender{w: w}
+	w := udswriter.NewWriter(nc, udswriter.Config{WriteTimeout: o.WriteTimeout, MaxPendingBytes: o.MaxPendingBytes, Encoding: enc}, func(error) { closeConn() })
+	out := udsSender{w: w, enc: enc}
 	d := NewDispatcher(ctx, h, out)
 	stop := context.AfterFunc(ctx, closeConn)
 	defer func() {
@@ -210,6 +230,9 @@ func serveFrames(ctx context.Context, nc net.Conn, fr *uds.FrameReader, h Handle
 	// a lone request's handler in the reading goroutine (see Serve). Its
 	// own frames (Pongs, agent errors) only ever queue.
 	next := func() (*Event, error) {
+		if enc == uds.Protobuf {
+			return nextProtobuf(fr, d, w, out, pong, o)
+		}
 		for {
 			t, payload, err := fr.Next()
 			if err != nil {
@@ -251,4 +274,66 @@ func serveFrames(ctx context.Context, nc net.Conn, fr *uds.FrameReader, h Handle
 		return err
 	}
 	return nil
+}
+
+// nextProtobuf is serveFrames' next for protobuf payloads: each frame
+// carries an AgentMessage whose payload must be of the frame's type. An
+// event is copied into the Buffer of its pooled Event, since the decoded
+// fields alias their bytes and the frame reader reuses its buffer.
+func nextProtobuf(fr *uds.FrameReader, d *Dispatcher, w *udswriter.Writer, out udsSender, pong *protocol.Pong, o *Options) (*Event, error) {
+	var f pbwire.Frame
+	for {
+		t, payload, err := fr.Next()
+		if err != nil {
+			return nil, err
+		}
+		switch t {
+		case protocol.TypeRequestHeaders, protocol.TypeRequestBodyChunk,
+			protocol.TypeResponseHeaders, protocol.TypeResponseBodyChunk:
+			ev := AcquireEvent()
+			buf := ev.Buffer()
+			*buf = append((*buf)[:0], payload...)
+			f.Parse(*buf)
+			ev.Type = t
+			derr := f.Err
+			if derr == nil {
+				switch {
+				case t == protocol.TypeRequestHeaders && f.Payload == pbwire.PayloadRequestHeaders:
+					derr = f.DecodeRequestHeaders(&ev.RequestHeaders)
+				case t == protocol.TypeResponseHeaders && f.Payload == pbwire.PayloadResponseHeaders:
+					derr = f.DecodeResponseHeaders(&ev.ResponseHeaders)
+				case t == protocol.TypeRequestBodyChunk && f.Payload == pbwire.PayloadRequestBodyChunk,
+					t == protocol.TypeResponseBodyChunk && f.Payload == pbwire.PayloadResponseBodyChunk:
+					derr = f.DecodeBodyChunk(&ev.Chunk)
+				default:
+					derr = fmt.Errorf("%w: %s frame carries payload %d", pbwire.ErrMalformed, t, f.Payload)
+				}
+			}
+			if derr != nil {
+				ReleaseEvent(ev)
+				if id := f.RequestID; id != 0 {
+					o.Logger.Warn().Err(derr).Uint64("request_id", id).Msg("undecodable event from proxy")
+					_ = out.SendError(id, "undecodable event")
+					continue
+				}
+				return nil, fmt.Errorf("sdk: undecodable %s without request_id: %w", t, derr)
+			}
+			return ev, nil
+		case protocol.TypeCancelRequest:
+			var m protocol.CancelRequest
+			if f.Parse(payload); f.Err == nil && f.Payload == pbwire.PayloadCancel && f.DecodeCancel(&m) == nil {
+				d.Cancel(m.RequestID)
+			}
+		case protocol.TypeCancelAll:
+			d.CancelAll()
+		case protocol.TypePing:
+			// Queued for the writer goroutine, never written here.
+			if f.Parse(payload); f.Err == nil && f.Payload == pbwire.PayloadPing && f.DecodePing((*protocol.Ping)(pong)) == nil {
+				_ = w.Send(pong)
+			}
+		case protocol.TypePong:
+		default:
+			o.Logger.Debug().Uint8("type", uint8(t)).Msg("skipping frame of unknown type")
+		}
+	}
 }

@@ -3,6 +3,10 @@
 //
 //	| length: u32 big-endian | type: u8 | payload: UTF-8 JSON object |
 //
+// or, after a handshake (or registration) that negotiated
+// protobuf_payloads, a payload that is one AgentMessage of agent.proto in
+// protobuf encoding (see Encoding).
+//
 // length counts the type byte plus the payload, is never 0 and never more
 // than 16 MiB; it is checked before anything is allocated. See
 // docs/protocol.md for the rules this package follows where the contract is
@@ -22,6 +26,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/zentinelproxy/sidecar/internal/pbwire"
 	"github.com/zentinelproxy/sidecar/protocol"
 )
 
@@ -57,7 +62,48 @@ func AppendFrame(dst []byte, m protocol.Message) ([]byte, error) {
 	return finishFrame(dst, start)
 }
 
-// AppendRawFrame appends a frame whose JSON payload is already encoded.
+// Encoding is the payload encoding of a connection's frames after its
+// handshake or registration (which are always JSON).
+type Encoding uint8
+
+const (
+	// JSON payloads: UTF-8 JSON objects (the default).
+	JSON Encoding = iota
+	// Protobuf payloads: each is one AgentMessage of agent.proto (the gRPC
+	// transport's stream message: request_id and the one payload field of
+	// the frame's type); an agent's error for a request travels as an
+	// AgentMessage with agent_error in a Decision frame.
+	Protobuf
+)
+
+// String is the encoding's name in handshakes, configuration and logs.
+func (e Encoding) String() string {
+	if e == Protobuf {
+		return protocol.EncodingProtobuf
+	}
+	return protocol.EncodingJSON
+}
+
+// AppendFrameAs appends one whole frame carrying m with its payload in
+// encoding enc; the frame's type is m's. It does not allocate when dst has
+// room.
+func AppendFrameAs(dst []byte, m protocol.Message, enc Encoding) ([]byte, error) {
+	if enc != Protobuf {
+		return AppendFrame(dst, m)
+	}
+	if m == nil {
+		return dst, fmt.Errorf("%w: nil message", ErrUDSUnknownMessage)
+	}
+	start := len(dst)
+	dst = append(dst, 0, 0, 0, 0, byte(m.MsgType()))
+	dst, err := pbwire.AppendMessage(dst, m)
+	if err != nil {
+		return dst[:start], fmt.Errorf("%w: %s: %v", ErrUDSUnknownMessage, m.MsgType(), err)
+	}
+	return finishFrame(dst, start)
+}
+
+// AppendRawFrame appends a frame whose payload is already encoded.
 func AppendRawFrame(dst []byte, t protocol.MsgType, payload []byte) ([]byte, error) {
 	start := len(dst)
 	dst = append(dst, 0, 0, 0, 0, byte(t))

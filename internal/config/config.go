@@ -56,6 +56,14 @@ const (
 	TransportExtProc = "ext_proc"
 )
 
+// Payload encodings of an agent's connections (uds and reverse).
+const (
+	// EncodingAuto takes protobuf payloads when the agent declares them.
+	EncodingAuto = "auto"
+	// EncodingJSON keeps JSON payloads.
+	EncodingJSON = "json"
+)
+
 // Failure modes of an agent.
 const (
 	// FailClosed answers 503/504 when the agent cannot decide.
@@ -231,6 +239,12 @@ type Agent struct {
 	// no room are dropped, so a peer that stops reading cannot make the
 	// proxy buffer without bound.
 	MaxPendingBytes Size `yaml:"max_pending_bytes"`
+	// PayloadEncoding of the frames after the handshake (uds and reverse):
+	// auto (default) takes protobuf payloads when the agent declares
+	// supports_protobuf_payloads, json keeps JSON whatever it declares
+	// (readable in a packet capture, or for an agent whose protobuf
+	// support is suspect).
+	PayloadEncoding string `yaml:"payload_encoding"`
 	// Timeouts of the conversation.
 	Timeouts AgentTimeouts `yaml:"timeouts"`
 	// FailureMode is closed (default) or open.
@@ -525,6 +539,9 @@ func (c *Config) SetDefaults() {
 		setInt(&a.MaxInFlight, 1024)
 		setInt(&a.MaxQueue, 1024)
 		setSize(&a.MaxPendingBytes, 4<<20)
+		if a.PayloadEncoding == "" {
+			a.PayloadEncoding = EncodingAuto
+		}
 		setDur(&a.Timeouts.Connect, time.Second)
 		setDur(&a.Timeouts.Handshake, 2*time.Second)
 		setDur(&a.Timeouts.Message, time.Second)

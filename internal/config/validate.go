@@ -140,6 +140,9 @@ func (v *validator) agents() {
 		if a.MaxPendingBytes < 64<<10 || a.MaxPendingBytes > 256<<20 {
 			v.failf(p+".max_pending_bytes", "%s is not in 64KiB..256MiB", a.MaxPendingBytes)
 		}
+		if a.PayloadEncoding != EncodingAuto && a.PayloadEncoding != EncodingJSON {
+			v.failf(p+".payload_encoding", "%q is not auto or json", a.PayloadEncoding)
+		}
 		v.positive(p+".timeouts.connect", a.Timeouts.Connect)
 		v.positive(p+".timeouts.handshake", a.Timeouts.Handshake)
 		v.positive(p+".timeouts.message", a.Timeouts.Message)

@@ -13,12 +13,25 @@ import (
 	"github.com/zentinelproxy/sidecar/sdk"
 )
 
-// TestConformanceUDS runs the conversation suite over a Unix socket.
+// TestConformanceUDS runs the conversation suite over a Unix socket, on
+// the payload encoding both ends choose by default (protobuf).
 func TestConformanceUDS(t *testing.T) {
 	conformance.Run(t, dialUDS)
 }
 
+// TestConformanceUDSJSON runs it with the agent keeping JSON payloads.
+func TestConformanceUDSJSON(t *testing.T) {
+	conformance.Run(t, func(t *testing.T, h sdk.Handler) agentmux.Agent {
+		return dialUDSWith(t, h, &sdk.Options{Name: "conformance", JSONPayloads: true})
+	})
+}
+
 func dialUDS(t *testing.T, h sdk.Handler) agentmux.Agent {
+	t.Helper()
+	return dialUDSWith(t, h, &sdk.Options{Name: "conformance"})
+}
+
+func dialUDSWith(t *testing.T, h sdk.Handler, opts *sdk.Options) agentmux.Agent {
 	t.Helper()
 	// t.TempDir paths can exceed the 107-byte socket path limit.
 	dir, err := os.MkdirTemp("", "conf")
@@ -33,7 +46,7 @@ func dialUDS(t *testing.T, h sdk.Handler) agentmux.Agent {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- sdk.Serve(ctx, ln, h, &sdk.Options{Name: "conformance"}) }()
+	go func() { done <- sdk.Serve(ctx, ln, h, opts) }()
 	cfg := udsclient.DefaultConfig("conformance", path)
 	cfg.MessageTimeout = 15 * time.Second
 	cfg.MaxInFlight = 256

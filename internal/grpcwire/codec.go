@@ -10,6 +10,7 @@ import (
 	grpcproto "google.golang.org/grpc/encoding/proto"
 	"google.golang.org/grpc/mem"
 
+	"github.com/zentinelproxy/sidecar/internal/pbwire"
 	"github.com/zentinelproxy/sidecar/protocol"
 )
 
@@ -18,10 +19,12 @@ import (
 var (
 	// ErrGRPCMessageTooLarge: a message exceeds the 10 MiB gRPC limit.
 	ErrGRPCMessageTooLarge = errors.New("grpcagent: message too large")
-	// ErrGRPCMessageType: a message of a type this transport does not carry.
-	ErrGRPCMessageType = errors.New("grpcagent: unsupported message type")
-	// ErrGRPCMalformed: a stream message that is not a valid AgentMessage.
-	ErrGRPCMalformed = errors.New("grpcagent: malformed message")
+	// ErrGRPCMessageType: a message of a type this transport does not carry
+	// (the wire format's pbwire.ErrMessageType).
+	ErrGRPCMessageType = pbwire.ErrMessageType
+	// ErrGRPCMalformed: a stream message that is not a valid AgentMessage
+	// (the wire format's pbwire.ErrMalformed).
+	ErrGRPCMalformed = pbwire.ErrMalformed
 	// ErrGRPCAgentError: the agent reported that it failed to handle an event.
 	ErrGRPCAgentError = errors.New("grpcagent: agent error")
 	// ErrGRPCClosed: the stream or client was closed.
@@ -82,7 +85,7 @@ func (c *codec) Unmarshal(data mem.BufferSlice, v any) error {
 	case *Frame:
 		// One allocation per message: the decoded fields alias it, so it
 		// must not be reused while a handler or waiter holds them.
-		f.parse(data.Materialize())
+		f.Parse(data.Materialize())
 	case *FrameInto:
 		n := data.Len()
 		if cap(f.Buf) < n {
@@ -90,7 +93,7 @@ func (c *codec) Unmarshal(data mem.BufferSlice, v any) error {
 		}
 		f.Buf = f.Buf[:n]
 		data.CopyTo(f.Buf)
-		f.parse(f.Buf)
+		f.Parse(f.Buf)
 	default:
 		return c.std.Unmarshal(data, v)
 	}
@@ -138,24 +141,24 @@ func (o *Outgoing) Encode(msg protocol.Message, limit int) error {
 	if limit <= 0 || limit > MaxMessageSize {
 		limit = MaxMessageSize
 	}
-	w, err := resolve(msg)
+	w, err := pbwire.Resolve(msg)
 	if err != nil {
 		return err
 	}
-	size := w.size()
+	size := w.Size()
 	if size > limit {
-		return fmt.Errorf("%w: %s of %d bytes exceeds the limit of %d bytes", ErrGRPCMessageTooLarge, w.t, size, limit)
+		return fmt.Errorf("%w: %s of %d bytes exceeds the limit of %d bytes", ErrGRPCMessageTooLarge, w.Type(), size, limit)
 	}
 	o.Free()
 	if size <= smallBufSize {
 		sb := smallBufs.get(size)
-		sb.b = w.append(sb.b[:0])
+		sb.b = w.Append(sb.b[:0])
 		o.buf, o.small = mem.NewBuffer(&sb.b, &smallBufs), sb
 		return nil
 	}
 	pool := mem.DefaultBufferPool()
 	buf := pool.Get(size)
-	*buf = w.append((*buf)[:0])
+	*buf = w.Append((*buf)[:0])
 	o.buf = mem.NewBuffer(buf, pool)
 	return nil
 }

@@ -56,7 +56,7 @@ func TestEnvelopeFieldIsTheMessages(t *testing.T) {
 			t.Fatalf("%s: %v", m.MsgType(), err)
 		}
 		var f Frame
-		f.parse(wire)
+		f.Parse(wire)
 		if f.Err != nil || f.Payload != payloadOf(m.MsgType()) {
 			t.Fatalf("%T: payload %d (%v), want %d (%s)", m, f.Payload, f.Err, payloadOf(m.MsgType()), m.MsgType())
 		}

@@ -24,7 +24,7 @@ func (r *recordingStream) send(m any) error {
 		return err
 	}
 	var f Frame
-	f.parse(data.Materialize())
+	f.Parse(data.Materialize())
 	data.Free()
 	r.mu.Lock()
 	r.ids = append(r.ids, f.RequestID)
@@ -136,7 +136,7 @@ func TestSmallBufsRecycleSlice(t *testing.T) {
 		t.Fatal("Marshal did not hand out the pooled slice")
 	}
 	var f Frame
-	f.parse(data.Materialize())
+	f.Parse(data.Materialize())
 	if f.RequestID != 9 || f.Payload != PayloadCancel {
 		t.Fatalf("decoded %+v", f)
 	}

@@ -248,11 +248,11 @@ func BodyMutationToPB(dst *pb.BodyMutation, m *protocol.BodyMutation) {
 	dst.ChunkIndex = m.ChunkIndex
 	switch {
 	case m.Action == protocol.MutationDrop:
-		dst.Data = emptyData
+		dst.Data = []byte{}
 	case m.Action == protocol.MutationReplace && len(m.Data) > 0:
 		dst.Data = m.Data
 	case m.Action == protocol.MutationReplace:
-		dst.Data = emptyData // replacing with nothing is a drop
+		dst.Data = []byte{} // replacing with nothing is a drop
 	default:
 		dst.Data = nil
 	}

@@ -30,7 +30,7 @@ func readAll(t *testing.T, id uint64, payload []byte, d *pb.AgentDecision) readi
 		t.Fatal(err)
 	}
 	var f Frame
-	f.parse(wire)
+	f.Parse(wire)
 	if f.Err != nil || f.Payload != PayloadDecision {
 		t.Fatalf("envelope: %v, payload %d", f.Err, f.Payload)
 	}

@@ -12,9 +12,11 @@ import (
 	"testing"
 
 	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/zentinelproxy/sidecar/grpcagent/pb"
+	"github.com/zentinelproxy/sidecar/internal/pbwire"
 	"github.com/zentinelproxy/sidecar/protocol"
 )
 
@@ -22,7 +24,7 @@ import (
 // message a frame of type t carries.
 func decodeFrame(t protocol.MsgType, wire []byte) (any, error) {
 	var f Frame
-	f.parse(bytes.Clone(wire))
+	f.Parse(bytes.Clone(wire))
 	if f.Err != nil {
 		return nil, f.Err
 	}
@@ -83,9 +85,9 @@ func checkWire(t *testing.T, name string, mt protocol.MsgType, msg any) {
 	if err != nil {
 		t.Fatalf("%s: encode: %v", name, err)
 	}
-	w, _ := resolve(asMessage(mt, msg))
-	if w.size() != len(wire) {
-		t.Fatalf("%s: size %d, encoded %d bytes", name, w.size(), len(wire))
+	w, _ := pbwire.Resolve(asMessage(mt, msg))
+	if w.Size() != len(wire) {
+		t.Fatalf("%s: size %d, encoded %d bytes", name, w.Size(), len(wire))
 	}
 	var got pb.AgentMessage
 	if err := proto.Unmarshal(wire, &got); err != nil {
@@ -100,7 +102,7 @@ func checkWire(t *testing.T, name string, mt protocol.MsgType, msg any) {
 		t.Fatal(err)
 	}
 	var f Frame
-	f.parse(gwire)
+	f.Parse(gwire)
 	if f.Payload != payloadOf(mt) {
 		t.Fatalf("%s: payload %d, want %d", name, f.Payload, payloadOf(mt))
 	}
@@ -273,7 +275,7 @@ func FuzzFrame(f *testing.F) {
 	f.Add([]byte{0x32, 0x02, 0x2a, 0x00})
 	f.Fuzz(func(t *testing.T, wire []byte) {
 		var fr Frame
-		fr.parse(wire)
+		fr.Parse(wire)
 		var ref pb.AgentMessage
 		if proto.Unmarshal(wire, &ref) != nil || fr.Err != nil {
 			return
@@ -314,19 +316,24 @@ func FuzzFrame(f *testing.F) {
 // twice at the top level (protobuf merges such messages).
 func duplicateFields(b []byte) bool {
 	seen := map[int]bool{}
-	var f field
-	for {
-		ok, err := nextField(&b, &f)
-		if !ok || err != nil {
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
 			return false
 		}
-		if f.num >= 2 && f.num <= 12 {
-			if seen[int(f.num)] || len(seen) > 0 {
+		b = b[n:]
+		if n = protowire.ConsumeFieldValue(num, typ, b); n < 0 {
+			return false
+		}
+		b = b[n:]
+		if num >= 2 && num <= 12 {
+			if seen[int(num)] || len(seen) > 0 {
 				return true
 			}
-			seen[int(f.num)] = true
+			seen[int(num)] = true
 		}
 	}
+	return false
 }
 
 func TestEncodeErrors(t *testing.T) {
@@ -378,7 +385,7 @@ func TestAgentErrorWire(t *testing.T) {
 			t.Fatalf("%q: %v", reason, &m)
 		}
 		var f Frame
-		f.parse(wire)
+		f.Parse(wire)
 		msg, err := f.AgentError()
 		if f.Payload != PayloadAgentError || err != nil || msg != m.GetAgentError().Message {
 			t.Fatalf("%q: hand decoder %d %q %v", reason, f.Payload, msg, err)
@@ -422,7 +429,7 @@ func TestCodecFrame(t *testing.T) {
 	}
 	// A decision payload that is garbage inside fails to decode, with the id.
 	var f Frame
-	f.parse([]byte{0x08, 3, 0x32, 0x02, 0xff, 0xff})
+	f.Parse([]byte{0x08, 3, 0x32, 0x02, 0xff, 0xff})
 	var d protocol.Decision
 	if err := f.DecodeDecision(&d); !errors.Is(err, ErrGRPCMalformed) || d.RequestID != 3 {
 		t.Fatalf("garbage decision: %v id %d", err, d.RequestID)
@@ -463,7 +470,7 @@ func TestAllocsWire(t *testing.T) {
 		var d protocol.Decision
 		var m protocol.BodyMutation
 		decode := func() {
-			f.parse(wire)
+			f.Parse(wire)
 			switch f.Payload {
 			case PayloadRequestHeaders:
 				_ = f.DecodeRequestHeaders(&rh)

@@ -25,14 +25,14 @@ func benchFrameDecode(b *testing.B, name string, decode func(f *Frame) error) {
 		b.Fatalf("no message %q", name)
 	}
 	var f Frame
-	f.parse(wire)
+	f.Parse(wire)
 	if err := decode(&f); err != nil {
 		b.Fatal(err)
 	}
 	b.SetBytes(int64(len(wire)))
 	b.ReportAllocs()
 	for b.Loop() {
-		f.parse(wire)
+		f.Parse(wire)
 		if err := decode(&f); err != nil {
 			b.Fatal(err)
 		}

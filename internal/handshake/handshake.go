@@ -26,10 +26,17 @@ var ProxyFeatures = []string{protocol.FeatureCancellation, protocol.FeatureBodyM
 
 // NewRequest is the proxy's HandshakeRequest.
 func NewRequest(clientName string) protocol.HandshakeRequest {
+	return NewRequestWith(clientName)
+}
+
+// NewRequestWith is the proxy's HandshakeRequest offering features beyond
+// ProxyFeatures, e.g. protocol.FeatureProtobufPayloads on a UDS
+// connection (the gRPC transport is protobuf anyway).
+func NewRequestWith(clientName string, more ...string) protocol.HandshakeRequest {
 	return protocol.HandshakeRequest{
 		ProtocolVersion:   protocol.Version,
 		ClientName:        clientName,
-		SupportedFeatures: slices.Clone(ProxyFeatures),
+		SupportedFeatures: append(slices.Clone(ProxyFeatures), more...),
 	}
 }
 
@@ -58,6 +65,9 @@ func CheckResponse(req *protocol.HandshakeRequest, resp *protocol.HandshakeRespo
 	if !slices.Contains(req.SupportedFeatures, protocol.FeatureInlineBody) {
 		caps.SupportsInlineBody = false
 	}
+	if !slices.Contains(req.SupportedFeatures, protocol.FeatureProtobufPayloads) {
+		caps.SupportsProtobufPayloads = false
+	}
 	return caps, nil
 }
 
@@ -68,9 +78,13 @@ func Answer(req *protocol.HandshakeRequest, agentName string, caps protocol.Capa
 		err := fmt.Errorf("%w: proxy speaks %d, agent speaks %d", ErrHandshakeVersion, req.ProtocolVersion, protocol.Version)
 		return protocol.HandshakeResponse{ProtocolVersion: protocol.Version, AgentName: agentName, Accepted: false, Error: err.Error()}, err
 	}
-	// An agent declares inline_body only to a proxy that offered it.
+	// An agent declares inline_body and protobuf_payloads only to a proxy
+	// that offered them.
 	if !slices.Contains(req.SupportedFeatures, protocol.FeatureInlineBody) {
 		caps.SupportsInlineBody = false
+	}
+	if !slices.Contains(req.SupportedFeatures, protocol.FeatureProtobufPayloads) {
+		caps.SupportsProtobufPayloads = false
 	}
 	return protocol.HandshakeResponse{ProtocolVersion: protocol.Version, AgentName: agentName, Accepted: true, Capabilities: caps}, nil
 }

@@ -123,6 +123,10 @@ type AgentConfig struct {
 	// FrameTimeout overrides the listener's FrameTimeout for this agent's
 	// connections (0: inherit; Validate fills it in).
 	FrameTimeout time.Duration
+	// JSONOnly refuses protobuf payloads to this agent's connections: a
+	// registration that declares supports_protobuf_payloads is answered
+	// without payload_encoding, so the connection stays JSON.
+	JSONOnly bool
 	// MaxPending overrides the listener's MaxPendingBytes for this agent's
 	// connections (0: inherit; Validate fills it in).
 	MaxPending int

@@ -18,9 +18,18 @@ func TestConformanceReverse(t *testing.T) {
 
 func dialReverse(t *testing.T, h sdk.Handler) agentmux.Agent {
 	t.Helper()
+	return dialReverseWith(t, h, nil)
+}
+
+// dialReverseWith is dialReverse with the listener's config changed by mod.
+func dialReverseWith(t *testing.T, h sdk.Handler, mod func(*Config)) agentmux.Agent {
+	t.Helper()
 	cfg := testConfig(t)
 	cfg.MessageTimeout = 15 * time.Second
 	cfg.MaxInFlight = 256
+	if mod != nil {
+		mod(&cfg)
+	}
 	l := startListener(t, cfg)
 	runAgent(t, cfg.UnixPath, "waf-1", testToken, h, nil)
 	a := l.Agent("waf")

@@ -533,6 +533,7 @@ type registration struct {
 	id     string
 	connID string
 	caps   protocol.Capabilities
+	enc    uds.Encoding
 	fr     *uds.FrameReader
 }
 
@@ -571,6 +572,7 @@ func (l *Listener) serveRegistered(nc net.Conn, reg *registration) {
 		PingInterval:    pingInterval,
 		PingTimeout:     l.cfg.PingTimeout,
 		FrameTimeout:    a.cfg.FrameTimeout,
+		Encoding:        reg.enc,
 		Reader:          reg.fr,
 		Logger:          log,
 	})
@@ -604,7 +606,7 @@ func (l *Listener) serveRegistered(nc net.Conn, reg *registration) {
 	a.handle.SetLastError(nil)
 	l.mu.Unlock()
 	l.c.active.Add(1)
-	log.Info().Uint32("max_concurrent_requests", reg.caps.MaxConcurrentRequests).
+	log.Info().Uint32("max_concurrent_requests", reg.caps.MaxConcurrentRequests).Str("payload_encoding", reg.enc.String()).
 		Bool("request_body", reg.caps.HandlesRequestBody).Bool("response_headers", reg.caps.HandlesResponseHeaders).
 		Bool("response_body", reg.caps.HandlesResponseBody).Msg("reverse agent registered")
 	err := link.Serve(sess)
@@ -715,6 +717,13 @@ func (l *Listener) register(nc net.Conn, peer string) *registration {
 	_ = nc.SetWriteDeadline(time.Now().Add(l.cfg.WriteTimeout))
 	resp := answer{t: respType, RegistrationResponse: protocol.RegistrationResponse{Accepted: true, AssignedID: connID}}
 	reg := &registration{a: a, id: req.AgentID, connID: connID, caps: req.Capabilities, fr: fr}
+	// Protobuf payloads when the agent declared them, the agent's config
+	// allows them and the answer is a RegistrationResponse (a handshake
+	// response has no field to say so).
+	if req.Capabilities.SupportsProtobufPayloads && !a.cfg.JSONOnly && respType == protocol.TypeRegistrationResponse {
+		resp.PayloadEncoding = protocol.EncodingProtobuf
+		reg.enc = uds.Protobuf
+	}
 	l.c.accepted.Add(1)
 	if err := uds.WriteFrame(nc, &resp); err != nil {
 		log.Warn().Err(err).Msg("reverse registration: answer failed")

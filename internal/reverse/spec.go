@@ -24,6 +24,8 @@ type AgentSpec struct {
 	FrameTimeout time.Duration
 	// MaxPending caps the bytes queued per connection (0: the listener's).
 	MaxPending int
+	// JSONOnly keeps the agent's connections JSON (AgentConfig.JSONOnly).
+	JSONOnly bool
 	// Options are the agent's options; see ListenerConfigs for the keys.
 	Options map[string]string
 }
@@ -111,6 +113,7 @@ func ListenerConfigs(specs []AgentSpec) ([]Config, error) {
 			MessageTimeout: s.MessageTimeout,
 			FrameTimeout:   s.FrameTimeout,
 			MaxPending:     s.MaxPending,
+			JSONOnly:       s.JSONOnly,
 		}
 		if v := s.Options["ids"]; v != "" {
 			a.IDs = splitList(v)

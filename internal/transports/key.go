@@ -36,6 +36,9 @@ type Key struct {
 	Frame   time.Duration
 	// MaxPending caps the bytes queued per connection (uds, reverse).
 	MaxPending int
+	// PayloadEncoding is offered in the handshake or accepted at
+	// registration (uds, reverse).
+	PayloadEncoding string
 	// Options are the transport's options in a canonical form (TLS files,
 	// server name and health interval for grpc; tokens, ids and listener
 	// settings for reverse; uds takes none).
@@ -51,12 +54,13 @@ type Key struct {
 // when they change, per transport:
 //
 //	uds      name, address, conns, max_in_flight, max_queue,
-//	         max_pending_bytes, timeouts connect, handshake, message, frame
+//	         max_pending_bytes, payload_encoding, timeouts connect,
+//	         handshake, message, frame
 //	grpc     name, address, conns, max_in_flight, max_queue,
 //	         timeouts connect+handshake (one dial budget), message; options
 //	ext_proc as grpc
 //	reverse  name, address, max_in_flight, max_queue, max_pending_bytes,
-//	         timeouts message, frame; options (the agents dial in: no
+//	         payload_encoding, timeouts message, frame; options (the agents dial in: no
 //	         conns, connect or handshake of ours)
 //
 // Not in the Key are the fields the dataplane applies per request from
@@ -84,6 +88,8 @@ func InstanceKey(a config.Agent) Key {
 		Frame:       a.Timeouts.Frame,
 		MaxPending:  int(a.MaxPendingBytes),
 		Options:     canonicalOptions(a.Options),
+
+		PayloadEncoding: a.PayloadEncoding,
 	}
 	if len(a.Addresses) > 0 {
 		k.Members = strings.Join(a.Addresses, "\n")
@@ -94,7 +100,7 @@ func InstanceKey(a config.Agent) Key {
 		k.Address = udsPath(a.Address)
 	case config.TransportGRPC, config.TransportExtProc:
 		k.Connect, k.Handshake = a.Timeouts.Connect+a.Timeouts.Handshake, 0
-		k.Frame, k.MaxPending = 0, 0
+		k.Frame, k.MaxPending, k.PayloadEncoding = 0, 0, ""
 	case config.TransportReverse:
 		k.Conns, k.Connect, k.Handshake = 0, 0, 0
 	}

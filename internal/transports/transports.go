@@ -53,6 +53,7 @@ func UDSConfig(a *config.Agent, log zerolog.Logger) udsclient.Config {
 	c.MessageTimeout = a.Timeouts.Message
 	c.FrameTimeout = a.Timeouts.Frame
 	c.MaxPendingBytes = int(a.MaxPendingBytes)
+	c.JSONOnly = a.PayloadEncoding == config.EncodingJSON
 	c.Logger = log
 	return c
 }
@@ -129,6 +130,7 @@ func ReverseSpecs(cfg *config.Config) []reverse.AgentSpec {
 			MessageTimeout: a.Timeouts.Message,
 			FrameTimeout:   a.Timeouts.Frame,
 			MaxPending:     int(a.MaxPendingBytes),
+			JSONOnly:       a.PayloadEncoding == config.EncodingJSON,
 			Options:        a.Options,
 		})
 	}

@@ -35,6 +35,7 @@ var (
 		"Timeouts.Message":   {config.TransportUDS, config.TransportGRPC, config.TransportReverse, config.TransportExtProc},
 		"Timeouts.Frame":     {config.TransportUDS, config.TransportReverse},
 		"MaxPendingBytes":    {config.TransportUDS, config.TransportReverse},
+		"PayloadEncoding":    {config.TransportUDS, config.TransportReverse},
 		"Options":            {config.TransportUDS, config.TransportGRPC, config.TransportReverse, config.TransportExtProc},
 		"Addresses":          {config.TransportUDS, config.TransportGRPC, config.TransportReverse, config.TransportExtProc},
 		// Failover is read by the instance only with addresses (an
@@ -94,6 +95,8 @@ func change(t *testing.T, a config.Agent, field string) config.Agent {
 		b.Timeouts.Frame += time.Second
 	case "MaxPendingBytes":
 		b.MaxPendingBytes += 1 << 20
+	case "PayloadEncoding":
+		b.PayloadEncoding = config.EncodingJSON
 	case "Timeouts.Request":
 		b.Timeouts.Request += time.Second
 	case "Options":

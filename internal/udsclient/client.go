@@ -63,6 +63,12 @@ type Config struct {
 	// agent has begun it (0: uds.DefaultFrameTimeout); an agent that stalls
 	// mid-frame loses the connection, failing the requests on it at once.
 	FrameTimeout time.Duration
+	// JSONOnly keeps the connections' payloads JSON: protobuf_payloads is
+	// not offered in the handshake. By default it is, and an agent that
+	// declares supports_protobuf_payloads gets protobuf payloads (the
+	// AgentMessage of agent.proto), which cost both ends less to encode
+	// and decode.
+	JSONOnly bool
 	// BackoffMin and BackoffMax bound the reconnect delay (doubling, with jitter).
 	BackoffMin time.Duration
 	BackoffMax time.Duration
@@ -197,10 +203,14 @@ func Dial(ctx context.Context, cfg Config) (*Link, protocol.Capabilities, error)
 	if err != nil {
 		return nil, protocol.Capabilities{}, err
 	}
-	fr, caps, err := ClientHandshake(nc, cfg.ClientName, cfg.HandshakeTimeout)
+	fr, caps, err := handshakeConn(nc, cfg.ClientName, cfg.HandshakeTimeout, !cfg.JSONOnly)
 	if err != nil {
 		_ = nc.Close()
 		return nil, protocol.Capabilities{}, err
+	}
+	enc := uds.JSON
+	if caps.SupportsProtobufPayloads {
+		enc = uds.Protobuf
 	}
 	link := NewLink(nc, LinkConfig{
 		Name:            cfg.Name,
@@ -210,17 +220,29 @@ func Dial(ctx context.Context, cfg Config) (*Link, protocol.Capabilities, error)
 		PingTimeout:     cfg.PingTimeout,
 		FrameTimeout:    cmp.Or(cfg.FrameTimeout, uds.DefaultFrameTimeout),
 		Reader:          fr,
+		Encoding:        enc,
 		Logger:          cfg.Logger,
 	})
 	return link, caps, nil
 }
 
 // ClientHandshake sends the proxy's HandshakeRequest on nc and checks the
-// answer within timeout. The returned reader continues the connection.
+// answer within timeout. The returned reader continues the connection. It
+// does not offer protobuf_payloads: the connection stays JSON.
 func ClientHandshake(nc net.Conn, clientName string, timeout time.Duration) (*uds.FrameReader, protocol.Capabilities, error) {
+	return handshakeConn(nc, clientName, timeout, false)
+}
+
+// handshakeConn is ClientHandshake, offering protobuf_payloads when
+// protobuf is set: the payloads after it are protobuf exactly when the
+// returned capabilities say SupportsProtobufPayloads.
+func handshakeConn(nc net.Conn, clientName string, timeout time.Duration, protobuf bool) (*uds.FrameReader, protocol.Capabilities, error) {
 	_ = nc.SetDeadline(time.Now().Add(timeout))
 	defer func() { _ = nc.SetDeadline(time.Time{}) }()
 	req := handshake.NewRequest(clientName)
+	if protobuf {
+		req = handshake.NewRequestWith(clientName, protocol.FeatureProtobufPayloads)
+	}
 	if err := uds.WriteFrame(nc, &req); err != nil {
 		return nil, protocol.Capabilities{}, fmt.Errorf("%w: send: %v", ErrUDSHandshake, err)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
+	"github.com/zentinelproxy/sidecar/internal/pbwire"
 	"github.com/zentinelproxy/sidecar/internal/udswriter"
 	"github.com/zentinelproxy/sidecar/protocol"
 	"github.com/zentinelproxy/sidecar/uds"
@@ -39,6 +40,9 @@ type LinkConfig struct {
 	// agent has begun it (0: no bound); a stall closes the link with
 	// uds.ErrUDSFrameTimeout. See uds.FrameReader.SetFrameTimeout.
 	FrameTimeout time.Duration
+	// Encoding is the payload encoding negotiated in the handshake or
+	// registration (uds.JSON by default).
+	Encoding uds.Encoding
 	// Reader continues a uds.FrameReader that already read the handshake or
 	// registration, so no buffered byte is lost. Nil: a new one.
 	Reader *uds.FrameReader
@@ -87,7 +91,7 @@ func NewLink(nc net.Conn, cfg LinkConfig) *Link {
 		l.fr = uds.NewFrameReader(nc)
 	}
 	l.fr.SetFrameTimeout(cfg.FrameTimeout)
-	l.w = udswriter.NewWriter(nc, udswriter.Config{WriteTimeout: cfg.WriteTimeout, MaxPendingBytes: cfg.MaxPendingBytes},
+	l.w = udswriter.NewWriter(nc, udswriter.Config{WriteTimeout: cfg.WriteTimeout, MaxPendingBytes: cfg.MaxPendingBytes, Encoding: cfg.Encoding},
 		func(err error) { l.closeWith(fmt.Errorf("%w: write: %v", udswriter.ErrClosed, err)) })
 	return l
 }
@@ -143,6 +147,9 @@ func (l *Link) Backpressure() (sendWaits, controlDropped uint64) {
 	return st.Waits, st.ControlDropped
 }
 
+// Encoding is the payload encoding of the connection's frames.
+func (l *Link) Encoding() uds.Encoding { return l.cfg.Encoding }
+
 // RemoteAddr is the peer's address.
 func (l *Link) RemoteAddr() net.Addr { return l.nc.RemoteAddr() }
 
@@ -162,6 +169,9 @@ func (l *Link) Serve(sess *agentmux.Session) error {
 }
 
 func (l *Link) readLoop(sess *agentmux.Session) error {
+	if l.cfg.Encoding == uds.Protobuf {
+		return l.readLoopProtobuf(sess)
+	}
 	spare := new(agentmux.Reply)
 	pong := new(protocol.Pong) // encoded before Send returns: reused
 	for {
@@ -214,6 +224,108 @@ func (l *Link) readLoop(sess *agentmux.Session) error {
 			}
 		}
 	}
+}
+
+// next reads the next frame; a frame timeout closes the connection.
+func (l *Link) next(sess *agentmux.Session) (protocol.MsgType, []byte, error) {
+	t, payload, err := l.fr.Next()
+	if err != nil {
+		if errors.Is(err, uds.ErrUDSFrameTimeout) {
+			// Every request on the connection would wait behind the
+			// stalled frame: drop the connection, which fails them now.
+			l.frameTimeouts.Add(1)
+			sess.CountProtocolError()
+			l.cfg.Logger.Warn().Err(err).Msg("agent stalled mid-frame; closing connection")
+		}
+		return 0, nil, err
+	}
+	l.framesIn.Add(1)
+	return t, payload, nil
+}
+
+// readLoopProtobuf is readLoop for protobuf payloads: each frame carries
+// an AgentMessage whose payload must be of the frame's type (an
+// agent_error travels in a Decision frame). A reply is copied into the
+// Buf of the spare Reply it is decoded into, since the decoded fields
+// alias their bytes and the frame reader reuses its buffer.
+func (l *Link) readLoopProtobuf(sess *agentmux.Session) error {
+	spare := new(agentmux.Reply)
+	pong := new(protocol.Pong)
+	var f pbwire.Frame
+	for {
+		t, payload, err := l.next(sess)
+		if err != nil {
+			return err
+		}
+		switch t {
+		case protocol.TypeDecision, protocol.TypeBodyMutation:
+			if cap(spare.Buf) > 64<<10 {
+				spare.Buf = nil // one big reply should not stay pinned
+			}
+			spare.Buf = append(spare.Buf[:0], payload...)
+			f.Parse(spare.Buf)
+			spare.Type, spare.Err = t, nil
+			var derr error
+			switch {
+			case f.Err != nil:
+				derr = f.Err
+			case t == protocol.TypeDecision && f.Payload == pbwire.PayloadDecision:
+				derr = f.DecodeDecision(&spare.Decision)
+			case t == protocol.TypeBodyMutation && f.Payload == pbwire.PayloadBodyMutation:
+				derr = f.DecodeBodyMutation(&spare.Mutation)
+			case t == protocol.TypeDecision && f.Payload == pbwire.PayloadAgentError:
+				msg, aerr := f.AgentError()
+				if aerr == nil {
+					aerr = fmt.Errorf("%w: agent error: %q", agentmux.ErrAgentProtocol, clip(msg))
+				}
+				derr = aerr
+			default:
+				derr = fmt.Errorf("%w: %s frame carries payload %d", pbwire.ErrMalformed, t, f.Payload)
+			}
+			if derr != nil {
+				if spare, err = l.badProtobufReply(sess, spare, f.RequestID, derr); err != nil {
+					return err
+				}
+				continue
+			}
+			spare = sess.Deliver(spare)
+		case protocol.TypePing:
+			f.Parse(payload)
+			if f.Err == nil && f.Payload == pbwire.PayloadPing && f.DecodePing((*protocol.Ping)(pong)) == nil && l.w.Send(pong) == nil {
+				l.pongsSent.Add(1)
+			}
+		case protocol.TypePong:
+		default:
+			if l.unknown.Add(1) == 1 {
+				l.cfg.Logger.Warn().Uint8("type", uint8(t)).Msg("skipping frame of unexpected type from agent")
+			}
+		}
+	}
+}
+
+// badProtobufReply is badReply for a protobuf payload, whose request id
+// the envelope gave as far as it parsed (0: none).
+func (l *Link) badProtobufReply(sess *agentmux.Session, r *agentmux.Reply, id uint64, derr error) (*agentmux.Reply, error) {
+	l.cfg.Logger.Warn().Err(derr).Bool("request_known", id != 0).Msg("undecodable reply from agent")
+	if id == 0 {
+		sess.CountProtocolError()
+		return r, fmt.Errorf("%w: undecodable %s without request_id: %v", agentmux.ErrAgentProtocol, r.Type, derr)
+	}
+	r.Err = derr
+	r.Type = protocol.TypeDecision
+	r.Decision.Reset()
+	r.Decision.RequestID = id
+	next := sess.Deliver(r)
+	next.Err = nil
+	return next, nil
+}
+
+// clip bounds agent-provided text before it reaches logs and errors.
+func clip(s string) string {
+	if len(s) > 256 {
+		return s[:256] + "…"
+	}
+	return s
 }
 
 // badReply routes an undecodable reply to its request when its id can be

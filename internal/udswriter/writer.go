@@ -48,6 +48,9 @@ type Config struct {
 	// does not fit is dropped. A single frame larger than the data room is
 	// queued alone, once nothing else is pending.
 	MaxPendingBytes int
+	// Encoding is the payload encoding of the frames (uds.JSON by
+	// default); SendRaw payloads are written as given.
+	Encoding uds.Encoding
 }
 
 // Stats are a Writer's counters.
@@ -93,6 +96,7 @@ type Writer struct {
 	onErr   func(error)
 	limit   int // MaxPendingBytes
 	data    int // room data frames may fill
+	enc     uds.Encoding
 
 	mu      sync.Mutex
 	buf     []byte // queued frames
@@ -130,6 +134,7 @@ func NewWriter(nc net.Conn, cfg Config, onErr func(error)) *Writer {
 		onErr:   onErr,
 		limit:   limit,
 		data:    limit - limit/8,
+		enc:     cfg.Encoding,
 		buf:     make([]byte, 0, 16<<10),
 		spare:   make([]byte, 0, 16<<10),
 		wake:    make(chan struct{}, 1),
@@ -170,7 +175,7 @@ func (w *Writer) sendControl(m protocol.Message, t protocol.MsgType, payload []b
 	start := len(w.buf)
 	var err error
 	if m != nil {
-		w.buf, err = uds.AppendFrame(w.buf, m)
+		w.buf, err = uds.AppendFrameAs(w.buf, m, w.enc)
 	} else {
 		w.buf, err = uds.AppendRawFrame(w.buf, t, payload)
 	}
@@ -217,7 +222,7 @@ func (w *Writer) sendData(m protocol.Message, ctx context.Context, deadline time
 	if w.mu.TryLock() {
 		if w.err == nil && w.waiting == 0 {
 			start := len(w.buf)
-			b, err := uds.AppendFrame(w.buf, m)
+			b, err := uds.AppendFrameAs(w.buf, m, w.enc)
 			w.buf = b
 			if err != nil {
 				w.buf = w.buf[:start]
@@ -241,7 +246,7 @@ func (w *Writer) sendData(m protocol.Message, ctx context.Context, deadline time
 	// typical RequestHeaders, which serialized many senders when done
 	// under it) and only copy the frame into the batch under it.
 	sp := scratchPool.Get().(*[]byte)
-	f, err := uds.AppendFrame((*sp)[:0], m)
+	f, err := uds.AppendFrameAs((*sp)[:0], m, w.enc)
 	if err != nil {
 		putScratch(sp, f)
 		return err

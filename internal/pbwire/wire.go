@@ -1,6 +1,15 @@
-package grpcwire
+// Package pbwire is the protobuf wire format of the agent protocol's
+// stream messages (the AgentMessage envelope of agent.proto and its
+// payloads), encoded and decoded by hand: no reflection, no generated
+// message graph, no allocation per field. The gRPC transport sends these
+// bytes as its stream messages; the UDS and reverse transports carry the
+// same bytes as frame payloads when both ends negotiate
+// protobuf_payloads (docs/protocol.md, "Payload encodings"). It depends on
+// protowire alone, so that a UDS-only agent links no gRPC.
+package pbwire
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"unicode/utf8"
@@ -17,6 +26,15 @@ import (
 // holds the hand codec to them (through the conversions of pbconv_test.go)
 // in both directions. Decoding is syntactic, as for the JSON codec: the
 // protocol's rules for a Decision are protocol.Decision.Normalize's.
+
+// Errors of the wire format. Wrapped with details; test with errors.Is.
+var (
+	// ErrMessageType: a message of a type the stream does not carry
+	// (handshake and registration), or one that cannot be encoded.
+	ErrMessageType = errors.New("agent protocol: unsupported message type")
+	// ErrMalformed: bytes that are not a valid AgentMessage.
+	ErrMalformed = errors.New("agent protocol: malformed protobuf message")
+)
 
 // Field numbers of agent.proto.
 const (
@@ -481,8 +499,9 @@ func appendPing(dst []byte, m *protocol.Ping) []byte {
 	return appendVarintField(dst, fPingTimestamp, uint64(m.TimestampMs))
 }
 
-// wireMsg is a protocol message resolved to its envelope field.
-type wireMsg struct {
+// Resolved is a protocol message resolved to its envelope field and sized:
+// Size bytes, written by Append.
+type Resolved struct {
 	field protowire.Number
 	id    uint64
 	body  int // encoded size of the payload message
@@ -491,13 +510,13 @@ type wireMsg struct {
 	text  []byte // reason / agent error message (proto3 string)
 }
 
-// resolve maps msg to its envelope field (by msg's own type) and sizes it.
-func resolve(msg protocol.Message) (wireMsg, error) {
+// Resolve maps msg to its envelope field (by msg's own type) and sizes it.
+func Resolve(msg protocol.Message) (Resolved, error) {
 	if msg == nil {
-		return wireMsg{}, fmt.Errorf("%w: nil message", ErrGRPCMessageType)
+		return Resolved{}, fmt.Errorf("%w: nil message", ErrMessageType)
 	}
 	t := msg.MsgType()
-	w := wireMsg{t: t, msg: msg}
+	w := Resolved{t: t, msg: msg}
 	switch m := msg.(type) {
 	case *protocol.RequestHeaders:
 		w.field, w.id, w.body = fEnvRequestHeaders, m.RequestID, sizeRequestHeaders(m)
@@ -523,19 +542,24 @@ func resolve(msg protocol.Message) (wireMsg, error) {
 		w.field, w.body = fEnvPong, sizePing((*protocol.Ping)(m))
 	default:
 		// Handshake and registration do not travel on the stream.
-		return w, fmt.Errorf("%w: %s", ErrGRPCMessageType, t)
+		return w, fmt.Errorf("%w: %s", ErrMessageType, t)
 	}
 	if w.text != nil && !utf8.Valid(w.text) {
-		return w, fmt.Errorf("%w: %s reason is not valid UTF-8", ErrGRPCMessageType, t)
+		return w, fmt.Errorf("%w: %s reason is not valid UTF-8", ErrMessageType, t)
 	}
 	return w, nil
 }
 
-func (w *wireMsg) size() int {
+// Type is the message's type.
+func (w *Resolved) Type() protocol.MsgType { return w.t }
+
+// Size is the encoded size of the AgentMessage.
+func (w *Resolved) Size() int {
 	return sizeVarintField(fEnvRequestID, w.id) + sizeMessageField(w.field, w.body)
 }
 
-func (w *wireMsg) append(dst []byte) []byte {
+// Append appends the AgentMessage, exactly Size bytes.
+func (w *Resolved) Append(dst []byte) []byte {
 	dst = appendVarintField(dst, fEnvRequestID, w.id)
 	dst = appendMessageHeader(dst, w.field, w.body)
 	switch m := w.msg.(type) {
@@ -562,11 +586,11 @@ func (w *wireMsg) append(dst []byte) []byte {
 // AppendMessage appends the AgentMessage carrying msg in protobuf wire
 // format; the payload field follows from msg's type.
 func AppendMessage(dst []byte, msg protocol.Message) ([]byte, error) {
-	w, err := resolve(msg)
+	w, err := Resolve(msg)
 	if err != nil {
 		return dst, err
 	}
-	return w.append(dst), nil
+	return w.Append(dst), nil
 }
 
 func agentErrorText(reason string) string {
@@ -629,16 +653,18 @@ type Frame struct {
 	RequestID uint64
 	// Payload says which payload the message carries.
 	Payload Payload
-	// Err wraps ErrGRPCMalformed when the envelope did not parse.
+	// Err wraps ErrMalformed when the envelope did not parse.
 	Err error
 
 	body []byte
 }
 
-func malformed(what string) error { return fmt.Errorf("%w: %s", ErrGRPCMalformed, what) }
+func malformed(what string) error { return fmt.Errorf("%w: %s", ErrMalformed, what) }
 
-// parse reads the envelope of b.
-func (f *Frame) parse(b []byte) {
+// Parse reads the envelope of b into f. The payload is decoded on demand
+// (DecodeRequestHeaders, ...) and aliases b, which must stay unchanged
+// while f or what it decoded is in use. A malformed envelope sets Err.
+func (f *Frame) Parse(b []byte) {
 	*f = Frame{}
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
