@@ -40,6 +40,7 @@ type harness struct {
 	rounds           int
 	quietWait        time.Duration
 	maxOther         float64 // other load (cores) above which a row is measured again
+	maxSteal         float64 // hypervisor steal (cores) above which a row is measured again
 	retries          int
 	loadCPUs         string // wrk and the upstream ("" when not pinned)
 	proxyCPUs        string // proxies and agents ("" when not pinned)
@@ -67,6 +68,7 @@ func run() int {
 	flag.IntVar(&h.rounds, "rounds", 3, "`rounds`: every row once per round, the order rotated between rounds")
 	flag.DurationVar(&h.quietWait, "quiet-wait", 20*time.Second, "before each measurement, wait up to this `long` for the rest of the machine to be idle (0: do not wait)")
 	flag.Float64Var(&h.maxOther, "max-other-load", 0.25, "measure a row again when the rest of the machine used more than this many `cores` during its window")
+	flag.Float64Var(&h.maxSteal, "max-steal", 0.1, "measure a row again when the hypervisor stole more than this many `cores` during its window (shared VMs)")
 	flag.IntVar(&h.retries, "retries", 2, "how many `times` a row is measured again for -max-other-load")
 	pin := flag.Bool("pin", true, "pin with taskset: wrk and the upstream on -load-cpus, proxies and agents on -proxy-cpus")
 	flag.StringVar(&h.loadCPUs, "load-cpus", "0", "taskset `list` for wrk and the upstream")
@@ -214,16 +216,16 @@ func run() int {
 				if interrupted.Load() {
 					select {} // the signal handler stops everything and exits
 				}
-				if r.err != nil || r.others <= h.maxOther || try >= h.retries {
+				if r.err != nil || (r.others <= h.maxOther && r.steal <= h.maxSteal) || try >= h.retries {
 					break
 				}
-				fmt.Fprintf(os.Stderr, "peers:   %.2f cores of other load during the window: measuring again\n", r.others)
+				fmt.Fprintf(os.Stderr, "peers:   %.2f cores of other load, %.2f cores stolen by the hypervisor during the window: measuring again\n", r.others, r.steal)
 			}
 			if r.err != nil {
 				fmt.Fprintf(os.Stderr, "peers: round %d: %s: FAILED: %v\n", round, d.name, r.err)
 			} else {
-				fmt.Fprintf(os.Stderr, "peers:   %.0f req/s, p50 %s, p99 %s, CPU µs/req proxy %.1f agent %.1f upstream %.1f, proxy+agent cores %.2f, other load %.2f cores, upstream saw %d (%d marked), wrk failures %d\n",
-					r.rps, fmtLat(r.p50), fmtLat(r.p99), r.proxyUS, r.agentUS, r.upstreamUS, r.sutCores, r.others, r.upTotal, r.upMarked, r.failures)
+				fmt.Fprintf(os.Stderr, "peers:   %.0f req/s, p50 %s, p99 %s, CPU µs/req proxy %.1f agent %.1f upstream %.1f, proxy+agent cores %.2f, other load %.2f cores, steal %.2f cores, upstream saw %d (%d marked), wrk failures %d\n",
+					r.rps, fmtLat(r.p50), fmtLat(r.p99), r.proxyUS, r.agentUS, r.upstreamUS, r.sutCores, r.others, r.steal, r.upTotal, r.upMarked, r.failures)
 			}
 			res = append(res, r)
 		}

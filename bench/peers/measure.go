@@ -34,6 +34,10 @@ type result struct {
 	// processes, interrupts not charged to ours) over the window, in cores:
 	// busy time from /proc/stat minus that of the row's processes and wrk.
 	others float64
+	// steal is the CPU time the hypervisor took from the machine over the
+	// window, in cores (0 on bare metal): a row measured under steal is
+	// slowed by something no configuration here controls.
+	steal float64
 	// failures are wrk's non-2xx/3xx responses and socket errors.
 	failures int64
 	// What reached the upstream in the window: all requests, those with
@@ -273,7 +277,7 @@ func (h *harness) runRow(def rowDef, round int) (res result) {
 	p0, err2 := cpuOf(rc.proxyPIDs)
 	a0, err3 := cpuOf(agentPIDs)
 	u0, err4 := cpuOf(upPIDs)
-	m0 := machineBusy()
+	m0, st0 := machineBusy(), machineSteal()
 	if err := errors.Join(err1, err2, err3, err4); err != nil {
 		res.err = err
 		return res
@@ -283,7 +287,7 @@ func (h *harness) runRow(def rowDef, round int) (res result) {
 		res.err = err
 		return res
 	}
-	m1 := machineBusy()
+	m1, st1 := machineBusy(), machineSteal()
 	p1, err2 := cpuOf(rc.proxyPIDs)
 	a1, err3 := cpuOf(agentPIDs)
 	u1, err4 := cpuOf(upPIDs)
@@ -311,6 +315,7 @@ func (h *harness) runRow(def rowDef, round int) (res result) {
 	res.sutCores = (p1 - p0 + a1 - a0).Seconds() / w.elapsed.Seconds()
 	ours := (p1 - p0) + (a1 - a0) + (u1 - u0) + w.cpu
 	res.others = max(0, (m1-m0-ours).Seconds()/w.elapsed.Seconds())
+	res.steal = (st1 - st0).Seconds() / w.elapsed.Seconds()
 	res.upTotal, res.upMarked = s1.total-s0.total, s1.marked-s0.marked
 	if s1.admin != s0.admin {
 		res.err = errors.New("the upstream saw /admin during the load")

@@ -276,7 +276,15 @@ func children(pid int) []int {
 
 // machineBusy is the CPU time all CPUs spent busy so far (user, nice,
 // system, irq, softirq from /proc/stat; idle, iowait and steal excluded).
-func machineBusy() time.Duration {
+func machineBusy() time.Duration { return statSum(1, 2, 3, 6, 7) }
+
+// machineSteal is the CPU time the hypervisor took from this machine's
+// CPUs so far (steal in /proc/stat): on a shared VM, time our processes
+// wanted to run and could not, which slows every row that meets it.
+func machineSteal() time.Duration { return statSum(8) }
+
+// statSum adds the given columns of /proc/stat's cpu line.
+func statSum(cols ...int) time.Duration {
 	b, err := os.ReadFile("/proc/stat")
 	if err != nil {
 		return 0
@@ -284,7 +292,7 @@ func machineBusy() time.Duration {
 	line, _, _ := strings.Cut(string(b), "\n")
 	f := strings.Fields(line) // cpu user nice system idle iowait irq softirq steal …
 	var t int64
-	for _, i := range []int{1, 2, 3, 6, 7} {
+	for _, i := range cols {
 		if i < len(f) {
 			n, _ := strconv.ParseInt(f[i], 10, 64)
 			t += n

@@ -171,7 +171,7 @@ func hasProxy(key string) bool { return key != "direct" }
 
 func printRound(w io.Writer, defs []rowDef, order []rowDef, res []result, round int) {
 	fmt.Fprintf(w, "## Round %d (rows in the order they ran)\n\n", round)
-	head := []string{"row", "req/s", "p50", "p99", "proxy µs/req", "agent µs/req", "proxy+agent µs/req", "upstream µs/req", "proxy+agent cores", "other load (cores)", "wrk failures"}
+	head := []string{"row", "req/s", "p50", "p99", "proxy µs/req", "agent µs/req", "proxy+agent µs/req", "upstream µs/req", "proxy+agent cores", "other load (cores)", "steal (cores)", "wrk failures"}
 	var body [][]string
 	for _, r := range res {
 		d := defOf(defs, r.key)
@@ -182,7 +182,7 @@ func printRound(w io.Writer, defs []rowDef, order []rowDef, res []result, round 
 		body = append(body, []string{
 			r.name, fmt.Sprintf("%.0f", r.rps), fmtLat(r.p50), fmtLat(r.p99),
 			fmtUS(r.proxyUS, hasProxy(r.key)), fmtUS(r.agentUS, d.agent), fmtUS(r.totalUS(), hasProxy(r.key)),
-			fmtUS(r.upstreamUS, true), fmt.Sprintf("%.2f", r.sutCores), fmt.Sprintf("%.2f", r.others), fmt.Sprint(r.failures),
+			fmtUS(r.upstreamUS, true), fmt.Sprintf("%.2f", r.sutCores), fmt.Sprintf("%.2f", r.others), fmt.Sprintf("%.2f", r.steal), fmt.Sprint(r.failures),
 		})
 	}
 	table(w, head, body)
