@@ -33,6 +33,7 @@ func agentCheckCmd(args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&cfg.Transport, "transport", "uds", "how to reach the agent: uds, grpc or reverse (listen for its registration)")
 	fs.StringVar(&cfg.Address, "address", "", "the agent's socket path or gRPC address; for reverse, where to listen (path or host:port)")
 	fs.StringVar(&cfg.Token, "token", "", "reverse: the token the agent must register with (empty: any)")
+	fs.StringVar(&cfg.PayloadEncoding, "payload-encoding", "json", "uds, reverse: json, or protobuf to check the agent's protobuf payloads (it must declare supports_protobuf_payloads)")
 	fs.IntVar(&cfg.PID, "pid", 0, "the agent's process id: watch it for crashes, CPU spinning and memory growth")
 	fs.DurationVar(&cfg.Timeout, "timeout", agentcheck.DefaultTimeout, "bound on each wait for one answer of the agent")
 	fs.DurationVar(&cfg.ReconnectWait, "reconnect-wait", agentcheck.DefaultReconnectWait, "reverse: bound on the wait for the agent to register again")

@@ -18,6 +18,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/zentinelproxy/sidecar/protocol"
 )
 
 // Errors of the kit. Wrapped with details; test with errors.Is.
@@ -100,6 +102,14 @@ type Config struct {
 	// Expectations, when set, are run after the protocol checks.
 	Expectations *Expectations
 
+	// PayloadEncoding is "json" (default) or "protobuf": with protobuf the
+	// checker offers protobuf_payloads (uds) or answers
+	// payload_encoding "protobuf" (reverse), requires the agent to declare
+	// supports_protobuf_payloads and runs every check on protobuf payloads
+	// (docs/protocol.md §2.7). The checks that send hand-made JSON bytes
+	// are skipped then, as over gRPC.
+	PayloadEncoding string
+
 	// Only, when non-empty, runs only the checks with these ids.
 	Only []string
 	// SkipChecks is true to run only the soak and the expectations.
@@ -116,6 +126,16 @@ func (c *Config) defaults() error {
 	}
 	if c.Address == "" {
 		return fmt.Errorf("%w: address is empty", ErrConfig)
+	}
+	switch c.PayloadEncoding {
+	case "", protocol.EncodingJSON:
+		c.PayloadEncoding = protocol.EncodingJSON
+	case protocol.EncodingProtobuf:
+		if c.Transport == TransportGRPC {
+			return fmt.Errorf("%w: payload encoding applies to uds and reverse (gRPC is protobuf already)", ErrConfig)
+		}
+	default:
+		return fmt.Errorf("%w: payload encoding %q is not json or protobuf", ErrConfig, c.PayloadEncoding)
 	}
 	if c.Timeout <= 0 {
 		c.Timeout = DefaultTimeout

@@ -13,6 +13,7 @@ import (
 	"github.com/zentinelproxy/sidecar/examples/demoagent"
 	"github.com/zentinelproxy/sidecar/examples/wafagent"
 	"github.com/zentinelproxy/sidecar/internal/testutil"
+	"github.com/zentinelproxy/sidecar/protocol"
 	"github.com/zentinelproxy/sidecar/sdk"
 	"github.com/zentinelproxy/sidecar/sdk/grpcsdk"
 )
@@ -221,5 +222,56 @@ func TestReportOutput(t *testing.T) {
 	}
 	if !rep.Failed() {
 		t.Error("Failed false")
+	}
+}
+
+// TestExampleAgentsProtobuf runs every check on protobuf payloads
+// (-payload-encoding protobuf) over UDS and reverse connections: the SDK
+// speaks them, so all PASS; only the checks that send hand-made JSON
+// bytes are skipped.
+func TestExampleAgentsProtobuf(t *testing.T) {
+	for _, a := range []int{0, 2} { // demoagent, allowagent-body
+		a := exampleAgents[a]
+		for _, tr := range []string{TransportUDS, TransportReverse} {
+			t.Run(a.name+"/"+tr, func(t *testing.T) {
+				addr := serve(t, tr, a.h(t))
+				rep := run(t, Config{Transport: tr, Address: addr, Token: "s3cret", Requests: 300, PayloadEncoding: protocol.EncodingProtobuf})
+				wantAllPass(t, rep)
+				setup := map[string]string{TransportUDS: "handshake", TransportReverse: "registration"}[tr]
+				for _, id := range []string{setup, "ping", "correlation", "phases", "early-close", "unknown-frames", "malformed-json"} {
+					if r := rep.Find(id); r == nil || r.Status != Pass {
+						t.Errorf("%s did not PASS: %+v", id, r)
+					}
+				}
+				if rep.Soak == nil || rep.Soak.Requests != 300 || rep.Soak.Decisions < 300 || rep.Soak.Errors != 0 {
+					t.Errorf("soak: %+v", rep.Soak)
+				}
+			})
+		}
+	}
+}
+
+// TestProtobufRequiresTheCapability: asked to check protobuf payloads, the
+// checker fails the setup of an agent that keeps JSON, naming the
+// capability, instead of misreading its frames.
+func TestProtobufRequiresTheCapability(t *testing.T) {
+	dir := testutil.SocketDir(t)
+	addr := filepath.Join(dir, "a.sock")
+	ln, err := sdk.ListenUDS(addr, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = sdk.Serve(ctx, ln, allowagent.New(false), &sdk.Options{Name: "json-only", JSONPayloads: true})
+	}()
+	defer func() { cancel(); <-done }()
+	rep := run(t, Config{Transport: TransportUDS, Address: addr, Only: []string{"handshake"}, PayloadEncoding: protocol.EncodingProtobuf})
+	r := rep.Find("handshake")
+	if r == nil || r.Status != Fail || !strings.Contains(r.Detail, "supports_protobuf_payloads") {
+		dump(t, rep)
+		t.Fatalf("handshake result %+v, want FAIL naming supports_protobuf_payloads", r)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 
 	"github.com/zentinelproxy/sidecar/grpcagent/pb"
+	"github.com/zentinelproxy/sidecar/internal/pbwire"
 	"github.com/zentinelproxy/sidecar/protocol"
 	"github.com/zentinelproxy/sidecar/uds"
 )
@@ -330,15 +331,29 @@ func checkUnknown(e *env, r *Result) {
 		}
 	} else {
 		var b []byte
-		for _, f := range []struct {
+		frames := []struct {
 			t protocol.MsgType
 			p string
 		}{
 			{0x7e, `{"future":true}`},
 			{protocol.TypeHandshakeResponse, `{"protocol_version":2,"accepted":true}`},
 			{protocol.TypeDecision, fmt.Sprintf(`{"request_id":%d,"decision":"allow"}`, nextID())},
-		} {
+		}
+		if e.protobuf() {
+			// The same on protobuf payloads (a handshake is JSON anyway):
+			// an AgentMessage with only an unknown field in a frame of an
+			// unknown type, and a Decision sent the wrong way.
+			unk := protowire.AppendTag(nil, 99, protowire.BytesType)
+			unk = protowire.AppendBytes(unk, []byte(`future`))
+			dec, _ := pbwire.AppendMessage(nil, &protocol.Decision{RequestID: nextID()})
+			frames[0].p, frames[2].p = string(unk), string(dec)
+		}
+		for i, f := range frames {
 			b, _ = uds.AppendRawFrame(b, f.t, []byte(f.p))
+			if e.protobuf() && i != 1 {
+				r.Sent = append(r.Sent, protobufEvidence(f.t, []byte(f.p)))
+				continue
+			}
 			r.Sent = append(r.Sent, evidence(f.t, []byte(f.p)))
 		}
 		if err := l.SendRaw(b); err != nil {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/zentinelproxy/sidecar/protocol"
 	"github.com/zentinelproxy/sidecar/uds"
+	"google.golang.org/protobuf/encoding/protowire"
 )
 
 // agentAlive checks that the agent survived what a check did to it: its
@@ -93,6 +94,12 @@ func checkMalformedJSON(e *env, r *Result) {
 	}
 	id := nextID()
 	b, _ := uds.AppendRawFrame(nil, ev.MsgType(), []byte(fmt.Sprintf(`{"request_id":%d,"method":"GET","uri":`, id)))
+	if e.protobuf() {
+		// request_id, then the event's field with a length past the end.
+		p := protowire.AppendVarint(protowire.AppendTag(nil, 1, protowire.VarintType), id)
+		p = append(protowire.AppendTag(p, eventField(ev.MsgType()), protowire.BytesType), 0x7f, 0x01)
+		b, _ = uds.AppendRawFrame(nil, ev.MsgType(), p)
+	}
 	x, closed, ok := rawCase(e, r, b, id)
 	if !ok {
 		return
@@ -108,6 +115,19 @@ func checkMalformedJSON(e *env, r *Result) {
 		worse(r, Warn, "neither answered nor closed within %v: the request waits for its timeout (§4.13: an agent SHOULD NOT leave an event unanswered)", e.cfg.Timeout)
 	}
 	e.agentAlive(r)
+}
+
+// eventField is the AgentMessage field of an event type (agent.proto).
+func eventField(t protocol.MsgType) protowire.Number {
+	switch t {
+	case protocol.TypeRequestBodyChunk:
+		return 3
+	case protocol.TypeResponseHeaders:
+		return 4
+	case protocol.TypeResponseBodyChunk:
+		return 5
+	}
+	return 2
 }
 
 func checkMalformedNoID(e *env, r *Result) {
@@ -263,7 +283,7 @@ func checkReconnect(e *env, r *Result) {
 			r.Received = append(r.Received, reg.ev)
 		}
 		// A refusal retrying can fix (§6.2 check 8).
-		_ = answerRegistration(reg, false, "proxy shutting down")
+		_ = answerRegistration(reg, false, "proxy shutting down", uds.JSON)
 		_ = reg.nc.Close()
 		closed = time.Now()
 		if i == 0 {

@@ -146,6 +146,9 @@ func (e *env) open() (link, error) {
 		return nil, err
 	}
 	req := handshakeRequest(protocol.Version)
+	if e.protobuf() {
+		req.SupportedFeatures = append(req.SupportedFeatures, protocol.FeatureProtobufPayloads)
+	}
 	sent := []string{}
 	b, _ := uds.AppendFrame(nil, req)
 	sent = append(sent, evidence(protocol.TypeHandshakeRequest, b[uds.HeaderSize:]))
@@ -183,10 +186,26 @@ func (e *env) open() (link, error) {
 		e.noteSetup(sent, recv, fmt.Errorf("%w: the agent speaks protocol %d, the proxy 2", ErrConnect, resp.ProtocolVersion))
 		return nil, e.setupErr
 	}
+	enc := uds.JSON
+	switch {
+	case e.protobuf() && !resp.Capabilities.SupportsProtobufPayloads:
+		_ = nc.Close()
+		e.noteSetup(sent, recv, fmt.Errorf("%w: -payload-encoding protobuf, but the agent did not declare supports_protobuf_payloads to a proxy that offered protobuf_payloads (§2.7)", ErrConnect))
+		return nil, e.setupErr
+	case e.protobuf():
+		enc = uds.Protobuf
+	case resp.Capabilities.SupportsProtobufPayloads:
+		_ = nc.Close()
+		e.noteSetup(sent, recv, fmt.Errorf("%w: the agent declared supports_protobuf_payloads to a proxy that did not offer protobuf_payloads (§5)", ErrConnect))
+		return nil, e.setupErr
+	}
 	e.agentName = resp.AgentName
 	e.noteSetup(sent, recv, nil)
-	return newFramedLink(nc, fr, resp.Capabilities, e.cfg.Timeout), nil
+	return newFramedLink(nc, fr, resp.Capabilities, e.cfg.Timeout, enc), nil
 }
+
+// protobuf reports whether the checks run on protobuf payloads.
+func (e *env) protobuf() bool { return e.cfg.PayloadEncoding == protocol.EncodingProtobuf }
 
 // noteSetup keeps the first setup's frames as the handshake evidence.
 func (e *env) noteSetup(sent, recv []string, err error) {
@@ -279,11 +298,15 @@ func redactToken(p []byte) []byte {
 }
 
 // answerRegistration writes the RegistrationResponse (in the frame type
-// that matches the request's, §6.1).
-func answerRegistration(r *registration, accepted bool, errText string) error {
+// that matches the request's, §6.1), naming the payload encoding of the
+// frames that follow an acceptance.
+func answerRegistration(r *registration, accepted bool, errText string, enc uds.Encoding) error {
 	resp := protocol.RegistrationResponse{Accepted: accepted, Error: errText}
 	if accepted {
 		resp.AssignedID = fmt.Sprintf("conn-%016x", nextID())
+		if enc == uds.Protobuf {
+			resp.PayloadEncoding = protocol.EncodingProtobuf
+		}
 	}
 	b := protocol.AppendRegistrationResponse(nil, &resp)
 	t := protocol.TypeRegistrationResponse
@@ -308,18 +331,32 @@ func (e *env) register() (*framedLink, error) {
 	}
 	sent := []string{}
 	if r.prob != "" {
-		_ = answerRegistration(r, false, "invalid registration")
+		_ = answerRegistration(r, false, "invalid registration", uds.JSON)
 		_ = r.nc.Close()
 		e.noteSetup(sent, []string{r.ev}, fmt.Errorf("%w: %s", ErrConnect, r.prob))
 		return nil, e.setupErr
 	}
-	if err := answerRegistration(r, true, ""); err != nil {
+	enc := uds.JSON
+	if e.protobuf() {
+		if !r.req.Capabilities.SupportsProtobufPayloads || r.typ != protocol.TypeRegistrationRequest {
+			_ = answerRegistration(r, false, "invalid registration", uds.JSON)
+			_ = r.nc.Close()
+			e.noteSetup(sent, []string{r.ev}, fmt.Errorf("%w: -payload-encoding protobuf, but the agent's RegistrationRequest (0x03) does not declare supports_protobuf_payloads (§2.7)", ErrConnect))
+			return nil, e.setupErr
+		}
+		enc = uds.Protobuf
+	}
+	if err := answerRegistration(r, true, "", enc); err != nil {
 		_ = r.nc.Close()
 		return nil, fmt.Errorf("%w: answer registration: %v", ErrConnect, err)
 	}
 	e.agentName = r.req.AgentID
-	e.noteSetup([]string{"0x04 RegistrationResponse {\"accepted\":true,…}"}, []string{r.ev}, nil)
-	return newFramedLink(r.nc, r.fr, r.req.Capabilities, e.cfg.Timeout), nil
+	answered := "0x04 RegistrationResponse {\"accepted\":true,…}"
+	if enc == uds.Protobuf {
+		answered = "0x04 RegistrationResponse {\"accepted\":true,\"payload_encoding\":\"protobuf\",…}"
+	}
+	e.noteSetup([]string{answered}, []string{r.ev}, nil)
+	return newFramedLink(r.nc, r.fr, r.req.Capabilities, e.cfg.Timeout, enc), nil
 }
 
 // ---------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/zentinelproxy/sidecar/grpcagent/pb"
+	"github.com/zentinelproxy/sidecar/internal/pbwire"
 	"github.com/zentinelproxy/sidecar/protocol"
 	"github.com/zentinelproxy/sidecar/uds"
 )
@@ -25,7 +26,8 @@ type reply struct {
 	Dec  *protocol.Decision     // Type == TypeDecision and it decoded
 	Mut  *protocol.BodyMutation // Type == TypeBodyMutation and it decoded
 	Ping *protocol.Ping         // Type == TypePong or TypePing
-	// AgentError is the text of a gRPC agent_error.
+	// AgentError is the text of an agent_error (gRPC, or a protobuf
+	// payload).
 	AgentError string
 	// Err is a decode or validation error of the payload.
 	Err error
@@ -34,6 +36,7 @@ type reply struct {
 	// the gRPC message.
 	payload []byte
 	pbm     *pb.AgentMessage
+	proto   bool // payload is protobuf
 }
 
 // Ev is the message as evidence (type and payload). It is formatted only
@@ -41,6 +44,9 @@ type reply struct {
 func (r *reply) Ev() string {
 	if r.pbm != nil {
 		return "gRPC " + shortText(r.pbm)
+	}
+	if r.proto {
+		return protobufEvidence(r.Type, r.payload)
 	}
 	return evidence(r.Type, r.payload)
 }
@@ -126,19 +132,75 @@ func decodeFrame(t protocol.MsgType, payload []byte) *reply {
 	return r
 }
 
+// protobufEvidence shows a protobuf payload as hex.
+func protobufEvidence(t protocol.MsgType, payload []byte) string {
+	return fmt.Sprintf("0x%02x %s protobuf %s", uint8(t), t, rawEvidence(payload))
+}
+
+// decodeProtobufFrame is decodeFrame for a protobuf payload: an
+// AgentMessage whose payload field must be the frame type's (an
+// agent_error in a Decision frame is the agent's error for that request).
+func decodeProtobufFrame(t protocol.MsgType, payload []byte) *reply {
+	p := append([]byte(nil), payload...)
+	r := &reply{Type: t, At: time.Now(), payload: p, proto: true}
+	var f pbwire.Frame
+	f.Parse(p)
+	r.ID = f.RequestID
+	if f.Err != nil {
+		r.Err = f.Err
+		return r
+	}
+	switch {
+	case t == protocol.TypeDecision && f.Payload == pbwire.PayloadDecision:
+		d := new(protocol.Decision)
+		if err := f.DecodeDecision(d); err != nil {
+			r.Err = err
+		} else if err := d.Normalize(); err != nil {
+			r.Err = err
+		}
+		r.Dec = d
+	case t == protocol.TypeDecision && f.Payload == pbwire.PayloadAgentError:
+		msg, err := f.AgentError()
+		if err == nil {
+			r.AgentError = msg
+			err = fmt.Errorf("agent error: %q", msg)
+		}
+		r.Err = err
+	case t == protocol.TypeBodyMutation && f.Payload == pbwire.PayloadBodyMutation:
+		m := new(protocol.BodyMutation)
+		if err := f.DecodeBodyMutation(m); err != nil {
+			r.Err = err
+		} else {
+			r.Mut = m
+		}
+	case (t == protocol.TypePong && f.Payload == pbwire.PayloadPong) || (t == protocol.TypePing && f.Payload == pbwire.PayloadPing):
+		m := new(protocol.Ping)
+		if err := f.DecodePing(m); err != nil {
+			r.Err = err
+		} else {
+			r.Ping = m
+		}
+	case t == protocol.TypeDecision || t == protocol.TypeBodyMutation || t == protocol.TypePong || t == protocol.TypePing:
+		r.Err = fmt.Errorf("%w: a %s frame carries AgentMessage payload field %d", pbwire.ErrMalformed, t, f.Payload+1)
+	}
+	return r
+}
+
 // framedLink is a UDS or reverse connection after its setup.
 type framedLink struct {
 	inbox
 	nc   net.Conn
 	caps protocol.Capabilities
+	enc  uds.Encoding
 	once sync.Once
 	wmu  sync.Mutex
 	wto  time.Duration
 }
 
-// newFramedLink starts reading frames from fr (which reads nc).
-func newFramedLink(nc net.Conn, fr *uds.FrameReader, caps protocol.Capabilities, wto time.Duration) *framedLink {
-	l := &framedLink{inbox: newInbox(), nc: nc, caps: caps, wto: wto}
+// newFramedLink starts reading frames from fr (which reads nc), whose
+// payloads are in encoding enc.
+func newFramedLink(nc net.Conn, fr *uds.FrameReader, caps protocol.Capabilities, wto time.Duration, enc uds.Encoding) *framedLink {
+	l := &framedLink{inbox: newInbox(), nc: nc, caps: caps, wto: wto, enc: enc}
 	go l.read(fr)
 	return l
 }
@@ -154,8 +216,12 @@ func (l *framedLink) read(fr *uds.FrameReader) {
 			l.err = err
 			return
 		}
+		r := decodeFrame
+		if l.enc == uds.Protobuf {
+			r = decodeProtobufFrame
+		}
 		select {
-		case l.ch <- decodeFrame(t, p):
+		case l.ch <- r(t, p):
 		default:
 			// Nobody reads: a flood from the agent must not block or grow
 			// the checker.
@@ -175,9 +241,13 @@ func (l *framedLink) Send(msgs ...protocol.Message) ([]string, error) {
 	for _, m := range msgs {
 		start := len(b)
 		var err error
-		b, err = uds.AppendFrame(b, m)
+		b, err = uds.AppendFrameAs(b, m, l.enc)
 		if err != nil {
 			return ev, err
+		}
+		if l.enc == uds.Protobuf {
+			ev = append(ev, protobufEvidence(m.MsgType(), b[start+uds.HeaderSize:]))
+			continue
 		}
 		ev = append(ev, evidence(m.MsgType(), b[start+uds.HeaderSize:]))
 	}
