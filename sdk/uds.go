@@ -226,13 +226,11 @@ func serveFrames(ctx context.Context, nc net.Conn, fr *uds.FrameReader, enc uds.
 	// The handshake's read deadline is over: frames are bounded from here.
 	fr.SetFrameTimeout(o.FrameTimeout)
 	pong := new(protocol.Pong) // encoded before Send returns: reused
+	dec := &frameDecoder{enc: enc}
 	// The read loop: Serve dispatches the events next returns and may run
 	// a lone request's handler in the reading goroutine (see Serve). Its
 	// own frames (Pongs, agent errors) only ever queue.
 	next := func() (*Event, error) {
-		if enc == uds.Protobuf {
-			return nextProtobuf(fr, d, w, out, pong, o)
-		}
 		for {
 			t, payload, err := fr.Next()
 			if err != nil {
@@ -241,27 +239,24 @@ func serveFrames(ctx context.Context, nc net.Conn, fr *uds.FrameReader, enc uds.
 			switch t {
 			case protocol.TypeRequestHeaders, protocol.TypeRequestBodyChunk,
 				protocol.TypeResponseHeaders, protocol.TypeResponseBodyChunk:
-				ev := AcquireEvent()
-				if err := ev.Decode(t, payload); err != nil {
-					ReleaseEvent(ev)
-					if id, ok := protocol.PeekRequestID(payload); ok {
-						o.Logger.Warn().Err(err).Uint64("request_id", id).Msg("undecodable event from proxy")
-						_ = out.SendError(id, "undecodable event")
-						continue
-					}
+				ev, id, idOK, err := dec.event(t, payload)
+				if err == nil {
+					return ev, nil
+				}
+				if !idOK {
 					return nil, fmt.Errorf("sdk: undecodable %s without request_id: %w", t, err)
 				}
-				return ev, nil
+				o.Logger.Warn().Err(err).Uint64("request_id", id).Msg("undecodable event from proxy")
+				_ = out.SendError(id, "undecodable event")
 			case protocol.TypeCancelRequest:
-				var m protocol.CancelRequest
-				if m.Decode(payload) == nil {
-					d.Cancel(m.RequestID)
+				if id, ok := dec.cancel(payload); ok {
+					d.Cancel(id)
 				}
 			case protocol.TypeCancelAll:
 				d.CancelAll()
 			case protocol.TypePing:
 				// Queued for the writer goroutine, never written here.
-				if (*protocol.Ping)(pong).Decode(payload) == nil {
+				if dec.ping(payload, (*protocol.Ping)(pong)) {
 					_ = w.Send(pong)
 				}
 			case protocol.TypePong:
@@ -276,64 +271,72 @@ func serveFrames(ctx context.Context, nc net.Conn, fr *uds.FrameReader, enc uds.
 	return nil
 }
 
-// nextProtobuf is serveFrames' next for protobuf payloads: each frame
-// carries an AgentMessage whose payload must be of the frame's type. An
-// event is copied into the Buffer of its pooled Event, since the decoded
-// fields alias their bytes and the frame reader reuses its buffer.
-func nextProtobuf(fr *uds.FrameReader, d *Dispatcher, w *udswriter.Writer, out udsSender, pong *protocol.Pong, o *Options) (*Event, error) {
-	var f pbwire.Frame
-	for {
-		t, payload, err := fr.Next()
-		if err != nil {
-			return nil, err
+// frameDecoder decodes the payloads of one connection's frames in its
+// encoding. With protobuf, each frame carries an AgentMessage whose
+// payload field must be the frame type's, and an event is copied into the
+// Buffer of its pooled Event, since the decoded fields alias their bytes
+// and the frame reader reuses its buffer.
+type frameDecoder struct {
+	enc uds.Encoding
+	f   pbwire.Frame
+}
+
+// event decodes an event frame into a pooled Event. On failure it says
+// the event's request id when the payload gave it.
+func (c *frameDecoder) event(t protocol.MsgType, payload []byte) (ev *Event, id uint64, idOK bool, err error) {
+	ev = AcquireEvent()
+	if c.enc == uds.JSON {
+		if err = ev.Decode(t, payload); err == nil {
+			return ev, 0, false, nil
 		}
-		switch t {
-		case protocol.TypeRequestHeaders, protocol.TypeRequestBodyChunk,
-			protocol.TypeResponseHeaders, protocol.TypeResponseBodyChunk:
-			ev := AcquireEvent()
-			buf := ev.Buffer()
-			*buf = append((*buf)[:0], payload...)
-			f.Parse(*buf)
-			ev.Type = t
-			derr := f.Err
-			if derr == nil {
-				switch {
-				case t == protocol.TypeRequestHeaders && f.Payload == pbwire.PayloadRequestHeaders:
-					derr = f.DecodeRequestHeaders(&ev.RequestHeaders)
-				case t == protocol.TypeResponseHeaders && f.Payload == pbwire.PayloadResponseHeaders:
-					derr = f.DecodeResponseHeaders(&ev.ResponseHeaders)
-				case t == protocol.TypeRequestBodyChunk && f.Payload == pbwire.PayloadRequestBodyChunk,
-					t == protocol.TypeResponseBodyChunk && f.Payload == pbwire.PayloadResponseBodyChunk:
-					derr = f.DecodeBodyChunk(&ev.Chunk)
-				default:
-					derr = fmt.Errorf("%w: %s frame carries payload %d", pbwire.ErrMalformed, t, f.Payload)
-				}
-			}
-			if derr != nil {
-				ReleaseEvent(ev)
-				if id := f.RequestID; id != 0 {
-					o.Logger.Warn().Err(derr).Uint64("request_id", id).Msg("undecodable event from proxy")
-					_ = out.SendError(id, "undecodable event")
-					continue
-				}
-				return nil, fmt.Errorf("sdk: undecodable %s without request_id: %w", t, derr)
-			}
-			return ev, nil
-		case protocol.TypeCancelRequest:
-			var m protocol.CancelRequest
-			if f.Parse(payload); f.Err == nil && f.Payload == pbwire.PayloadCancel && f.DecodeCancel(&m) == nil {
-				d.Cancel(m.RequestID)
-			}
-		case protocol.TypeCancelAll:
-			d.CancelAll()
-		case protocol.TypePing:
-			// Queued for the writer goroutine, never written here.
-			if f.Parse(payload); f.Err == nil && f.Payload == pbwire.PayloadPing && f.DecodePing((*protocol.Ping)(pong)) == nil {
-				_ = w.Send(pong)
-			}
-		case protocol.TypePong:
+		ReleaseEvent(ev)
+		id, idOK = protocol.PeekRequestID(payload)
+		return nil, id, idOK, err
+	}
+	buf := ev.Buffer()
+	*buf = append((*buf)[:0], payload...)
+	f := &c.f
+	f.Parse(*buf)
+	ev.Type = t
+	err = f.Err
+	if err == nil {
+		switch {
+		case t == protocol.TypeRequestHeaders && f.Payload == pbwire.PayloadRequestHeaders:
+			err = f.DecodeRequestHeaders(&ev.RequestHeaders)
+		case t == protocol.TypeResponseHeaders && f.Payload == pbwire.PayloadResponseHeaders:
+			err = f.DecodeResponseHeaders(&ev.ResponseHeaders)
+		case t == protocol.TypeRequestBodyChunk && f.Payload == pbwire.PayloadRequestBodyChunk,
+			t == protocol.TypeResponseBodyChunk && f.Payload == pbwire.PayloadResponseBodyChunk:
+			err = f.DecodeBodyChunk(&ev.Chunk)
 		default:
-			o.Logger.Debug().Uint8("type", uint8(t)).Msg("skipping frame of unknown type")
+			err = fmt.Errorf("%w: %s frame carries AgentMessage field %d", pbwire.ErrMalformed, t, int(f.Payload)+1)
 		}
 	}
+	if err == nil {
+		return ev, 0, false, nil
+	}
+	ReleaseEvent(ev)
+	return nil, f.RequestID, f.RequestID != 0, err
+}
+
+// cancel decodes a CancelRequest's request id.
+func (c *frameDecoder) cancel(payload []byte) (uint64, bool) {
+	var m protocol.CancelRequest
+	var ok bool
+	if c.enc == uds.JSON {
+		ok = m.Decode(payload) == nil
+	} else {
+		c.f.Parse(payload)
+		ok = c.f.Err == nil && c.f.Payload == pbwire.PayloadCancel && c.f.DecodeCancel(&m) == nil
+	}
+	return m.RequestID, ok
+}
+
+// ping decodes a Ping into p.
+func (c *frameDecoder) ping(payload []byte, p *protocol.Ping) bool {
+	if c.enc == uds.JSON {
+		return p.Decode(payload) == nil
+	}
+	c.f.Parse(payload)
+	return c.f.Err == nil && c.f.Payload == pbwire.PayloadPing && c.f.DecodePing(p) == nil
 }

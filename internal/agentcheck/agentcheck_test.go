@@ -13,6 +13,7 @@ import (
 	"github.com/zentinelproxy/sidecar/examples/demoagent"
 	"github.com/zentinelproxy/sidecar/examples/wafagent"
 	"github.com/zentinelproxy/sidecar/internal/testutil"
+	"github.com/zentinelproxy/sidecar/internal/testutil/testagent"
 	"github.com/zentinelproxy/sidecar/protocol"
 	"github.com/zentinelproxy/sidecar/sdk"
 	"github.com/zentinelproxy/sidecar/sdk/grpcsdk"
@@ -257,17 +258,7 @@ func TestExampleAgentsProtobuf(t *testing.T) {
 func TestProtobufRequiresTheCapability(t *testing.T) {
 	dir := testutil.SocketDir(t)
 	addr := filepath.Join(dir, "a.sock")
-	ln, err := sdk.ListenUDS(addr, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = sdk.Serve(ctx, ln, allowagent.New(false), &sdk.Options{Name: "json-only", JSONPayloads: true})
-	}()
-	defer func() { cancel(); <-done }()
+	testagent.ServeWith(t, addr, allowagent.New(false), &sdk.Options{Name: "json-only", JSONPayloads: true})
 	rep := run(t, Config{Transport: TransportUDS, Address: addr, Only: []string{"handshake"}, PayloadEncoding: protocol.EncodingProtobuf})
 	r := rep.Find("handshake")
 	if r == nil || r.Status != Fail || !strings.Contains(r.Detail, "supports_protobuf_payloads") {

@@ -51,17 +51,7 @@ func TestPayloadEncodingNegotiated(t *testing.T) {
 					}
 				})
 			} else {
-				ln, err := sdk.ListenUDS(path, nil)
-				if err != nil {
-					t.Fatal(err)
-				}
-				ctx, cancel := context.WithCancel(context.Background())
-				done := make(chan struct{})
-				go func() {
-					defer close(done)
-					_ = sdk.Serve(ctx, ln, newTestHandler(allCaps), &sdk.Options{JSONPayloads: tc.agentJSON})
-				}()
-				t.Cleanup(func() { cancel(); <-done })
+				testagent.ServeWith(t, path, newTestHandler(allCaps), &sdk.Options{JSONPayloads: tc.agentJSON})
 			}
 			cfg := udsclient.DefaultConfig("enc", path)
 			cfg.JSONOnly = tc.proxyJSON

@@ -175,18 +175,10 @@ func (l *Link) readLoop(sess *agentmux.Session) error {
 	spare := new(agentmux.Reply)
 	pong := new(protocol.Pong) // encoded before Send returns: reused
 	for {
-		t, payload, err := l.fr.Next()
+		t, payload, err := l.next(sess)
 		if err != nil {
-			if errors.Is(err, uds.ErrUDSFrameTimeout) {
-				// Every request on the connection would wait behind the
-				// stalled frame: drop the connection, which fails them now.
-				l.frameTimeouts.Add(1)
-				sess.CountProtocolError()
-				l.cfg.Logger.Warn().Err(err).Msg("agent stalled mid-frame; closing connection")
-			}
 			return err
 		}
-		l.framesIn.Add(1)
 		switch t {
 		case protocol.TypeDecision:
 			spare.Type, spare.Err = t, nil
@@ -280,7 +272,7 @@ func (l *Link) readLoopProtobuf(sess *agentmux.Session) error {
 				}
 				derr = aerr
 			default:
-				derr = fmt.Errorf("%w: %s frame carries payload %d", pbwire.ErrMalformed, t, f.Payload)
+				derr = fmt.Errorf("%w: %s frame carries AgentMessage field %d", pbwire.ErrMalformed, t, int(f.Payload)+1)
 			}
 			if derr != nil {
 				if spare, err = l.badProtobufReply(sess, spare, f.RequestID, derr); err != nil {

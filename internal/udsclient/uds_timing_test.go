@@ -21,9 +21,15 @@ func benchHeaders() *protocol.RequestHeaders { return conformance.TypicalRequest
 type allowHandler struct{ sdk.Base }
 
 func benchClient(b *testing.B, conns int) *udsclient.Client {
+	return benchClientJSON(b, conns, false)
+}
+
+// benchClientJSON is benchClient, keeping the connection on JSON
+// payloads when jsonOnly (by default both ends take protobuf).
+func benchClientJSON(b *testing.B, conns int, jsonOnly bool) *udsclient.Client {
 	path := testutil.SocketPath(b)
 	testagent.Serve(b, path, &allowHandler{sdk.Base{Caps: allCaps}})
-	c := newClient(b, path, func(cfg *udsclient.Config) { cfg.Conns = conns })
+	c := newClient(b, path, func(cfg *udsclient.Config) { cfg.Conns, cfg.JSONOnly = conns, jsonOnly })
 	for c.Len() < conns {
 		time.Sleep(time.Millisecond)
 	}
@@ -38,17 +44,33 @@ func BenchmarkRoundTrip1(b *testing.B) { conformance.BenchRoundTrips(b, benchCli
 // reports decisions per second.
 func BenchmarkRoundTrip64(b *testing.B) { conformance.BenchRoundTrips(b, benchClient(b, 1), 64) }
 
+// BenchmarkRoundTrip1JSON and BenchmarkRoundTrip64JSON are the same on JSON
+// payloads (an agent without protobuf_payloads, or payload_encoding: json).
+func BenchmarkRoundTrip1JSON(b *testing.B) {
+	conformance.BenchRoundTrips(b, benchClientJSON(b, 1, true), 1)
+}
+
+func BenchmarkRoundTrip64JSON(b *testing.B) {
+	conformance.BenchRoundTrips(b, benchClientJSON(b, 1, true), 64)
+}
+
 // BenchmarkRoundTrip64Conns2 spreads them over two connections (the
 // measurement behind the default of one).
 func BenchmarkRoundTrip64Conns2(b *testing.B) { conformance.BenchRoundTrips(b, benchClient(b, 2), 64) }
 
 // BenchmarkRawPingPong moves the same bytes as BenchmarkRoundTrip1 (a
-// RequestHeaders frame out, an allow Decision frame back) over a bare Unix
-// socket with no framing logic: the floor the protocol stack is held to.
-func BenchmarkRawPingPong(b *testing.B) {
+// RequestHeaders frame out, an allow Decision frame back, protobuf
+// payloads) over a bare Unix socket with no framing logic: the floor the
+// protocol stack is held to. BenchmarkRawPingPongJSON is the floor of
+// BenchmarkRoundTrip1JSON.
+func BenchmarkRawPingPong(b *testing.B) { rawPingPong(b, uds.Protobuf) }
+
+func BenchmarkRawPingPongJSON(b *testing.B) { rawPingPong(b, uds.JSON) }
+
+func rawPingPong(b *testing.B, enc uds.Encoding) {
 	path := testutil.SocketPath(b)
-	req, _ := uds.AppendFrame(nil, benchHeaders())
-	resp, _ := uds.AppendFrame(nil, &protocol.Decision{RequestID: 1})
+	req, _ := uds.AppendFrameAs(nil, benchHeaders(), enc)
+	resp, _ := uds.AppendFrameAs(nil, &protocol.Decision{RequestID: 1}, enc)
 	ln, err := net.Listen("unix", path)
 	if err != nil {
 		b.Fatal(err)

@@ -19,6 +19,12 @@ import (
 // called or the test ends; stop waits for the agent to return.
 func Serve(t testing.TB, path string, h sdk.Handler) (stop func()) {
 	t.Helper()
+	return ServeWith(t, path, h, nil)
+}
+
+// ServeWith is Serve with the SDK's options (nil: the defaults).
+func ServeWith(t testing.TB, path string, h sdk.Handler, opts *sdk.Options) (stop func()) {
+	t.Helper()
 	ln, err := sdk.ListenUDS(path, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -27,7 +33,7 @@ func Serve(t testing.TB, path string, h sdk.Handler) (stop func()) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		_ = sdk.Serve(ctx, ln, h, nil)
+		_ = sdk.Serve(ctx, ln, h, opts)
 	}()
 	var once sync.Once
 	stop = func() { once.Do(func() { cancel(); <-done }) }
