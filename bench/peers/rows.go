@@ -46,6 +46,7 @@ var rows = []rowDef{
 	{key: "fasthttp", name: "fasthttp HostClient proxy, no agent", bins: []string{"fhproxy"}, setup: setupFasthttp},
 	{key: "sidecar", name: "sidecar, no agent", bins: []string{"sidecar"}, setup: setupSidecar(false)},
 	{key: "sidecar-uds", name: "sidecar + UDS agent (Go SDK)", bins: []string{"sidecar", "sdkagent"}, agent: true, setup: setupSidecar(true)},
+	{key: "sidecar-uds-json", name: "sidecar + UDS agent, JSON payloads", bins: []string{"sidecar", "sdkagent"}, agent: true, setup: setupSidecarJSON},
 }
 
 // reference is the row the ratios divide by.
@@ -370,6 +371,9 @@ agents:
     transport: uds
     address: {{.AgentSock}}
     failure_mode: closed
+{{- if .JSON}}
+    payload_encoding: json
+{{- end}}
 {{- end}}
 routes:
   - name: default
@@ -383,32 +387,41 @@ logging:
   level: warn
 `
 
+// setupSidecarJSON is the agent row with the connection kept on JSON
+// payloads (payload_encoding: json), as with an agent that does not
+// declare supports_protobuf_payloads.
+func setupSidecarJSON(h *harness, rc *rowCtx) error { return sidecarRow(h, rc, true, true) }
+
 func setupSidecar(agent bool) func(*harness, *rowCtx) error {
-	return func(h *harness, rc *rowCtx) error {
-		addrs, err := freeAddrs(2)
-		if err != nil {
-			return err
-		}
-		data := map[string]any{
-			"Listen": addrs[0], "Admin": addrs[1], "Upstream": rc.upstream, "Agent": agent,
-			"AgentSock": filepath.Join(rc.dir, "sdkagent.sock"),
-		}
-		if agent {
-			if err := startAgent(h, rc, "sdkagent", data["AgentSock"].(string), "-socket", data["AgentSock"].(string)); err != nil {
-				return err
-			}
-		}
-		cfg, err := writeTemplate(rc.dir, "sidecar.yaml", sidecarCfg, data)
-		if err != nil {
-			return err
-		}
-		p, err := h.procs.start("sidecar", h.proxyCPUs, filepath.Join(rc.dir, "sidecar.log"), goEnv,
-			h.bin("sidecar"), "run", "-config", cfg)
-		if err != nil {
-			return err
-		}
-		rc.proxy, rc.target = p, "http://"+addrs[0]
-		// Ready: listening, and the fail-closed agent connected.
-		return waitHTTP200(p, "http://"+addrs[1]+"/readyz", startTimeout)
+	return func(h *harness, rc *rowCtx) error { return sidecarRow(h, rc, agent, false) }
+}
+
+// sidecarRow starts the sidecar, with the SDK agent when agent is set
+// (on JSON payloads when json is set).
+func sidecarRow(h *harness, rc *rowCtx, agent, json bool) error {
+	addrs, err := freeAddrs(2)
+	if err != nil {
+		return err
 	}
+	data := map[string]any{
+		"Listen": addrs[0], "Admin": addrs[1], "Upstream": rc.upstream, "Agent": agent, "JSON": json,
+		"AgentSock": filepath.Join(rc.dir, "sdkagent.sock"),
+	}
+	if agent {
+		if err := startAgent(h, rc, "sdkagent", data["AgentSock"].(string), "-socket", data["AgentSock"].(string)); err != nil {
+			return err
+		}
+	}
+	cfg, err := writeTemplate(rc.dir, "sidecar.yaml", sidecarCfg, data)
+	if err != nil {
+		return err
+	}
+	p, err := h.procs.start("sidecar", h.proxyCPUs, filepath.Join(rc.dir, "sidecar.log"), goEnv,
+		h.bin("sidecar"), "run", "-config", cfg)
+	if err != nil {
+		return err
+	}
+	rc.proxy, rc.target = p, "http://"+addrs[0]
+	// Ready: listening, and the fail-closed agent connected.
+	return waitHTTP200(p, "http://"+addrs[1]+"/readyz", startTimeout)
 }
