@@ -194,11 +194,11 @@ func (e *env) open() (link, error) {
 		return nil, e.setupErr
 	case e.protobuf():
 		enc = uds.Protobuf
-	case resp.Capabilities.SupportsProtobufPayloads:
-		_ = nc.Close()
-		e.noteSetup(sent, recv, fmt.Errorf("%w: the agent declared supports_protobuf_payloads to a proxy that did not offer protobuf_payloads (§5)", ErrConnect))
-		return nil, e.setupErr
 	}
+	// Declaring supports_protobuf_payloads to a proxy that did not offer
+	// the feature is harmless (the proxy masks it, §5) as long as the agent
+	// stays on JSON; if it switched anyway, every check below fails on its
+	// undecodable replies.
 	e.agentName = resp.AgentName
 	e.noteSetup(sent, recv, nil)
 	return newFramedLink(nc, fr, resp.Capabilities, e.cfg.Timeout, enc), nil
