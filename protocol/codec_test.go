@@ -535,6 +535,33 @@ func TestRoundTripHandshake(t *testing.T) {
 	}
 }
 
+// TestRegistrationResponsePayloadEncoding: payload_encoding is written only
+// for protobuf (a JSON answer keeps the seed's shape), read back, "json"
+// and absent both mean JSON, and an unknown value is undecodable.
+func TestRegistrationResponsePayloadEncoding(t *testing.T) {
+	for _, enc := range []string{"", EncodingJSON, EncodingProtobuf} {
+		b := AppendRegistrationResponse(nil, &RegistrationResponse{Accepted: true, AssignedID: "conn-1", PayloadEncoding: enc})
+		if (enc == EncodingProtobuf) != bytes.Contains(b, []byte(`"payload_encoding":"protobuf"`)) || (enc != EncodingProtobuf && bytes.Contains(b, []byte("payload_encoding"))) {
+			t.Errorf("%q encoded as %s", enc, b)
+		}
+		var m RegistrationResponse
+		want := enc
+		if enc == EncodingJSON {
+			want = ""
+		}
+		if err := DecodeRegistrationResponse(b, &m); err != nil || m.PayloadEncoding != want {
+			t.Errorf("%q: decoded %q, %v", enc, m.PayloadEncoding, err)
+		}
+	}
+	var m RegistrationResponse
+	if err := DecodeRegistrationResponse([]byte(`{"accepted":true,"payload_encoding":"json"}`), &m); err != nil || m.PayloadEncoding != "" {
+		t.Errorf(`"json": %q, %v`, m.PayloadEncoding, err)
+	}
+	if err := DecodeRegistrationResponse([]byte(`{"accepted":true,"payload_encoding":"xml"}`), &m); !errors.Is(err, ErrProtocolField) {
+		t.Errorf(`"xml": %v, want ErrProtocolField`, err)
+	}
+}
+
 func TestDecodeHandshakeResponseAcceptance(t *testing.T) {
 	tests := []struct {
 		payload  string

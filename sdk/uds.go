@@ -296,20 +296,17 @@ func (c *frameDecoder) event(t protocol.MsgType, payload []byte) (ev *Event, id 
 	buf := ev.Buffer()
 	*buf = append((*buf)[:0], payload...)
 	f := &c.f
-	f.Parse(*buf)
+	f.ParseAs(t, *buf)
 	ev.Type = t
 	err = f.Err
 	if err == nil {
-		switch {
-		case t == protocol.TypeRequestHeaders && f.Payload == pbwire.PayloadRequestHeaders:
+		switch t {
+		case protocol.TypeRequestHeaders:
 			err = f.DecodeRequestHeaders(&ev.RequestHeaders)
-		case t == protocol.TypeResponseHeaders && f.Payload == pbwire.PayloadResponseHeaders:
+		case protocol.TypeResponseHeaders:
 			err = f.DecodeResponseHeaders(&ev.ResponseHeaders)
-		case t == protocol.TypeRequestBodyChunk && f.Payload == pbwire.PayloadRequestBodyChunk,
-			t == protocol.TypeResponseBodyChunk && f.Payload == pbwire.PayloadResponseBodyChunk:
-			err = f.DecodeBodyChunk(&ev.Chunk)
 		default:
-			err = fmt.Errorf("%w: %s frame carries AgentMessage field %d", pbwire.ErrMalformed, t, int(f.Payload)+1)
+			err = f.DecodeBodyChunk(&ev.Chunk)
 		}
 	}
 	if err == nil {
@@ -326,8 +323,8 @@ func (c *frameDecoder) cancel(payload []byte) (uint64, bool) {
 	if c.enc == uds.JSON {
 		ok = m.Decode(payload) == nil
 	} else {
-		c.f.Parse(payload)
-		ok = c.f.Err == nil && c.f.Payload == pbwire.PayloadCancel && c.f.DecodeCancel(&m) == nil
+		c.f.ParseAs(protocol.TypeCancelRequest, payload)
+		ok = c.f.Err == nil && c.f.DecodeCancel(&m) == nil
 	}
 	return m.RequestID, ok
 }
@@ -337,6 +334,6 @@ func (c *frameDecoder) ping(payload []byte, p *protocol.Ping) bool {
 	if c.enc == uds.JSON {
 		return p.Decode(payload) == nil
 	}
-	c.f.Parse(payload)
-	return c.f.Err == nil && c.f.Payload == pbwire.PayloadPing && c.f.DecodePing(p) == nil
+	c.f.ParseAs(protocol.TypePing, payload)
+	return c.f.Err == nil && c.f.DecodePing(p) == nil
 }

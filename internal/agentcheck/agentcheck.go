@@ -106,8 +106,8 @@ type Config struct {
 	// checker offers protobuf_payloads (uds) or answers
 	// payload_encoding "protobuf" (reverse), requires the agent to declare
 	// supports_protobuf_payloads and runs every check on protobuf payloads
-	// (docs/protocol.md §2.7). The checks that send hand-made JSON bytes
-	// are skipped then, as over gRPC.
+	// (docs/protocol.md §2.7). The checks that send hand-made bad frames
+	// send protobuf garbage then instead of broken JSON.
 	PayloadEncoding string
 
 	// Only, when non-empty, runs only the checks with these ids.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/zentinelproxy/sidecar/internal/pbwire"
 	"github.com/zentinelproxy/sidecar/protocol"
 	"github.com/zentinelproxy/sidecar/uds"
 	"google.golang.org/protobuf/encoding/protowire"
@@ -97,7 +98,7 @@ func checkMalformedJSON(e *env, r *Result) {
 	if e.protobuf() {
 		// request_id, then the event's field with a length past the end.
 		p := protowire.AppendVarint(protowire.AppendTag(nil, 1, protowire.VarintType), id)
-		p = append(protowire.AppendTag(p, eventField(ev.MsgType()), protowire.BytesType), 0x7f, 0x01)
+		p = append(protowire.AppendTag(p, pbwire.PayloadOf(ev.MsgType()).Field(), protowire.BytesType), 0x7f, 0x01)
 		b, _ = uds.AppendRawFrame(nil, ev.MsgType(), p)
 	}
 	x, closed, ok := rawCase(e, r, b, id)
@@ -115,19 +116,6 @@ func checkMalformedJSON(e *env, r *Result) {
 		worse(r, Warn, "neither answered nor closed within %v: the request waits for its timeout (§4.13: an agent SHOULD NOT leave an event unanswered)", e.cfg.Timeout)
 	}
 	e.agentAlive(r)
-}
-
-// eventField is the AgentMessage field of an event type (agent.proto).
-func eventField(t protocol.MsgType) protowire.Number {
-	switch t {
-	case protocol.TypeRequestBodyChunk:
-		return 3
-	case protocol.TypeResponseHeaders:
-		return 4
-	case protocol.TypeResponseBodyChunk:
-		return 5
-	}
-	return 2
 }
 
 func checkMalformedNoID(e *env, r *Result) {

@@ -306,7 +306,7 @@ func fromPB(m *pb.AgentMessage) *reply {
 		// The gRPC agent error stands for the UDS error decision.
 		r.Type = protocol.TypeDecision
 		r.AgentError = p.AgentError.GetMessage()
-		r.Err = fmt.Errorf("agent error: %q", r.AgentError)
+		r.Err = fmt.Errorf("%w: %q", errAgentError, r.AgentError)
 	default:
 		r.Type = 0
 	}

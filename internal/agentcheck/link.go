@@ -19,6 +19,10 @@ import (
 // errNoRaw: the transport carries no frames the checker can forge (gRPC).
 var errNoRaw = errors.New("agentcheck: raw frames need a framed transport")
 
+// errAgentError: the agent answered an event with an agent_error (gRPC,
+// or a protobuf payload) instead of a decision.
+var errAgentError = errors.New("agent error")
+
 // reply is one message received from the agent, decoded.
 type reply struct {
 	Type protocol.MsgType
@@ -144,14 +148,16 @@ func decodeProtobufFrame(t protocol.MsgType, payload []byte) *reply {
 	p := append([]byte(nil), payload...)
 	r := &reply{Type: t, At: time.Now(), payload: p, proto: true}
 	var f pbwire.Frame
-	f.Parse(p)
+	f.ParseAs(t, p)
 	r.ID = f.RequestID
 	if f.Err != nil {
-		r.Err = f.Err
+		if pbwire.PayloadOf(t) != pbwire.PayloadNone {
+			r.Err = f.Err
+		}
 		return r
 	}
-	switch {
-	case t == protocol.TypeDecision && f.Payload == pbwire.PayloadDecision:
+	switch f.Payload {
+	case pbwire.PayloadDecision:
 		d := new(protocol.Decision)
 		if err := f.DecodeDecision(d); err != nil {
 			r.Err = err
@@ -159,29 +165,27 @@ func decodeProtobufFrame(t protocol.MsgType, payload []byte) *reply {
 			r.Err = err
 		}
 		r.Dec = d
-	case t == protocol.TypeDecision && f.Payload == pbwire.PayloadAgentError:
+	case pbwire.PayloadAgentError:
 		msg, err := f.AgentError()
 		if err == nil {
 			r.AgentError = msg
-			err = fmt.Errorf("agent error: %q", msg)
+			err = fmt.Errorf("%w: %q", errAgentError, msg)
 		}
 		r.Err = err
-	case t == protocol.TypeBodyMutation && f.Payload == pbwire.PayloadBodyMutation:
+	case pbwire.PayloadBodyMutation:
 		m := new(protocol.BodyMutation)
 		if err := f.DecodeBodyMutation(m); err != nil {
 			r.Err = err
 		} else {
 			r.Mut = m
 		}
-	case (t == protocol.TypePong && f.Payload == pbwire.PayloadPong) || (t == protocol.TypePing && f.Payload == pbwire.PayloadPing):
+	case pbwire.PayloadPing, pbwire.PayloadPong:
 		m := new(protocol.Ping)
 		if err := f.DecodePing(m); err != nil {
 			r.Err = err
 		} else {
 			r.Ping = m
 		}
-	case t == protocol.TypeDecision || t == protocol.TypeBodyMutation || t == protocol.TypePong || t == protocol.TypePing:
-		r.Err = fmt.Errorf("%w: a %s frame carries AgentMessage payload field %d", pbwire.ErrMalformed, t, f.Payload+1)
 	}
 	return r
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/internal/conformance"
 	"github.com/zentinelproxy/sidecar/internal/udsclient"
+	"github.com/zentinelproxy/sidecar/protocol"
 	"github.com/zentinelproxy/sidecar/sdk"
 )
 
@@ -68,4 +69,17 @@ func dialUDSWith(t *testing.T, h sdk.Handler, opts *sdk.Options) agentmux.Agent 
 		t.Fatal(err)
 	}
 	return c
+}
+
+// TestUDSPayloadEncoding: the suite's two UDS runs really differ — by
+// default the SDK agent and the proxy end on protobuf payloads, with
+// JSONPayloads on JSON — as the link's capabilities say.
+func TestUDSPayloadEncoding(t *testing.T) {
+	caps := protocol.Capabilities{HandlesRequestHeaders: true}
+	for _, jsonOnly := range []bool{false, true} {
+		a := dialUDSWith(t, &sdk.Base{Caps: caps}, &sdk.Options{Name: "enc", JSONPayloads: jsonOnly})
+		if got := a.Capabilities().SupportsProtobufPayloads; got == jsonOnly {
+			t.Errorf("JSONPayloads %v: protobuf payloads %v", jsonOnly, got)
+		}
+	}
 }

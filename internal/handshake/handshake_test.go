@@ -11,7 +11,10 @@ import (
 func TestCheckResponse(t *testing.T) {
 	req := NewRequest("sidecar/test")
 	caps := protocol.Capabilities{HandlesRequestHeaders: true, HandlesRequestBody: true, SupportsCancellation: true, SupportsStreaming: true,
-		SupportsInlineBody: true, MaxConcurrentRequests: 7}
+		SupportsInlineBody: true, SupportsProtobufPayloads: true, MaxConcurrentRequests: 7}
+	noPB := caps
+	noPB.SupportsProtobufPayloads = false
+	pbReq := NewRequestWith("sidecar/test", protocol.FeatureProtobufPayloads)
 	tests := []struct {
 		name string
 		req  protocol.HandshakeRequest
@@ -19,7 +22,8 @@ func TestCheckResponse(t *testing.T) {
 		want error
 		caps protocol.Capabilities
 	}{
-		{"accepted", req, protocol.HandshakeResponse{ProtocolVersion: 2, Accepted: true, Capabilities: caps}, nil, caps},
+		{"accepted, protobuf_payloads not offered", req, protocol.HandshakeResponse{ProtocolVersion: 2, Accepted: true, Capabilities: caps}, nil, noPB},
+		{"accepted, protobuf_payloads offered and declared", pbReq, protocol.HandshakeResponse{ProtocolVersion: 2, Accepted: true, Capabilities: caps}, nil, caps},
 		{"refused", req, protocol.HandshakeResponse{ProtocolVersion: 2, Accepted: false}, ErrHandshakeRefused, protocol.Capabilities{}},
 		{"error text", req, protocol.HandshakeResponse{ProtocolVersion: 2, Accepted: true, Error: "no"}, ErrHandshakeRefused, protocol.Capabilities{}},
 		{"version 1", req, protocol.HandshakeResponse{ProtocolVersion: 1, Accepted: true}, ErrHandshakeVersion, protocol.Capabilities{}},
@@ -43,6 +47,27 @@ func TestCheckResponse(t *testing.T) {
 				t.Fatalf("caps = %+v, want %+v", got, tc.caps)
 			}
 		})
+	}
+}
+
+// TestAnswerMasksProtobufPayloads: the agent side declares
+// supports_protobuf_payloads only to a proxy that offered the feature.
+func TestAnswerMasksProtobufPayloads(t *testing.T) {
+	caps := protocol.Capabilities{HandlesRequestHeaders: true, SupportsProtobufPayloads: true}
+	for _, tc := range []struct {
+		req  protocol.HandshakeRequest
+		want bool
+	}{
+		{NewRequest("p"), false},
+		{NewRequestWith("p", protocol.FeatureProtobufPayloads), true},
+	} {
+		r, err := Answer(&tc.req, "a", caps)
+		if err != nil || r.Capabilities.SupportsProtobufPayloads != tc.want {
+			t.Errorf("offered %v: declared %v (%v), want %v", tc.req.SupportedFeatures, r.Capabilities.SupportsProtobufPayloads, err, tc.want)
+		}
+	}
+	if got := NewRequestWith("p", protocol.FeatureProtobufPayloads).SupportedFeatures; len(got) != len(ProxyFeatures)+1 || len(ProxyFeatures) != 4 {
+		t.Errorf("features %v: want ProxyFeatures plus protobuf_payloads, and ProxyFeatures untouched", got)
 	}
 }
 

@@ -4,7 +4,7 @@
 // message graph, no allocation per field. The gRPC transport sends these
 // bytes as its stream messages; the UDS and reverse transports carry the
 // same bytes as frame payloads when both ends negotiate
-// protobuf_payloads (docs/protocol.md, "Payload encodings"). It depends on
+// protobuf_payloads (docs/protocol.md §2.7, "Protobuf payloads"). It depends on
 // protowire alone, so that a UDS-only agent links no gRPC.
 package pbwire
 
@@ -683,10 +683,77 @@ const (
 	PayloadUnknown
 )
 
+var payloadNames = [...]string{"none", "request_headers", "request_body_chunk", "response_headers", "response_body_chunk",
+	"decision", "cancel", "body_mutation", "cancel_all", "ping", "pong", "agent_error", "unknown"}
+
+// String is the payload's field name in agent.proto ("none" for an
+// envelope without one, "unknown" for a field of a newer peer).
+func (p Payload) String() string {
+	if int(p) < len(payloadNames) {
+		return payloadNames[p]
+	}
+	return "unknown"
+}
+
+// Field is the payload's field number in the AgentMessage (0 for
+// PayloadNone and PayloadUnknown).
+func (p Payload) Field() protowire.Number {
+	if p == PayloadNone || p >= PayloadUnknown {
+		return 0
+	}
+	return protowire.Number(p) + 1
+}
+
+// PayloadOf is the payload a frame of type t carries with protobuf
+// payloads (docs/protocol.md §2.7); PayloadNone for the types that have no
+// AgentMessage form (handshake, registration, unknown types). An agent
+// error is the exception: it travels in a Decision frame
+// (PayloadAgentError).
+func PayloadOf(t protocol.MsgType) Payload {
+	switch t {
+	case protocol.TypeRequestHeaders:
+		return PayloadRequestHeaders
+	case protocol.TypeRequestBodyChunk:
+		return PayloadRequestBodyChunk
+	case protocol.TypeResponseHeaders:
+		return PayloadResponseHeaders
+	case protocol.TypeResponseBodyChunk:
+		return PayloadResponseBodyChunk
+	case protocol.TypeDecision:
+		return PayloadDecision
+	case protocol.TypeBodyMutation:
+		return PayloadBodyMutation
+	case protocol.TypeCancelRequest:
+		return PayloadCancel
+	case protocol.TypeCancelAll:
+		return PayloadCancelAll
+	case protocol.TypePing:
+		return PayloadPing
+	case protocol.TypePong:
+		return PayloadPong
+	}
+	return PayloadNone
+}
+
+// ParseAs parses b as the payload of a frame of type t: Err is also set
+// (wrapping ErrMalformed) when the envelope's payload is not the one t
+// carries. A Decision frame may carry an agent_error.
+func (f *Frame) ParseAs(t protocol.MsgType, b []byte) {
+	f.Parse(b)
+	if f.Err != nil {
+		return
+	}
+	want := PayloadOf(t)
+	if f.Payload != want && !(t == protocol.TypeDecision && f.Payload == PayloadAgentError) {
+		f.Err = fmt.Errorf("%w: a %s frame carries AgentMessage payload %s, not %s", ErrMalformed, t, f.Payload, want)
+	}
+}
+
 // Frame is one received AgentMessage: the envelope is parsed, the payload
 // is decoded on demand into protocol messages whose byte fields alias the
-// frame's own buffer (allocated per message, so they stay valid for as
-// long as they are referenced).
+// buffer it was parsed from. That buffer must outlive them: the gRPC
+// transport receives each message into a buffer kept with the reply or
+// event it decodes into, the UDS transports copy each payload into one.
 type Frame struct {
 	// RequestID of the envelope (as far as it was read when Err is set).
 	RequestID uint64
@@ -735,7 +802,10 @@ func (f *Frame) Parse(b []byte) {
 			f.Err = malformed("bad field")
 			return
 		}
-		if num > fEnvMaxKnownPayload && typ == protowire.BytesType {
+		// A payload field of a newer peer. Only when no known payload came:
+		// the generated decoder keeps the known one and ignores the field,
+		// and so must this one (an unknown field never fails a message).
+		if num > fEnvMaxKnownPayload && typ == protowire.BytesType && f.Payload == PayloadNone {
 			f.Payload, f.body = PayloadUnknown, nil
 		}
 		b = b[n:]
@@ -1068,11 +1138,13 @@ func decodeBodyMutation(b []byte, m *protocol.BodyMutation) error {
 	default:
 		return fmt.Errorf("%w: body mutation phase %d", protocol.ErrProtocolField, int32(phase))
 	}
+	// Data is set for a replace only: a merged occurrence that ends empty
+	// (protobuf merges repeated messages) must not keep an earlier one's.
 	switch {
 	case !present:
-		m.Action = protocol.MutationPass
+		m.Action, m.Data = protocol.MutationPass, nil
 	case len(data) == 0:
-		m.Action = protocol.MutationDrop
+		m.Action, m.Data = protocol.MutationDrop, nil
 	default:
 		m.Action, m.Data = protocol.MutationReplace, data
 	}

@@ -82,3 +82,16 @@ func appendProtobufFrame(m protocol.Message) ([]byte, error) {
 }
 
 func appendJSONFrame(m protocol.Message) ([]byte, error) { return uds.AppendFrame(nil, m) }
+
+// TestReversePayloadEncoding: the suite's two reverse runs really differ —
+// the SDK agent registers on protobuf payloads by default and on JSON when
+// the agent's config says json — as the registered capabilities say.
+func TestReversePayloadEncoding(t *testing.T) {
+	h := &sdk.Base{Caps: protocol.Capabilities{HandlesRequestHeaders: true}}
+	for _, jsonOnly := range []bool{false, true} {
+		a := dialReverseWith(t, h, func(c *Config) { c.Agents[0].JSONOnly = jsonOnly })
+		if got := a.Capabilities().SupportsProtobufPayloads; got == jsonOnly {
+			t.Errorf("JSONOnly %v: protobuf payloads %v", jsonOnly, got)
+		}
+	}
+}

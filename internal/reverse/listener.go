@@ -724,6 +724,9 @@ func (l *Listener) register(nc net.Conn, peer string) *registration {
 		resp.PayloadEncoding = protocol.EncodingProtobuf
 		reg.enc = uds.Protobuf
 	}
+	// The capability counts only when taken, as a handshake masks what
+	// the proxy did not offer: the agent's status must say what is used.
+	reg.caps.SupportsProtobufPayloads = reg.enc == uds.Protobuf
 	l.c.accepted.Add(1)
 	if err := uds.WriteFrame(nc, &resp); err != nil {
 		log.Warn().Err(err).Msg("reverse registration: answer failed")

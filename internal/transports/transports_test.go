@@ -248,6 +248,42 @@ routes: [{name: r, upstream: app, agents: [a, g, r]}]
 	}
 }
 
+// TestPayloadEncodingKey: agents[].payload_encoding defaults to auto,
+// json reaches the UDS client and the reverse listener's agent as
+// JSON-only, and another value is refused naming the key.
+func TestPayloadEncodingKey(t *testing.T) {
+	cfg, err := config.Parse([]byte(`
+listeners: [{address: "127.0.0.1:0"}]
+upstreams: [{name: app, address: "127.0.0.1:1"}]
+agents:
+  - {name: u, transport: uds, address: /run/u.sock, payload_encoding: json}
+  - {name: r, transport: reverse, address: "unix:/run/r.sock", payload_encoding: json, options: {allow_no_token: "true"}}
+  - {name: d, transport: uds, address: /run/d.sock}
+routes: [{upstream: app, agents: [u]}]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Agents[2].PayloadEncoding != config.EncodingAuto {
+		t.Errorf("default payload_encoding %q, want auto", cfg.Agents[2].PayloadEncoding)
+	}
+	if !transports.UDSConfig(&cfg.Agents[0], zerolog.Nop()).JSONOnly || transports.UDSConfig(&cfg.Agents[2], zerolog.Nop()).JSONOnly {
+		t.Error("payload_encoding json does not reach the UDS client as JSONOnly (or auto does)")
+	}
+	if specs := transports.ReverseSpecs(cfg); len(specs) != 1 || !specs[0].JSONOnly {
+		t.Errorf("reverse specs %+v", specs)
+	}
+	_, err = config.Parse([]byte(`
+listeners: [{address: "127.0.0.1:0"}]
+upstreams: [{name: app, address: "127.0.0.1:1"}]
+agents: [{name: u, transport: uds, address: /run/u.sock, payload_encoding: xml}]
+routes: [{upstream: app, agents: [u]}]
+`))
+	if err == nil || !strings.Contains(err.Error(), "payload_encoding") {
+		t.Errorf("payload_encoding xml accepted: %v", err)
+	}
+}
+
 // TestMaxPendingBytesKey: agents[].max_pending_bytes reaches the UDS
 // client and the reverse listener's agent, and is validated.
 func TestMaxPendingBytesKey(t *testing.T) {

@@ -255,24 +255,22 @@ func (l *Link) readLoopProtobuf(sess *agentmux.Session) error {
 				spare.Buf = nil // one big reply should not stay pinned
 			}
 			spare.Buf = append(spare.Buf[:0], payload...)
-			f.Parse(spare.Buf)
+			f.ParseAs(t, spare.Buf)
 			spare.Type, spare.Err = t, nil
 			var derr error
 			switch {
 			case f.Err != nil:
 				derr = f.Err
-			case t == protocol.TypeDecision && f.Payload == pbwire.PayloadDecision:
+			case f.Payload == pbwire.PayloadDecision:
 				derr = f.DecodeDecision(&spare.Decision)
-			case t == protocol.TypeBodyMutation && f.Payload == pbwire.PayloadBodyMutation:
+			case f.Payload == pbwire.PayloadBodyMutation:
 				derr = f.DecodeBodyMutation(&spare.Mutation)
-			case t == protocol.TypeDecision && f.Payload == pbwire.PayloadAgentError:
+			default: // an agent_error in a Decision frame
 				msg, aerr := f.AgentError()
 				if aerr == nil {
 					aerr = fmt.Errorf("%w: agent error: %q", agentmux.ErrAgentProtocol, clip(msg))
 				}
 				derr = aerr
-			default:
-				derr = fmt.Errorf("%w: %s frame carries AgentMessage field %d", pbwire.ErrMalformed, t, int(f.Payload)+1)
 			}
 			if derr != nil {
 				if spare, err = l.badProtobufReply(sess, spare, f.RequestID, derr); err != nil {
@@ -282,8 +280,8 @@ func (l *Link) readLoopProtobuf(sess *agentmux.Session) error {
 			}
 			spare = sess.Deliver(spare)
 		case protocol.TypePing:
-			f.Parse(payload)
-			if f.Err == nil && f.Payload == pbwire.PayloadPing && f.DecodePing((*protocol.Ping)(pong)) == nil && l.w.Send(pong) == nil {
+			f.ParseAs(t, payload)
+			if f.Err == nil && f.DecodePing((*protocol.Ping)(pong)) == nil && l.w.Send(pong) == nil {
 				l.pongsSent.Add(1)
 			}
 		case protocol.TypePong:

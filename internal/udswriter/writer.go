@@ -157,8 +157,8 @@ func NewWriter(nc net.Conn, cfg Config, onErr func(error)) *Writer {
 // frames is full, m is dropped with ErrBackedUp.
 func (w *Writer) Send(m protocol.Message) error { return w.sendControl(m, 0, nil) }
 
-// SendRaw queues a control frame whose payload is already encoded JSON
-// (an agent error); like Send it never waits.
+// SendRaw queues a control frame whose payload is already encoded, in the
+// connection's encoding (an agent error); like Send it never waits.
 func (w *Writer) SendRaw(t protocol.MsgType, payload []byte) error {
 	return w.sendControl(nil, t, payload)
 }
