@@ -137,6 +137,9 @@ func (s *scanner) headers(h Headers, field string, lowerNames bool) (Headers, er
 			if s.peek() != '[' {
 				v, err := s.text(field)
 				if v != nil {
+					if len(h) >= MaxListEntries {
+						return s.tooMany(field)
+					}
 					h = append(h, Header{Name: name, Value: v})
 				}
 				return err
@@ -155,6 +158,9 @@ func (s *scanner) headers(h Headers, field string, lowerNames bool) (Headers, er
 					return err
 				}
 				if v != nil {
+					if len(h) >= MaxListEntries {
+						return s.tooMany(field)
+					}
 					h = append(h, Header{Name: name, Value: v})
 				}
 			}
@@ -192,6 +198,9 @@ func (s *scanner) headers(h Headers, field string, lowerNames bool) (Headers, er
 			}
 			if lowerNames {
 				lower(name)
+			}
+			if len(h) >= MaxListEntries {
+				return h, s.tooMany(field)
 			}
 			h = append(h, Header{Name: name, Value: value})
 		}
@@ -704,6 +713,9 @@ func (s *scanner) headerOps(ops []HeaderOp, field string) ([]HeaderOp, error) {
 		if err != nil {
 			return ops, err
 		}
+		if len(ops) >= MaxListEntries {
+			return ops, s.tooMany(field)
+		}
 		ops = append(ops, op)
 	}
 }
@@ -759,6 +771,9 @@ func (s *scanner) textList(dst [][]byte, field string) ([][]byte, error) {
 			return dst, err
 		}
 		if v != nil {
+			if len(dst) >= MaxListEntries {
+				return dst, s.tooMany(field)
+			}
 			dst = append(dst, v)
 		}
 	}

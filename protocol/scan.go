@@ -75,6 +75,11 @@ func (s *scanner) synErr(what string) error {
 	return fmt.Errorf("%w: %s at offset %d", ErrProtocolSyntax, what, s.i)
 }
 
+// tooMany is the error of a list longer than MaxListEntries.
+func (s *scanner) tooMany(field string) error {
+	return s.fieldErr(field, fmt.Sprintf("more than %d entries", MaxListEntries))
+}
+
 func (s *scanner) fieldErr(field, what string) error {
 	sentinel := ErrProtocolField
 	if s.ctx >= ctxDecision && s.ctx < ctxAudit {

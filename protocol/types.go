@@ -20,6 +20,13 @@ const (
 	MaxFrameSize = 16 << 20
 	// MaxGRPCMessageSize is the largest gRPC message in either direction.
 	MaxGRPCMessageSize = 10 << 20
+	// MaxListEntries caps every list of one message — headers, header
+	// operations, audit tags, rule ids and reason codes — in every decoder.
+	// An entry can cost 2 bytes on the wire and 56 in memory, so without
+	// it one 16 MiB frame of empty entries would decode into ~0.5 GB
+	// before any per-reply limit (agents[].limits.header_ops, at most
+	// 100000) could refuse it.
+	MaxListEntries = 100000
 )
 
 // MsgType is the type byte of a frame.

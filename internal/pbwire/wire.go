@@ -936,10 +936,22 @@ func decodeHeader(b []byte) (h protocol.Header, err error) {
 // decodeHeaders appends the header in b to h.
 func decodeHeaders(h protocol.Headers, b []byte) (protocol.Headers, error) {
 	hdr, err := decodeHeader(b)
+	if err == nil {
+		err = checkList(len(h), "headers")
+	}
 	if err != nil {
 		return h, err
 	}
 	return append(h, hdr), nil
+}
+
+// checkList refuses an entry past protocol.MaxListEntries in a list that
+// holds n, before it is allocated.
+func checkList(n int, what string) error {
+	if n >= protocol.MaxListEntries {
+		return fmt.Errorf("%w: more than %d %s", protocol.ErrProtocolField, protocol.MaxListEntries, what)
+	}
+	return nil
 }
 
 func decodeMetadata(b []byte, md *protocol.Metadata) error {
@@ -1184,10 +1196,19 @@ func decodeAudit(b []byte, a *protocol.Audit) error {
 			a.Confidence, a.HasConf = math.Float64frombits(f.u), true
 		case f.typ != protowire.BytesType:
 		case f.num == fAuditTags:
+			if err := checkList(len(a.Tags), "audit tags"); err != nil {
+				return err
+			}
 			a.Tags = append(a.Tags, bytesOf(f.b))
 		case f.num == fAuditRuleIDs:
+			if err := checkList(len(a.RuleIDs), "audit rule ids"); err != nil {
+				return err
+			}
 			a.RuleIDs = append(a.RuleIDs, bytesOf(f.b))
 		case f.num == fAuditReasonCodes:
+			if err := checkList(len(a.ReasonCodes), "audit reason codes"); err != nil {
+				return err
+			}
 			a.ReasonCodes = append(a.ReasonCodes, bytesOf(f.b))
 		case f.num == fAuditCustom:
 			a.Custom = f.b
@@ -1274,10 +1295,12 @@ func (f *Frame) DecodeDecision(m *protocol.Decision) error {
 		case fDecRequestOps, fDecResponseOps:
 			var op protocol.HeaderOp
 			if op, err = decodeHeaderOp(fl.b); err == nil {
-				if fl.num == fDecRequestOps {
-					m.RequestHeaderOps = append(m.RequestHeaderOps, op)
-				} else {
-					m.ResponseHeaderOps = append(m.ResponseHeaderOps, op)
+				ops := &m.RequestHeaderOps
+				if fl.num == fDecResponseOps {
+					ops = &m.ResponseHeaderOps
+				}
+				if err = checkList(len(*ops), "header operations"); err == nil {
+					*ops = append(*ops, op)
 				}
 			}
 		case fDecRequestMutation:
