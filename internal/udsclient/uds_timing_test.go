@@ -100,6 +100,7 @@ func rawPingPong(b *testing.B, enc uds.Encoding) {
 	buf := make([]byte, len(resp))
 	b.SetBytes(int64(len(req)))
 	b.ReportAllocs()
+	cpu0 := conformance.ProcessCPU()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		if _, err := nc.Write(req); err != nil {
@@ -108,5 +109,9 @@ func rawPingPong(b *testing.B, enc uds.Encoding) {
 		if _, err := io.ReadFull(nc, buf); err != nil {
 			b.Fatal(err)
 		}
+	}
+	b.StopTimer()
+	if cpu := conformance.ProcessCPU() - cpu0; cpu > 0 {
+		b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "cpu-µs/op")
 	}
 }
