@@ -136,14 +136,7 @@ func (m *Multi) Snapshot() AgentStatus {
 	st := AgentStatus{Name: m.name, Transport: m.transport}
 	for _, a := range m.members {
 		x := a.Snapshot()
-		st.Connections += x.Connections
-		st.InFlight += x.InFlight
-		st.Late += x.Late
-		st.Timeouts += x.Timeouts
-		st.Protocol += x.Protocol
-		st.Completed += x.Completed
-		st.SendWaits += x.SendWaits
-		st.ControlDropped += x.ControlDropped
+		st.add(&x)
 		if x.Ready {
 			st.Caps = x.Caps
 		}

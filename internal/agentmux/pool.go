@@ -46,6 +46,19 @@ type AgentStatus struct {
 	LastError      string                `json:"last_error,omitempty"`
 }
 
+// add adds x's connections, in-flight requests and cumulative counters
+// to st (a Multi's total over its members).
+func (st *AgentStatus) add(x *AgentStatus) {
+	st.Connections += x.Connections
+	st.InFlight += x.InFlight
+	st.Late += x.Late
+	st.Timeouts += x.Timeouts
+	st.Protocol += x.Protocol
+	st.Completed += x.Completed
+	st.SendWaits += x.SendWaits
+	st.ControlDropped += x.ControlDropped
+}
+
 // Pool is a set of live sessions to one agent; new exchanges go to the
 // session with the fewest in flight that still has a free slot. It
 // implements Agent and is what every transport's client builds on.

@@ -135,16 +135,9 @@ func NewClient(cfg Config) (*Client, error) {
 		cancel: cancel,
 		log:    cfg.Logger.With().Str("address", cfg.Address).Logger(),
 	}
-	for i := 0; i < cfg.Conns; i++ {
-		cc, err := grpc.NewClient(cfg.Address, opts...)
-		if err != nil {
-			cancel()
-			for _, cc := range c.conns {
-				_ = cc.Close()
-			}
-			return nil, fmt.Errorf("%w: agent %q: address %q: %v", ErrExtProcConfig, cfg.Name, cfg.Address, err)
-		}
-		c.conns = append(c.conns, cc)
+	if c.conns, err = grpcclient.NewClientConns(cfg.Address, cfg.Conns, opts); err != nil {
+		cancel()
+		return nil, fmt.Errorf("%w: agent %q: address %q: %v", ErrExtProcConfig, cfg.Name, cfg.Address, err)
 	}
 	for i := range c.conns {
 		c.wg.Add(1)

@@ -73,22 +73,33 @@ func NewClient(cfg Config) (*Client, error) {
 		cancel: cancel,
 		log:    cfg.Logger.With().Str("address", cfg.Address).Logger(),
 	}
-	for i := 0; i < cfg.Conns; i++ {
-		cc, err := grpc.NewClient(cfg.Address, opts...)
-		if err != nil {
-			cancel()
-			for _, cc := range c.conns {
-				_ = cc.Close()
-			}
-			return nil, fmt.Errorf("%w: agent %q: address %q: %v", ErrGRPCConfig, cfg.Name, cfg.Address, err)
-		}
-		c.conns = append(c.conns, cc)
+	if c.conns, err = NewClientConns(cfg.Address, cfg.Conns, opts); err != nil {
+		cancel()
+		return nil, fmt.Errorf("%w: agent %q: address %q: %v", ErrGRPCConfig, cfg.Name, cfg.Address, err)
 	}
 	for i := range c.conns {
 		c.wg.Add(1)
 		go c.maintain(i)
 	}
 	return c, nil
+}
+
+// NewClientConns creates n client connections to address (each one
+// HTTP/2 connection, dialled lazily by gRPC), or none: on an error the
+// ones already made are closed.
+func NewClientConns(address string, n int, opts []grpc.DialOption) ([]*grpc.ClientConn, error) {
+	conns := make([]*grpc.ClientConn, 0, n)
+	for range n {
+		cc, err := grpc.NewClient(address, opts...)
+		if err != nil {
+			for _, cc := range conns {
+				_ = cc.Close()
+			}
+			return nil, err
+		}
+		conns = append(conns, cc)
+	}
+	return conns, nil
 }
 
 func dialOptions(cfg *Config) ([]grpc.DialOption, error) {
