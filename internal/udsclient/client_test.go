@@ -368,12 +368,9 @@ func TestBadFramesFromAgentDropConnection(t *testing.T) {
 			testagent.Raw(t, path, allCaps, func(nc net.Conn, fr *uds.FrameReader) {
 				bad := n.Add(1) == 1
 				for {
-					typ, p, err := fr.Next()
-					if err != nil {
+					p, ok := testagent.NextHeaders(fr)
+					if !ok {
 						return
-					}
-					if typ != protocol.TypeRequestHeaders {
-						continue
 					}
 					id, _ := protocol.PeekRequestID(p)
 					if bad {
@@ -412,12 +409,9 @@ func TestUndecodableReplyWithIDFailsOnlyThatRequest(t *testing.T) {
 	path := testutil.SocketPath(t)
 	testagent.Raw(t, path, allCaps, func(nc net.Conn, fr *uds.FrameReader) {
 		for {
-			typ, p, err := fr.Next()
-			if err != nil {
+			p, ok := testagent.NextHeaders(fr)
+			if !ok {
 				return
-			}
-			if typ != protocol.TypeRequestHeaders {
-				continue
 			}
 			id, _ := protocol.PeekRequestID(p)
 			var m protocol.RequestHeaders
@@ -447,12 +441,9 @@ func TestUnknownFrameTypesSkipped(t *testing.T) {
 	path := testutil.SocketPath(t)
 	testagent.Raw(t, path, allCaps, func(nc net.Conn, fr *uds.FrameReader) {
 		for {
-			typ, p, err := fr.Next()
-			if err != nil {
+			p, ok := testagent.NextHeaders(fr)
+			if !ok {
 				return
-			}
-			if typ != protocol.TypeRequestHeaders {
-				continue
 			}
 			id, _ := protocol.PeekRequestID(p)
 			b, _ := uds.AppendRawFrame(nil, 0x77, []byte(`{"future":true}`))

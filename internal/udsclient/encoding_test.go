@@ -40,14 +40,12 @@ func TestPayloadEncodingNegotiated(t *testing.T) {
 			if tc.rawJSONAgent {
 				testagent.Raw(t, path, allCaps, func(nc net.Conn, fr *uds.FrameReader) {
 					for {
-						typ, p, err := fr.Next()
-						if err != nil {
+						p, ok := testagent.NextHeaders(fr)
+						if !ok {
 							return
 						}
-						if typ == protocol.TypeRequestHeaders {
-							id, _ := protocol.PeekRequestID(p)
-							_ = uds.WriteFrame(nc, &protocol.Decision{RequestID: id})
-						}
+						id, _ := protocol.PeekRequestID(p)
+						_ = uds.WriteFrame(nc, &protocol.Decision{RequestID: id})
 					}
 				})
 			} else {
@@ -73,6 +71,35 @@ func TestPayloadEncodingNegotiated(t *testing.T) {
 	}
 }
 
+// protobufAgent runs a hand-written agent at path that declares
+// supports_protobuf_payloads and writes, for each RequestHeaders event,
+// what answer returns for it. The events must really be protobuf: one that
+// is not is sent on the returned channel (and the connection ends), for
+// the test to fail on.
+func protobufAgent(t *testing.T, path string, answer func(id uint64, m *protocol.RequestHeaders) []byte) <-chan string {
+	caps := allCaps
+	caps.SupportsProtobufPayloads = true
+	wrongWire := make(chan string, 16)
+	testagent.Raw(t, path, caps, func(nc net.Conn, fr *uds.FrameReader) {
+		var f pbwire.Frame
+		for {
+			p, ok := testagent.NextHeaders(fr)
+			if !ok {
+				return
+			}
+			var m protocol.RequestHeaders
+			if f.ParseAs(protocol.TypeRequestHeaders, p); f.Err != nil || f.DecodeRequestHeaders(&m) != nil {
+				wrongWire <- string(p)
+				return
+			}
+			if _, err := nc.Write(answer(f.RequestID, &m)); err != nil {
+				return
+			}
+		}
+	})
+	return wrongWire
+}
+
 // protobufFrame is a frame of type t carrying the AgentMessage of m.
 func protobufFrame(t testing.TB, m protocol.Message) []byte {
 	t.Helper()
@@ -88,52 +115,27 @@ func protobufFrame(t testing.TB, m protocol.Message) []byte {
 // whose request is known fails that request only; one without a request id
 // drops the connection, which comes back; nothing panics.
 func TestProtobufRepliesFromHostileAgent(t *testing.T) {
-	caps := allCaps
-	caps.SupportsProtobufPayloads = true
 	path := testutil.SocketPath(t)
-	wrongWire := make(chan string, 16)
-	testagent.Raw(t, path, caps, func(nc net.Conn, fr *uds.FrameReader) {
-		var f pbwire.Frame
-		for {
-			typ, p, err := fr.Next()
-			if err != nil {
-				return
-			}
-			if typ != protocol.TypeRequestHeaders {
-				continue
-			}
-			// The proxy must now speak protobuf: the event parses as an
-			// AgentMessage with request_headers.
-			var m protocol.RequestHeaders
-			f.Parse(p)
-			if f.Err != nil || f.Payload != pbwire.PayloadRequestHeaders || f.DecodeRequestHeaders(&m) != nil {
-				wrongWire <- string(p)
-				return
-			}
-			id := f.RequestID
-			var out []byte
-			switch string(m.Headers.Get("x-case")) {
-			case "mismatch": // a Decision frame carrying a body mutation
-				out = protobufFrame(t, &protocol.BodyMutation{RequestID: id, Action: protocol.MutationDrop})
-				out[4] = byte(protocol.TypeDecision)
-			case "agent-error":
-				b, _ := uds.AppendRawFrame(nil, protocol.TypeDecision, pbwire.AppendAgentError(nil, id, "handler exploded"))
-				out = b
-			case "bad-payload": // request id, then a payload field with a bad length
-				pl := append(protowireVarint(nil, 0x08, id), 0x32, 0x7f, 0x01)
-				out, _ = uds.AppendRawFrame(nil, protocol.TypeDecision, pl)
-			case "json": // JSON on a protobuf connection: no readable request id
-				out, _ = uds.AppendFrame(nil, &protocol.Decision{RequestID: id})
-			case "no-id":
-				out, _ = uds.AppendRawFrame(nil, protocol.TypeDecision, []byte{0xff, 0xff, 0xff})
-			default:
-				out = protobufFrame(t, &protocol.Decision{RequestID: id,
-					RequestHeaderOps: []protocol.HeaderOp{{Op: protocol.HeaderSet, Name: []byte("x-echo"), Value: m.Headers.Get("x-id")}}})
-			}
-			if _, err := nc.Write(out); err != nil {
-				return
-			}
+	wrongWire := protobufAgent(t, path, func(id uint64, m *protocol.RequestHeaders) []byte {
+		var out []byte
+		switch string(m.Headers.Get("x-case")) {
+		case "mismatch": // a Decision frame carrying a body mutation
+			out = protobufFrame(t, &protocol.BodyMutation{RequestID: id, Action: protocol.MutationDrop})
+			out[4] = byte(protocol.TypeDecision)
+		case "agent-error":
+			out, _ = uds.AppendRawFrame(nil, protocol.TypeDecision, pbwire.AppendAgentError(nil, id, "handler exploded"))
+		case "bad-payload": // request id, then a payload field with a bad length
+			pl := append(protowireVarint(nil, 0x08, id), 0x32, 0x7f, 0x01)
+			out, _ = uds.AppendRawFrame(nil, protocol.TypeDecision, pl)
+		case "json": // JSON on a protobuf connection: no readable request id
+			out, _ = uds.AppendFrame(nil, &protocol.Decision{RequestID: id})
+		case "no-id":
+			out, _ = uds.AppendRawFrame(nil, protocol.TypeDecision, []byte{0xff, 0xff, 0xff})
+		default:
+			out = protobufFrame(t, &protocol.Decision{RequestID: id,
+				RequestHeaderOps: []protocol.HeaderOp{{Op: protocol.HeaderSet, Name: []byte("x-echo"), Value: m.Headers.Get("x-id")}}})
 		}
+		return out
 	})
 	c := newClient(t, path, func(c *udsclient.Config) { c.MessageTimeout = time.Minute })
 	ctx, cancel := context.WithTimeout(context.Background(), hangGuard)

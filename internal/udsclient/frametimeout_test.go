@@ -41,12 +41,9 @@ func stallingAgent(t testing.TB, path string, want int) (stalled <-chan struct{}
 		first := conn.Add(1) == 1
 		held := 0
 		for {
-			typ, p, err := fr.Next()
-			if err != nil {
+			p, ok := testagent.NextHeaders(fr)
+			if !ok {
 				return
-			}
-			if typ != protocol.TypeRequestHeaders {
-				continue
 			}
 			if !first {
 				id, _ := protocol.PeekRequestID(p)

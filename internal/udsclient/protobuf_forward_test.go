@@ -2,7 +2,6 @@ package udsclient_test
 
 import (
 	"context"
-	"net"
 	"testing"
 	"time"
 
@@ -12,7 +11,6 @@ import (
 	"github.com/zentinelproxy/sidecar/grpcagent/pb"
 	"github.com/zentinelproxy/sidecar/internal/pbwire"
 	"github.com/zentinelproxy/sidecar/internal/testutil"
-	"github.com/zentinelproxy/sidecar/internal/testutil/testagent"
 	"github.com/zentinelproxy/sidecar/internal/udsclient"
 	"github.com/zentinelproxy/sidecar/protocol"
 	"github.com/zentinelproxy/sidecar/uds"
@@ -26,45 +24,26 @@ import (
 // reads such a message as a Decision; the proxy must too, whatever the
 // order of the fields.
 func TestProtobufUnknownEnvelopeFieldAfterPayload(t *testing.T) {
-	caps := allCaps
-	caps.SupportsProtobufPayloads = true
 	path := testutil.SocketPath(t)
 	generated := make(chan string, 16)
-	testagent.Raw(t, path, caps, func(nc net.Conn, fr *uds.FrameReader) {
-		var f pbwire.Frame
-		for {
-			typ, p, err := fr.Next()
-			if err != nil {
-				return
-			}
-			if typ != protocol.TypeRequestHeaders {
-				continue
-			}
-			var m protocol.RequestHeaders
-			f.Parse(p)
-			if f.Err != nil || f.DecodeRequestHeaders(&m) != nil {
-				return
-			}
-			d := &protocol.Decision{RequestID: f.RequestID,
-				RequestHeaderOps: []protocol.HeaderOp{{Op: protocol.HeaderSet, Name: []byte("x-echo"), Value: m.Headers.Get("x-id")}}}
-			body, _ := pbwire.AppendMessage(nil, d)
-			unknown := protowire.AppendBytes(protowire.AppendTag(nil, 20, protowire.BytesType), []byte("trace"))
-			var payload []byte
-			if string(m.Headers.Get("x-order")) == "before" {
-				payload = append(append(payload, unknown...), body...)
-			} else {
-				payload = append(append(payload, body...), unknown...)
-			}
-			// What the generated code makes of it.
-			var ref pb.AgentMessage
-			if err := proto.Unmarshal(payload, &ref); err != nil || ref.GetDecision() == nil {
-				generated <- "generated decoder does not see a Decision"
-			}
-			out, _ := uds.AppendRawFrame(nil, protocol.TypeDecision, payload)
-			if _, err := nc.Write(out); err != nil {
-				return
-			}
+	wrongWire := protobufAgent(t, path, func(id uint64, m *protocol.RequestHeaders) []byte {
+		d := &protocol.Decision{RequestID: id,
+			RequestHeaderOps: []protocol.HeaderOp{{Op: protocol.HeaderSet, Name: []byte("x-echo"), Value: m.Headers.Get("x-id")}}}
+		body, _ := pbwire.AppendMessage(nil, d)
+		unknown := protowire.AppendBytes(protowire.AppendTag(nil, 20, protowire.BytesType), []byte("trace"))
+		var payload []byte
+		if string(m.Headers.Get("x-order")) == "before" {
+			payload = append(append(payload, unknown...), body...)
+		} else {
+			payload = append(append(payload, body...), unknown...)
 		}
+		// What the generated code makes of it.
+		var ref pb.AgentMessage
+		if err := proto.Unmarshal(payload, &ref); err != nil || ref.GetDecision() == nil {
+			generated <- "generated decoder does not see a Decision"
+		}
+		out, _ := uds.AppendRawFrame(nil, protocol.TypeDecision, payload)
+		return out
 	})
 	c := newClient(t, path, func(c *udsclient.Config) { c.MessageTimeout = 3 * time.Second })
 	ctx, cancel := context.WithTimeout(context.Background(), hangGuard)
@@ -74,6 +53,8 @@ func TestProtobufUnknownEnvelopeFieldAfterPayload(t *testing.T) {
 		select {
 		case msg := <-generated:
 			t.Fatal(msg)
+		case p := <-wrongWire:
+			t.Fatalf("the proxy sent a non-protobuf event: %q", p)
 		default:
 		}
 		if err != nil {

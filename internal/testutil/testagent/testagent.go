@@ -91,3 +91,19 @@ func Raw(t testing.TB, path string, caps protocol.Capabilities, serve func(nc ne
 	})
 	return &conns
 }
+
+// NextHeaders reads frames off fr, skipping every other type, until a
+// RequestHeaders event and returns its payload (valid until the next
+// read); ok is false once the connection has ended. It is the read step of
+// a Raw agent's serve loop.
+func NextHeaders(fr *uds.FrameReader) (payload []byte, ok bool) {
+	for {
+		t, p, err := fr.Next()
+		if err != nil {
+			return nil, false
+		}
+		if t == protocol.TypeRequestHeaders {
+			return p, true
+		}
+	}
+}
