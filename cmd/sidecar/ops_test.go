@@ -41,31 +41,8 @@ var (
 // TestMain removes the binary built for the signal tests.
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if binPath != "" {
-		_ = os.RemoveAll(filepath.Dir(binPath))
-	}
+	testutil.RemoveBinaries()
 	os.Exit(code)
-}
-
-// sidecarBinary builds the command once per test run.
-func sidecarBinary(t *testing.T) string {
-	t.Helper()
-	binOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "sidecar-bin")
-		if err != nil {
-			binErr = err
-			return
-		}
-		binPath = filepath.Join(dir, "sidecar")
-		out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput()
-		if err != nil {
-			binErr = fmt.Errorf("go build: %v\n%s", err, out)
-		}
-	})
-	if binErr != nil {
-		t.Fatal(binErr)
-	}
-	return binPath
 }
 
 // proc is a running sidecar process.
@@ -83,7 +60,7 @@ type proc struct {
 // startProc runs `sidecar run -config path` and waits until it serves.
 func startProc(t *testing.T, path string, args ...string) *proc {
 	t.Helper()
-	cmd := exec.Command(sidecarBinary(t), append([]string{"run", "-config", path}, args...)...)
+	cmd := exec.Command(testutil.BuildBinary(t, "./cmd/sidecar"), append([]string{"run", "-config", path}, args...)...)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -21,19 +20,11 @@ import (
 	"github.com/zentinelproxy/sidecar/internal/testutil"
 )
 
-// buildBinary builds the main package at pkg (relative to the module root)
-// into dir.
-func buildBinary(t *testing.T, dir, pkg string) string {
-	t.Helper()
-	_, file, _, _ := runtime.Caller(0)
-	root := filepath.Dir(filepath.Dir(filepath.Dir(file)))
-	out := filepath.Join(dir, filepath.Base(pkg))
-	cmd := exec.Command("go", "build", "-o", out, pkg)
-	cmd.Dir = root
-	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build %s: %v\n%s", pkg, err, b)
-	}
-	return out
+// TestMain removes the binaries the tests built.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	testutil.RemoveBinaries()
+	os.Exit(code)
 }
 
 // process is a started child whose stderr lines are kept.
@@ -91,8 +82,8 @@ func TestTablesThroughBinaries(t *testing.T) {
 		t.Skip("builds two binaries; skipped with -short")
 	}
 	dir := t.TempDir()
-	sidecarBin := buildBinary(t, dir, "./cmd/sidecar")
-	agentBin := buildBinary(t, dir, "./examples/corazawaf/cmd/corazawaf")
+	sidecarBin := testutil.BuildBinary(t, "./cmd/sidecar")
+	agentBin := testutil.BuildBinary(t, "./examples/corazawaf/cmd/corazawaf")
 
 	var upHits atomic.Int64
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

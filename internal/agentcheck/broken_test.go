@@ -1,7 +1,6 @@
 package agentcheck
 
 import (
-	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -15,23 +14,16 @@ import (
 )
 
 // brokenBin is testdata/brokenagent, built once by TestMain.
-var brokenBin string
-
+// TestMain removes the binaries the tests built.
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "acbin")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	brokenBin = filepath.Join(dir, "brokenagent")
-	out, err := exec.Command("go", "build", "-o", brokenBin, "./testdata/brokenagent").CombinedOutput()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "build brokenagent: %v\n%s", err, out)
-		os.Exit(1)
-	}
 	code := m.Run()
-	_ = os.RemoveAll(dir)
+	testutil.RemoveBinaries()
 	os.Exit(code)
+}
+
+// brokenAgent is the deliberately broken agent of testdata/brokenagent.
+func brokenAgent(t *testing.T) string {
+	return testutil.BuildBinary(t, "./internal/agentcheck/testdata/brokenagent")
 }
 
 // startProc starts a process and stops it (by its pid) at the end of t.
@@ -77,7 +69,7 @@ func waitSocket(t *testing.T, addr string) {
 func startBroken(t *testing.T, mode string) (addr string, pid int) {
 	t.Helper()
 	addr = filepath.Join(testutil.SocketDir(t), "b.sock")
-	cmd := startProc(t, brokenBin, "-mode", mode, "-socket", addr)
+	cmd := startProc(t, brokenAgent(t), "-mode", mode, "-socket", addr)
 	waitSocket(t, addr)
 	return addr, cmd.Process.Pid
 }
@@ -171,7 +163,7 @@ func TestReverseNoBackoff(t *testing.T) {
 	}{{"nobackoff", Fail}, {"good", Pass}} {
 		t.Run(c.mode, func(t *testing.T) {
 			addr := filepath.Join(testutil.SocketDir(t), "r.sock")
-			cmd := startProc(t, brokenBin, "-mode", c.mode, "-reverse", addr)
+			cmd := startProc(t, brokenAgent(t), "-mode", c.mode, "-reverse", addr)
 			rep := run(t, Config{Transport: TransportReverse, Address: addr, PID: cmd.Process.Pid, Only: []string{"registration", "reconnect", "ping"}, ReconnectWait: 10 * time.Second})
 			r := rep.Find("reconnect")
 			if r == nil || r.Status != c.want {

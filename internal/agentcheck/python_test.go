@@ -71,28 +71,11 @@ func TestDemoAgentExpectations(t *testing.T) {
 	wantAllPass(t, run(t, Config{Address: addr, SkipChecks: true, Expectations: x}))
 }
 
-// buildSidecar builds cmd/sidecar once per test binary.
-var buildSidecar = sync.OnceValues(func() (string, error) {
-	dir, err := os.MkdirTemp("", "acsidecar")
-	if err != nil {
-		return "", err
-	}
-	bin := filepath.Join(dir, "sidecar")
-	out, err := exec.Command("go", "build", "-o", bin, "../../cmd/sidecar").CombinedOutput()
-	if err != nil {
-		return "", fmt.Errorf("build sidecar: %v\n%s", err, out)
-	}
-	return bin, nil
-})
-
 // TestPythonAgentThroughSidecar runs the Python agent behind the real
 // sidecar binary and checks its policy from an HTTP client.
 func TestPythonAgentThroughSidecar(t *testing.T) {
 	sock, _ := startPython(t)
-	bin, err := buildSidecar()
-	if err != nil {
-		t.Fatal(err)
-	}
+	bin := testutil.BuildBinary(t, "./cmd/sidecar")
 	var upstreamHits atomic.Int64
 	var mu sync.Mutex
 	seen := map[string]http.Header{}

@@ -3,35 +3,26 @@ package edgetest
 import (
 	"bufio"
 	"encoding/json"
-	"fmt"
 	"io"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/zentinelproxy/sidecar/internal/testutil"
 )
 
 // longWait bounds every wait of the suite on the sidecar: generous, since
 // it only decides how long a broken build takes to fail.
 const longWait = 30 * time.Second
 
-var (
-	binOnce sync.Once
-	binPath string
-	binErr  error
-	binDir  string
-)
-
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if binDir != "" {
-		_ = os.RemoveAll(binDir)
-	}
+	testutil.RemoveBinaries()
 	os.Exit(code)
 }
 
@@ -41,24 +32,7 @@ func sidecarBinary(t *testing.T) string {
 	if p := os.Getenv("SIDECAR_BIN"); p != "" {
 		return p
 	}
-	binOnce.Do(func() {
-		binDir, binErr = os.MkdirTemp("", "edgetest-bin")
-		if binErr != nil {
-			return
-		}
-		binPath = filepath.Join(binDir, "sidecar")
-		_, file, _, _ := runtime.Caller(0)
-		root := filepath.Dir(filepath.Dir(filepath.Dir(file)))
-		cmd := exec.Command("go", "build", "-o", binPath, "./cmd/sidecar")
-		cmd.Dir = root
-		if out, err := cmd.CombinedOutput(); err != nil {
-			binErr = fmt.Errorf("go build: %v\n%s", err, out)
-		}
-	})
-	if binErr != nil {
-		t.Fatal(binErr)
-	}
-	return binPath
+	return testutil.BuildBinary(t, "./cmd/sidecar")
 }
 
 // sidecar is a running sidecar process.

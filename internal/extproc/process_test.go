@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -22,6 +21,13 @@ import (
 	"github.com/zentinelproxy/sidecar/internal/testutil"
 )
 
+// TestMain removes the binary the tests built.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	testutil.RemoveBinaries()
+	os.Exit(code)
+}
+
 // TestBinary runs the real sidecar binary with an ext_proc agent from its
 // YAML configuration: a processor's header mutation reaches the upstream,
 // and the transport's counters are on /metrics.
@@ -30,13 +36,7 @@ func TestBinary(t *testing.T) {
 		t.Skip("builds and runs the sidecar binary")
 	}
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "sidecar")
-	_, file, _, _ := runtime.Caller(0)
-	build := exec.Command("go", "build", "-o", bin, "./cmd/sidecar")
-	build.Dir = filepath.Dir(filepath.Dir(filepath.Dir(file)))
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := testutil.BuildBinary(t, "./cmd/sidecar")
 	var mu sync.Mutex
 	var upHeader http.Header
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
