@@ -240,18 +240,10 @@ func TestAllocsDecisionCacheHit(t *testing.T) {
 	path := serveAgent(t, ca.handler())
 	cfg := configText(t, cacheConfig, map[string]any{"Upstream": up, "Path": path})
 	p := startProxy(t, cfg, map[string]agentmux.Agent{"authz": udsAgent(t, "authz", path, nil)}, nil)
-	hc := &fasthttp.HostClient{Addr: p.addr, MaxConns: 1, ReadTimeout: 5 * time.Second}
-	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	req := fasthttp.AcquireRequest()
 	req.SetRequestURI("http://x/alloc")
 	req.Header.Set("X-User", "ann")
-	do := func() {
-		if err := hc.Do(req, resp); err != nil || resp.StatusCode() != 200 {
-			t.Fatalf("%v %d", err, resp.StatusCode())
-		}
-	}
-	for i := 0; i < 200; i++ {
-		do()
-	}
+	do := steadyRequest(t, p.addr, req)
 	n := testing.AllocsPerRun(500, do)
 	t.Logf("%.2f allocations per request", n)
 	if ca.calls.Load() != 1 {

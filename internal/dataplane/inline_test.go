@@ -9,7 +9,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/valyala/fasthttp"
 
@@ -501,19 +500,11 @@ func TestAllocsInlineBody(t *testing.T) {
 	data := map[string]any{"Upstream": up, "Chain": "a", "Agents": map[string]agentSpec{"a": spec}}
 	agents := map[string]agentmux.Agent{"a": udsAgent(t, "a", spec.Path, nil)}
 	p := startProxy(t, configText(t, oneAgentConfig, data), agents, nil)
-	hc := &fasthttp.HostClient{Addr: p.addr, MaxConns: 1, ReadTimeout: 5 * time.Second}
-	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	req := fasthttp.AcquireRequest()
 	req.SetRequestURI("http://x/alloc")
 	req.Header.SetMethod("POST")
 	req.SetBody(make([]byte, 4096))
-	do := func() {
-		if err := hc.Do(req, resp); err != nil || resp.StatusCode() != 200 {
-			t.Fatalf("%v %d", err, resp.StatusCode())
-		}
-	}
-	for i := 0; i < 200; i++ {
-		do()
-	}
+	do := steadyRequest(t, p.addr, req)
 	before := p.srv.Stats().InlineBodies
 	n := testing.AllocsPerRun(500, do)
 	t.Logf("%.2f allocations per request", n)

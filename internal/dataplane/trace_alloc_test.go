@@ -40,20 +40,13 @@ func TestAllocsTraceEndpoints(t *testing.T) {
 		{"replace malformed", true, strings.ToUpper(inTP)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			hc, _ := tracedProxy(t, func(c *config.Tracing) { c.Generate = tc.generate })
-			req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+			_, p := tracedProxy(t, func(c *config.Tracing) { c.Generate = tc.generate })
+			req := fasthttp.AcquireRequest()
 			req.SetRequestURI("http://x/alloc")
 			if tc.header != "" {
 				req.Header.Set("traceparent", tc.header)
 			}
-			do := func() {
-				if err := hc.Do(req, resp); err != nil || resp.StatusCode() != 200 {
-					t.Fatalf("%v %d", err, resp.StatusCode())
-				}
-			}
-			for i := 0; i < 200; i++ {
-				do()
-			}
+			do := steadyRequest(t, p.addr, req)
 			n := testing.AllocsPerRun(500, do)
 			t.Logf("%.2f allocations per request", n)
 			if n > 0 {
