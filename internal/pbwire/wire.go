@@ -704,6 +704,34 @@ func (p Payload) Field() protowire.Number {
 	return protowire.Number(p) + 1
 }
 
+// MsgType is the frame type that carries p: TypeDecision for an agent
+// error, 0 for PayloadNone and PayloadUnknown (the inverse of PayloadOf).
+func (p Payload) MsgType() protocol.MsgType {
+	switch p {
+	case PayloadRequestHeaders:
+		return protocol.TypeRequestHeaders
+	case PayloadRequestBodyChunk:
+		return protocol.TypeRequestBodyChunk
+	case PayloadResponseHeaders:
+		return protocol.TypeResponseHeaders
+	case PayloadResponseBodyChunk:
+		return protocol.TypeResponseBodyChunk
+	case PayloadDecision, PayloadAgentError:
+		return protocol.TypeDecision
+	case PayloadBodyMutation:
+		return protocol.TypeBodyMutation
+	case PayloadCancel:
+		return protocol.TypeCancelRequest
+	case PayloadCancelAll:
+		return protocol.TypeCancelAll
+	case PayloadPing:
+		return protocol.TypePing
+	case PayloadPong:
+		return protocol.TypePong
+	}
+	return 0
+}
+
 // PayloadOf is the payload a frame of type t carries with protobuf
 // payloads (docs/protocol.md §2.7); PayloadNone for the types that have no
 // AgentMessage form (handshake, registration, unknown types). An agent
