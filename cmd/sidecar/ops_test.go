@@ -1,9 +1,7 @@
 package main
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -47,73 +45,24 @@ func TestMain(m *testing.M) {
 
 // proc is a running sidecar process.
 type proc struct {
+	*testutil.Sidecar
 	t      *testing.T
-	cmd    *exec.Cmd
 	data   string // http://host:port of the first listener
 	admin  string // http://host:port of the admin listener
 	exited chan error
-
-	mu    sync.Mutex
-	lines []string
 }
 
 // startProc runs `sidecar run -config path` and waits until it serves.
 func startProc(t *testing.T, path string, args ...string) *proc {
 	t.Helper()
-	cmd := exec.Command(testutil.BuildBinary(t, "./cmd/sidecar"), append([]string{"run", "-config", path}, args...)...)
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &proc{t: t, cmd: cmd, exited: make(chan error, 1)}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	serving := make(chan map[string]any, 1)
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			line := sc.Text()
-			p.mu.Lock()
-			p.lines = append(p.lines, line)
-			p.mu.Unlock()
-			var m map[string]any
-			if json.Unmarshal([]byte(line), &m) == nil && m["message"] == "sidecar serving" {
-				serving <- m
-			}
-		}
-		p.exited <- cmd.Wait()
-	}()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		if t.Failed() {
-			t.Logf("sidecar log:\n%s", p.log())
-		}
-	})
-	select {
-	case m := <-serving:
-		ls, _ := m["listeners"].([]any)
-		if len(ls) == 0 {
-			t.Fatalf("serving line without listeners: %v", m)
-		}
-		p.data = "http://" + ls[0].(string)
-		p.admin = "http://" + m["admin"].(string)
-	case err := <-p.exited:
-		t.Fatalf("sidecar exited at start: %v\n%s", err, p.log())
-	case <-time.After(longWait):
-		t.Fatalf("sidecar did not start\n%s", p.log())
-	}
-	return p
+	sc := testutil.StartSidecar(t, exec.Command(testutil.BuildBinary(t, "./cmd/sidecar"), append([]string{"run", "-config", path}, args...)...))
+	return &proc{Sidecar: sc, t: t, data: "http://" + sc.Addr, admin: "http://" + sc.Admin, exited: sc.Exited}
 }
 
-func (p *proc) log() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return strings.Join(p.lines, "\n")
-}
+func (p *proc) log() string { return strings.Join(p.Lines(), "\n") }
 
 func (p *proc) signal(sig os.Signal) {
-	if err := p.cmd.Process.Signal(sig); err != nil {
+	if err := p.Cmd.Process.Signal(sig); err != nil {
 		p.t.Fatal(err)
 	}
 }

@@ -3,7 +3,6 @@ package corazawaf_test
 import (
 	"bufio"
 	"cmp"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -15,7 +14,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/zentinelproxy/sidecar/internal/testutil"
 )
@@ -32,13 +30,12 @@ type process struct {
 	cmd    *exec.Cmd
 	mu     sync.Mutex
 	lines  []string
-	linec  chan string
 	exited chan struct{}
 }
 
 func startProcess(t *testing.T, bin string, args ...string) *process {
 	t.Helper()
-	p := &process{cmd: exec.Command(bin, args...), linec: make(chan string, 256), exited: make(chan struct{})}
+	p := &process{cmd: exec.Command(bin, args...), exited: make(chan struct{})}
 	stderr, err := p.cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -54,10 +51,6 @@ func startProcess(t *testing.T, bin string, args ...string) *process {
 			p.mu.Lock()
 			p.lines = append(p.lines, sc.Text())
 			p.mu.Unlock()
-			select {
-			case p.linec <- sc.Text():
-			default:
-			}
 		}
 		_, _ = io.Copy(io.Discard, stderr)
 		_ = p.cmd.Wait()
@@ -105,24 +98,7 @@ func TestTablesThroughBinaries(t *testing.T) {
 	if err := os.WriteFile(cfgPath, fmt.Appendf(nil, sidecarYAML, up.Listener.Addr(), sock), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	sc := startProcess(t, sidecarBin, "run", "-config", cfgPath, "-log-level", "info")
-	var addr string
-	deadline := time.After(testutil.LongWait)
-	for addr == "" {
-		select {
-		case line := <-sc.linec:
-			var m map[string]any
-			if json.Unmarshal([]byte(line), &m) == nil && m["message"] == "sidecar serving" {
-				if ls, _ := m["listeners"].([]any); len(ls) > 0 {
-					addr, _ = ls[0].(string)
-				}
-			}
-		case <-sc.exited:
-			t.Fatal("the sidecar exited at start")
-		case <-deadline:
-			t.Fatal("the sidecar did not start")
-		}
-	}
+	addr := testutil.StartSidecar(t, exec.Command(sidecarBin, "run", "-config", cfgPath, "-log-level", "info")).Addr
 	base := "http://" + addr
 	client := &http.Client{Timeout: testutil.LongWait}
 	for _, tc := range attacks {

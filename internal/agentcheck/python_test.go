@@ -1,8 +1,6 @@
 package agentcheck
 
 import (
-	"bufio"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -114,47 +112,7 @@ logging: {level: info, format: json}
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, "run", "-config", cfgPath)
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	serving := make(chan string, 1)
-	var logMu sync.Mutex
-	var logLines []string
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			logMu.Lock()
-			logLines = append(logLines, sc.Text())
-			logMu.Unlock()
-			var m map[string]any
-			if json.Unmarshal(sc.Bytes(), &m) == nil && m["message"] == "sidecar serving" {
-				if ls, ok := m["listeners"].([]any); ok && len(ls) > 0 {
-					serving <- fmt.Sprint(ls[0])
-				}
-			}
-		}
-	}()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		if t.Failed() {
-			logMu.Lock()
-			t.Logf("sidecar log:\n%s", strings.Join(logLines, "\n"))
-			logMu.Unlock()
-		}
-	})
-	var base string
-	select {
-	case a := <-serving:
-		base = "http://" + a
-	case <-time.After(30 * time.Second):
-		t.Fatal("sidecar did not start")
-	}
+	base := "http://" + testutil.StartSidecar(t, exec.Command(bin, "run", "-config", cfgPath)).Addr
 
 	client := &http.Client{Timeout: 10 * time.Second, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	get := func(path, ua string) (*http.Response, string) {

@@ -1,15 +1,11 @@
 package edgetest
 
 import (
-	"bufio"
 	"encoding/json"
-	"io"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -37,14 +33,11 @@ func sidecarBinary(t *testing.T) string {
 
 // sidecar is a running sidecar process.
 type sidecar struct {
+	*testutil.Sidecar
 	t      *testing.T
-	cmd    *exec.Cmd
 	addr   string // host:port of the first listener
 	admin  string // host:port of the admin listener
 	exited chan error
-
-	mu    sync.Mutex
-	lines []string
 }
 
 // startSidecar writes config to dir and runs the binary on it; shell, if
@@ -62,66 +55,13 @@ func startSidecar(t *testing.T, dir, config, shell string) *sidecar {
 	} else {
 		cmd = exec.Command(bin, "run", "-config", path, "-log-level", "debug")
 	}
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := &sidecar{t: t, cmd: cmd, exited: make(chan error, 1)}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	serving := make(chan map[string]any, 1)
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		sc.Buffer(make([]byte, 1<<20), 8<<20)
-		for sc.Scan() {
-			line := sc.Text()
-			s.mu.Lock()
-			s.lines = append(s.lines, line)
-			s.mu.Unlock()
-			var m map[string]any
-			if json.Unmarshal([]byte(line), &m) == nil && m["message"] == "sidecar serving" {
-				serving <- m
-			}
-		}
-		_, _ = io.Copy(io.Discard, stderr)
-		s.exited <- cmd.Wait()
-	}()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		if t.Failed() {
-			t.Logf("sidecar log (last 60 lines):\n%s", s.tail(60))
-		}
-	})
-	select {
-	case m := <-serving:
-		ls, _ := m["listeners"].([]any)
-		if len(ls) == 0 {
-			t.Fatalf("serving line without listeners: %v", m)
-		}
-		s.addr = ls[0].(string)
-		s.admin, _ = m["admin"].(string)
-	case err := <-s.exited:
-		t.Fatalf("sidecar exited at start: %v\n%s", err, s.tail(40))
-	case <-time.After(longWait):
-		t.Fatalf("sidecar did not start\n%s", s.tail(40))
-	}
-	return s
+	sc := testutil.StartSidecar(t, cmd)
+	return &sidecar{Sidecar: sc, t: t, addr: sc.Addr, admin: sc.Admin, exited: sc.Exited}
 }
 
-func (s *sidecar) log() []string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return append([]string(nil), s.lines...)
-}
+func (s *sidecar) log() []string { return s.Lines() }
 
-func (s *sidecar) tail(n int) string {
-	l := s.log()
-	if len(l) > n {
-		l = l[len(l)-n:]
-	}
-	return strings.Join(l, "\n")
-}
+func (s *sidecar) tail(n int) string { return s.Tail(n) }
 
 // alive reports whether the process is still running.
 func (s *sidecar) alive() bool {

@@ -1,8 +1,6 @@
 package extproc_test
 
 import (
-	"bufio"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -75,38 +73,8 @@ routes:
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, "run", "-config", path)
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	serving := make(chan map[string]any, 1)
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		sc.Buffer(make([]byte, 1<<20), 8<<20)
-		for sc.Scan() {
-			var m map[string]any
-			if json.Unmarshal(sc.Bytes(), &m) == nil && m["message"] == "sidecar serving" {
-				serving <- m
-			}
-		}
-	}()
-	var listen, admin string
-	select {
-	case m := <-serving:
-		ls, _ := m["listeners"].([]any)
-		if len(ls) == 0 {
-			t.Fatalf("serving line without listeners: %v", m)
-		}
-		listen, _ = ls[0].(string)
-		admin, _ = m["admin"].(string)
-	case <-time.After(30 * time.Second):
-		t.Fatal("sidecar did not start")
-	}
+	sc := testutil.StartSidecar(t, exec.Command(bin, "run", "-config", path))
+	listen, admin := sc.Addr, sc.Admin
 	cl := &http.Client{Timeout: 10 * time.Second}
 	var status int
 	testutil.WaitFor(t, "a request through the processor", func() bool {
