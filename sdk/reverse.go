@@ -287,12 +287,13 @@ func dialRegister(ctx context.Context, cfg *ReverseConfig, h Handler) (*idleConn
 		_ = nc.Close()
 		return nil, nil, "", 0, fmt.Errorf("%w: %w", ErrSDKRegistration, err)
 	}
+	protobuf, err := handshake.RegistrationProtobuf(&resp, caps.SupportsProtobufPayloads)
+	if err != nil {
+		_ = nc.Close()
+		return nil, nil, "", 0, fmt.Errorf("%w: %w", ErrSDKRegistration, err)
+	}
 	enc := uds.JSON
-	if resp.PayloadEncoding == protocol.EncodingProtobuf {
-		if !caps.SupportsProtobufPayloads {
-			_ = nc.Close()
-			return nil, nil, "", 0, fmt.Errorf("%w: proxy chose protobuf payloads, which this agent did not declare", ErrSDKRegistration)
-		}
+	if protobuf {
 		enc = uds.Protobuf
 	}
 	_ = nc.SetDeadline(time.Time{})

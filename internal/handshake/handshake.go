@@ -104,6 +104,33 @@ func CheckRegistration(req *protocol.RegistrationRequest) error {
 	return nil
 }
 
+// AcceptRegistration is the proxy side's capability decision for an
+// accepted registration, the counterpart of CheckResponse's masking:
+// protobuf payloads when the agent declared supports_protobuf_payloads,
+// the proxy allows them and the answer is a RegistrationResponse (the
+// 0x02 compatibility answer has no field to say so). The capabilities
+// returned keep supports_protobuf_payloads only when it was taken.
+func AcceptRegistration(req *protocol.RegistrationRequest, allowProtobuf, compat bool) (caps protocol.Capabilities, protobuf bool) {
+	caps = req.Capabilities
+	protobuf = caps.SupportsProtobufPayloads && allowProtobuf && !compat
+	caps.SupportsProtobufPayloads = protobuf
+	return caps, protobuf
+}
+
+// RegistrationProtobuf is the agent side's reading of the payload
+// encoding in an accepted RegistrationResponse: whether the frames that
+// follow are protobuf, and an error when the proxy chose protobuf though
+// the agent did not declare it (declared).
+func RegistrationProtobuf(resp *protocol.RegistrationResponse, declared bool) (bool, error) {
+	if resp.PayloadEncoding != protocol.EncodingProtobuf {
+		return false, nil
+	}
+	if !declared {
+		return false, fmt.Errorf("%w: proxy chose protobuf payloads, which this agent did not declare", ErrHandshakeInvalid)
+	}
+	return true, nil
+}
+
 // CheckRegistrationResponse validates a RegistrationResponse on the agent side.
 func CheckRegistrationResponse(resp *protocol.RegistrationResponse) error {
 	if !resp.Accepted || resp.Error != "" {

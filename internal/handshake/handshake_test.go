@@ -138,3 +138,33 @@ func TestInlineBodyNegotiation(t *testing.T) {
 		t.Fatalf("undeclared inline_body: %+v, %v", got, err)
 	}
 }
+
+// TestRegistrationPayloadEncoding: the proxy takes protobuf payloads only
+// when declared, allowed and answerable; the agent refuses a choice it did
+// not declare.
+func TestRegistrationPayloadEncoding(t *testing.T) {
+	for _, tc := range []struct {
+		declared, allow, compat, want bool
+	}{
+		{true, true, false, true},
+		{false, true, false, false},
+		{true, false, false, false},
+		{true, true, true, false},
+	} {
+		req := protocol.RegistrationRequest{Capabilities: protocol.Capabilities{HandlesRequestHeaders: true, SupportsProtobufPayloads: tc.declared}}
+		caps, pb := AcceptRegistration(&req, tc.allow, tc.compat)
+		if pb != tc.want || caps.SupportsProtobufPayloads != tc.want || !caps.HandlesRequestHeaders {
+			t.Errorf("%+v: protobuf %v, caps %+v", tc, pb, caps)
+		}
+	}
+	pbResp := &protocol.RegistrationResponse{Accepted: true, PayloadEncoding: protocol.EncodingProtobuf}
+	if ok, err := RegistrationProtobuf(pbResp, true); !ok || err != nil {
+		t.Errorf("declared: %v %v", ok, err)
+	}
+	if _, err := RegistrationProtobuf(pbResp, false); !errors.Is(err, ErrHandshakeInvalid) {
+		t.Errorf("undeclared: %v, want ErrHandshakeInvalid", err)
+	}
+	if ok, err := RegistrationProtobuf(&protocol.RegistrationResponse{Accepted: true}, true); ok || err != nil {
+		t.Errorf("JSON answer: %v %v", ok, err)
+	}
+}

@@ -716,17 +716,11 @@ func (l *Listener) register(nc net.Conn, peer string) *registration {
 	connID := newConnID()
 	_ = nc.SetWriteDeadline(time.Now().Add(l.cfg.WriteTimeout))
 	resp := answer{t: respType, RegistrationResponse: protocol.RegistrationResponse{Accepted: true, AssignedID: connID}}
-	reg := &registration{a: a, id: req.AgentID, connID: connID, caps: req.Capabilities, fr: fr}
-	// Protobuf payloads when the agent declared them, the agent's config
-	// allows them and the answer is a RegistrationResponse (a handshake
-	// response has no field to say so).
-	if req.Capabilities.SupportsProtobufPayloads && !a.cfg.JSONOnly && respType == protocol.TypeRegistrationResponse {
-		resp.PayloadEncoding = protocol.EncodingProtobuf
-		reg.enc = uds.Protobuf
+	caps, protobuf := handshake.AcceptRegistration(&req, !a.cfg.JSONOnly, respType != protocol.TypeRegistrationResponse)
+	reg := &registration{a: a, id: req.AgentID, connID: connID, caps: caps, fr: fr}
+	if protobuf {
+		resp.PayloadEncoding, reg.enc = protocol.EncodingProtobuf, uds.Protobuf
 	}
-	// The capability counts only when taken, as a handshake masks what
-	// the proxy did not offer: the agent's status must say what is used.
-	reg.caps.SupportsProtobufPayloads = reg.enc == uds.Protobuf
 	l.c.accepted.Add(1)
 	if err := uds.WriteFrame(nc, &resp); err != nil {
 		log.Warn().Err(err).Msg("reverse registration: answer failed")
