@@ -44,6 +44,7 @@ type harness struct {
 	retries          int
 	loadCPUs         string // wrk and the upstream ("" when not pinned)
 	proxyCPUs        string // proxies and agents ("" when not pinned)
+	sched            string // "normal" or "batch": the scheduling policy of proxies and agents
 
 	tmp    string
 	binDir string
@@ -73,6 +74,7 @@ func run() int {
 	pin := flag.Bool("pin", true, "pin with taskset: wrk and the upstream on -load-cpus, proxies and agents on -proxy-cpus")
 	flag.StringVar(&h.loadCPUs, "load-cpus", "0", "taskset `list` for wrk and the upstream")
 	flag.StringVar(&h.proxyCPUs, "proxy-cpus", "1", "taskset `list` for the proxy and its agent")
+	flag.StringVar(&h.sched, "sched", "normal", "scheduling `policy` of every proxy and agent: normal, or batch (SCHED_BATCH with chrt -b 0: no wake-up preemption)")
 	match := flag.String("rows", "", "run only rows whose key matches this `regexp` (keys: "+rowKeys()+")")
 	keep := flag.Bool("keep", false, "keep the temporary directory (configurations and logs)")
 	flag.Parse()
@@ -87,6 +89,10 @@ func run() int {
 	}
 	if h.rounds < 1 || h.conns < 1 || h.threads < 1 || h.duration < time.Second {
 		fmt.Fprintln(os.Stderr, "peers: -rounds, -connections and -threads must be at least 1, -duration at least 1s")
+		return 2
+	}
+	if h.sched != "normal" && h.sched != "batch" {
+		fmt.Fprintln(os.Stderr, "peers: -sched must be normal or batch")
 		return 2
 	}
 	if !*pin {
@@ -128,13 +134,17 @@ func run() int {
 
 	// Programs: wrk is required; a missing proxy skips its rows.
 	path := os.Getenv("PATH") + ":/usr/local/sbin:/usr/sbin:/sbin"
-	for _, t := range []string{"wrk", "taskset", "haproxy", "nginx", "caddy"} {
+	for _, t := range []string{"wrk", "taskset", "chrt", "haproxy", "nginx", "caddy"} {
 		if p := lookPath(t, path); p != "" {
 			h.tools[t] = p
 		}
 	}
 	if h.tools["wrk"] == "" {
 		fmt.Fprintln(os.Stderr, "peers: wrk is not installed: sudo apt-get update && sudo apt-get install -y wrk haproxy nginx caddy")
+		return 1
+	}
+	if h.sched == "batch" && h.tools["chrt"] == "" {
+		fmt.Fprintln(os.Stderr, "peers: chrt (util-linux) is not installed: install it or use -sched normal")
 		return 1
 	}
 	if h.proxyCPUs != "" && h.tools["taskset"] == "" {
@@ -224,8 +234,8 @@ func run() int {
 			if r.err != nil {
 				fmt.Fprintf(os.Stderr, "peers: round %d: %s: FAILED: %v\n", round, d.name, r.err)
 			} else {
-				fmt.Fprintf(os.Stderr, "peers:   %.0f req/s, p50 %s, p99 %s, CPU µs/req proxy %.1f agent %.1f upstream %.1f, proxy+agent cores %.2f, other load %.2f cores, steal %.2f cores, upstream saw %d (%d marked), wrk failures %d\n",
-					r.rps, fmtLat(r.p50), fmtLat(r.p99), r.proxyUS, r.agentUS, r.upstreamUS, r.sutCores, r.others, r.steal, r.upTotal, r.upMarked, r.failures)
+				fmt.Fprintf(os.Stderr, "peers:   %.0f req/s, p50 %s, p99 %s, CPU µs/req proxy %.1f agent %.1f upstream %.1f, proxy+agent cores %.2f, I/O syscalls/req proxy %.2f agent %.2f, ctx switches/req proxy %.2f agent %.2f, other load %.2f cores, steal %.2f cores, upstream saw %d (%d marked), wrk failures %d\n",
+					r.rps, fmtLat(r.p50), fmtLat(r.p99), r.proxyUS, r.agentUS, r.upstreamUS, r.sutCores, r.proxySys, r.agentSys, r.proxyCS, r.agentCS, r.others, r.steal, r.upTotal, r.upMarked, r.failures)
 			}
 			res = append(res, r)
 		}

@@ -38,6 +38,10 @@ type result struct {
 	// window, in cores (0 on bare metal): a row measured under steal is
 	// slowed by something no configuration here controls.
 	steal float64
+	// I/O system calls and context switches per request of the proxy and
+	// of its agent over the window (see work); negative when /proc did
+	// not tell.
+	proxySys, agentSys, proxyCS, agentCS float64
 	// failures are wrk's non-2xx/3xx responses and socket errors.
 	failures int64
 	// What reached the upstream in the window: all requests, those with
@@ -278,6 +282,8 @@ func (h *harness) runRow(def rowDef, round int) (res result) {
 	a0, err3 := cpuOf(agentPIDs)
 	u0, err4 := cpuOf(upPIDs)
 	m0, st0 := machineBusy(), machineSteal()
+	pw0, errPW0 := workOf(rc.proxyPIDs)
+	aw0, errAW0 := workOf(agentPIDs)
 	if err := errors.Join(err1, err2, err3, err4); err != nil {
 		res.err = err
 		return res
@@ -288,6 +294,8 @@ func (h *harness) runRow(def rowDef, round int) (res result) {
 		return res
 	}
 	m1, st1 := machineBusy(), machineSteal()
+	pw1, errPW1 := workOf(rc.proxyPIDs)
+	aw1, errAW1 := workOf(agentPIDs)
 	p1, err2 := cpuOf(rc.proxyPIDs)
 	a1, err3 := cpuOf(agentPIDs)
 	u1, err4 := cpuOf(upPIDs)
@@ -316,6 +324,8 @@ func (h *harness) runRow(def rowDef, round int) (res result) {
 	ours := (p1 - p0) + (a1 - a0) + (u1 - u0) + w.cpu
 	res.others = max(0, (m1-m0-ours).Seconds()/w.elapsed.Seconds())
 	res.steal = (st1 - st0).Seconds() / w.elapsed.Seconds()
+	res.proxySys, res.proxyCS = perRequest(pw0, pw1, errors.Join(errPW0, errPW1), n)
+	res.agentSys, res.agentCS = perRequest(aw0, aw1, errors.Join(errAW0, errAW1), n)
 	res.upTotal, res.upMarked = s1.total-s0.total, s1.marked-s0.marked
 	if s1.admin != s0.admin {
 		res.err = errors.New("the upstream saw /admin during the load")
@@ -354,4 +364,13 @@ func (h *harness) waitQuiet(row string) {
 			said = true
 		}
 	}
+}
+
+// perRequest is the work done between a and b per request, or -1 when
+// either could not be read.
+func perRequest(a, b work, err error, n float64) (syscalls, switches float64) {
+	if err != nil {
+		return -1, -1
+	}
+	return float64(b.syscalls-a.syscalls) / n, float64(b.switches-a.switches) / n
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"io"
 	"os"
 	"strings"
 	"testing"
@@ -76,5 +77,43 @@ func TestCPUTicks(t *testing.T) {
 	}
 	if _, err := cpuOf([]int{os.Getpid()}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+func TestWorkOf(t *testing.T) {
+	before, err := workOf([]int{os.Getpid()})
+	if err != nil {
+		t.Skip("no /proc io accounting:", err)
+	}
+	f, err := os.Open("/proc/self/stat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 64)
+	for range 20 {
+		if _, err := f.ReadAt(buf, 0); err != nil && err != io.EOF {
+			t.Fatal(err)
+		}
+	}
+	f.Close()
+	time.Sleep(20 * time.Millisecond) // a voluntary switch at least
+	after, err := workOf([]int{os.Getpid()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := after.syscalls - before.syscalls; got < 20 {
+		t.Errorf("%d I/O system calls counted, want at least the 20 reads", got)
+	}
+	if after.switches <= before.switches {
+		t.Errorf("context switches went from %d to %d across a sleep", before.switches, after.switches)
+	}
+	if _, err := procField([]byte("syscr: 12\nsyscw: 3\n"), "syscw"); err != nil {
+		t.Error(err)
+	}
+	if n, _ := procField([]byte("a: 1\nsyscw:\t7\n"), "syscw"); n != 7 {
+		t.Errorf("procField = %d, want 7", n)
+	}
+	if _, err := procField([]byte("syscr: 1\n"), "syscw"); err == nil {
+		t.Error("a missing field was not reported")
 	}
 }

@@ -232,6 +232,61 @@ func cpuTicks(pid int) (int64, error) {
 	return u + s, nil
 }
 
+// work is what processes did besides using CPU: their I/O system calls
+// (syscr + syscw of /proc/<pid>/io: the read- and write-type calls of all
+// threads, living and ended; epoll, futex and the like are not counted)
+// and the context switches of their living threads (voluntary and not,
+// from /proc/<pid>/task/*/status). On one shared core both explain CPU
+// time that profiles spread thinly: every switch between the proxy and
+// its agent costs each a few microseconds.
+type work struct{ syscalls, switches int64 }
+
+// workOf sums the work counters of pids.
+func workOf(pids []int) (work, error) {
+	var w work
+	for _, pid := range pids {
+		dir := filepath.Join("/proc", strconv.Itoa(pid))
+		b, err := os.ReadFile(filepath.Join(dir, "io"))
+		if err != nil {
+			return work{}, err
+		}
+		for _, k := range []string{"syscr", "syscw"} {
+			n, err := procField(b, k)
+			if err != nil {
+				return work{}, fmt.Errorf("%s/io: %w", dir, err)
+			}
+			w.syscalls += n
+		}
+		tasks, err := os.ReadDir(filepath.Join(dir, "task"))
+		if err != nil {
+			return work{}, err
+		}
+		for _, t := range tasks {
+			b, err := os.ReadFile(filepath.Join(dir, "task", t.Name(), "status"))
+			if err != nil {
+				continue // the thread ended meanwhile
+			}
+			for _, k := range []string{"voluntary_ctxt_switches", "nonvoluntary_ctxt_switches"} {
+				if n, err := procField(b, k); err == nil {
+					w.switches += n
+				}
+			}
+		}
+	}
+	return w, nil
+}
+
+// procField is the number after "key:" on its own line of a /proc file.
+func procField(b []byte, key string) (int64, error) {
+	for line := range strings.Lines(string(b)) {
+		k, v, ok := strings.Cut(line, ":")
+		if ok && k == key {
+			return strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		}
+	}
+	return 0, fmt.Errorf("no %s", key)
+}
+
 // clockTick is the unit of /proc/<pid>/stat times: USER_HZ, which Linux
 // fixes at 100 for user space on every architecture this runs on.
 const clockTick = 10 * time.Millisecond

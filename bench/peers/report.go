@@ -22,6 +22,11 @@ func printHeader(w io.Writer, h *harness) {
 	} else {
 		fmt.Fprintln(w, "- placement: not pinned")
 	}
+	if h.sched == "batch" {
+		fmt.Fprintln(w, "- scheduling: every proxy and agent SCHED_BATCH (chrt -b 0: a wake-up does not preempt the running task); wrk and the upstream SCHED_OTHER")
+	} else {
+		fmt.Fprintln(w, "- scheduling: SCHED_OTHER (the default) for every process")
+	}
 	fmt.Fprintln(w, "- core budget: nginx worker_processes 1, HAProxy nbthread 1, every Go program (Caddy, sidecar, agents, auth server, upstream) GOMAXPROCS=1")
 	var v []string
 	for _, t := range []string{"wrk", "haproxy", "nginx", "caddy"} {
@@ -171,18 +176,20 @@ func hasProxy(key string) bool { return key != "direct" }
 
 func printRound(w io.Writer, defs []rowDef, order []rowDef, res []result, round int) {
 	fmt.Fprintf(w, "## Round %d (rows in the order they ran)\n\n", round)
-	head := []string{"row", "req/s", "p50", "p99", "proxy µs/req", "agent µs/req", "proxy+agent µs/req", "upstream µs/req", "proxy+agent cores", "other load (cores)", "steal (cores)", "wrk failures"}
+	head := []string{"row", "req/s", "p50", "p99", "proxy µs/req", "agent µs/req", "proxy+agent µs/req", "upstream µs/req", "proxy+agent cores", "proxy I/O syscalls/req", "agent I/O syscalls/req", "proxy+agent ctx switches/req", "other load (cores)", "steal (cores)", "wrk failures"}
 	var body [][]string
 	for _, r := range res {
 		d := defOf(defs, r.key)
 		if r.err != nil {
-			body = append(body, []string{r.name, "FAILED: " + firstLine(r.err.Error()), "", "", "", "", "", "", "", "", ""})
+			body = append(body, []string{r.name, "FAILED: " + firstLine(r.err.Error()), "", "", "", "", "", "", "", "", "", "", "", ""})
 			continue
 		}
 		body = append(body, []string{
 			r.name, fmt.Sprintf("%.0f", r.rps), fmtLat(r.p50), fmtLat(r.p99),
 			fmtUS(r.proxyUS, hasProxy(r.key)), fmtUS(r.agentUS, d.agent), fmtUS(r.totalUS(), hasProxy(r.key)),
-			fmtUS(r.upstreamUS, true), fmt.Sprintf("%.2f", r.sutCores), fmt.Sprintf("%.2f", r.others), fmt.Sprintf("%.2f", r.steal), fmt.Sprint(r.failures),
+			fmtUS(r.upstreamUS, true), fmt.Sprintf("%.2f", r.sutCores),
+			fmtCount(r.proxySys, hasProxy(r.key)), fmtCount(r.agentSys, d.agent), fmtCount(sumKnown(r.proxyCS, r.agentCS), hasProxy(r.key)),
+			fmt.Sprintf("%.2f", r.others), fmt.Sprintf("%.2f", r.steal), fmt.Sprint(r.failures),
 		})
 	}
 	table(w, head, body)
@@ -206,11 +213,12 @@ type med struct {
 	ok                                 int
 	rps, p50, p99, proxy, agent, total float64
 	upstream, cores                    float64
+	syscalls, switches                 float64 // proxy + agent, per request; < 0: unknown
 }
 
 func medians(key string, all [][]result) med {
 	var m med
-	var rps, p50, p99, px, ag, tot, up, cores []float64
+	var rps, p50, p99, px, ag, tot, up, cores, sys, cs []float64
 	for _, round := range all {
 		for _, r := range round {
 			if r.key != key || r.err != nil {
@@ -225,23 +233,26 @@ func medians(key string, all [][]result) med {
 			tot = append(tot, r.totalUS())
 			up = append(up, r.upstreamUS)
 			cores = append(cores, r.sutCores)
+			sys = append(sys, sumKnown(r.proxySys, r.agentSys))
+			cs = append(cs, sumKnown(r.proxyCS, r.agentCS))
 		}
 	}
 	m.rps, m.p50, m.p99 = median(rps), median(p50), median(p99)
 	m.proxy, m.agent, m.total, m.upstream, m.cores = median(px), median(ag), median(tot), median(up), median(cores)
+	m.syscalls, m.switches = median(sys), median(cs)
 	return m
 }
 
 func printMedians(w io.Writer, defs []rowDef, all [][]result) {
 	fmt.Fprintf(w, "## Medians over %d round(s), ratios to HAProxy + SPOE\n\n", len(all))
 	ref := medians(reference, all)
-	head := []string{"row", "req/s", "p50", "p99", "proxy µs/req", "agent µs/req", "proxy+agent µs/req", "proxy+agent cores", "req/s vs HAProxy+SPOE", "CPU/req vs HAProxy+SPOE"}
+	head := []string{"row", "req/s", "p50", "p99", "proxy µs/req", "agent µs/req", "proxy+agent µs/req", "proxy+agent cores", "proxy+agent I/O syscalls/req", "proxy+agent ctx switches/req", "req/s vs HAProxy+SPOE", "CPU/req vs HAProxy+SPOE"}
 	var body [][]string
 	for _, d := range defs {
 		m := medians(d.key, all)
 		name := d.name
 		if m.ok == 0 {
-			body = append(body, []string{name, "FAILED in every round", "", "", "", "", "", "", "", ""})
+			body = append(body, []string{name, "FAILED in every round", "", "", "", "", "", "", "", "", "", ""})
 			continue
 		}
 		if m.ok < len(all) {
@@ -257,11 +268,28 @@ func printMedians(w io.Writer, defs []rowDef, all [][]result) {
 		body = append(body, []string{
 			name, fmt.Sprintf("%.0f", m.rps), fmtLat(time.Duration(m.p50)), fmtLat(time.Duration(m.p99)),
 			fmtUS(m.proxy, hasProxy(d.key)), fmtUS(m.agent, d.agent), fmtUS(m.total, hasProxy(d.key)),
-			fmt.Sprintf("%.2f", m.cores), rr, cr,
+			fmt.Sprintf("%.2f", m.cores), fmtCount(m.syscalls, hasProxy(d.key)), fmtCount(m.switches, hasProxy(d.key)), rr, cr,
 		})
 	}
 	table(w, head, body)
 	if ref.ok == 0 {
 		fmt.Fprintln(w, "(HAProxy + SPOE did not run: no ratios.)")
 	}
+}
+
+// fmtCount shows a per-request count, or "-" when it does not apply or is
+// unknown (negative).
+func fmtCount(v float64, show bool) string {
+	if !show || v < 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f", v)
+}
+
+// sumKnown adds per-request counts, unknown (negative) when one is.
+func sumKnown(a, b float64) float64 {
+	if a < 0 || b < 0 {
+		return -1
+	}
+	return a + b
 }

@@ -79,7 +79,7 @@ func writeTemplate(dir, name, text string, data any) (string, error) {
 // startAgent starts a harness-built agent (or auth server) on the proxy's
 // CPUs and waits for its Unix socket.
 func startAgent(h *harness, rc *rowCtx, bin, sock string, args ...string) error {
-	p, err := h.procs.start(bin, h.proxyCPUs, filepath.Join(rc.dir, bin+".log"), goEnv,
+	p, err := h.startSUT(bin, filepath.Join(rc.dir, bin+".log"), goEnv,
 		append([]string{h.bin(bin)}, args...)...)
 	if err != nil {
 		return err
@@ -160,7 +160,7 @@ func setupHAProxy(agent bool) func(*harness, *rowCtx) error {
 		if err != nil {
 			return err
 		}
-		p, err := h.procs.start("haproxy", h.proxyCPUs, filepath.Join(rc.dir, "haproxy.log"), nil,
+		p, err := h.startSUT("haproxy", filepath.Join(rc.dir, "haproxy.log"), nil,
 			h.tools["haproxy"], "-db", "-f", cfg)
 		if err != nil {
 			return err
@@ -255,7 +255,7 @@ func setupNginx(agent bool) func(*harness, *rowCtx) error {
 		if err != nil {
 			return err
 		}
-		p, err := h.procs.start("nginx", h.proxyCPUs, filepath.Join(rc.dir, "nginx.log"), nil,
+		p, err := h.startSUT("nginx", filepath.Join(rc.dir, "nginx.log"), nil,
 			h.tools["nginx"], "-c", cfg, "-p", rc.dir+"/", "-e", filepath.Join(rc.dir, "nginx-error.log"))
 		if err != nil {
 			return err
@@ -335,7 +335,7 @@ func setupCaddy(agent bool) func(*harness, *rowCtx) error {
 			"XDG_CONFIG_HOME=" + filepath.Join(rc.dir, "caddy-config"),
 			"XDG_DATA_HOME=" + filepath.Join(rc.dir, "caddy-data"),
 		}, goEnv...)
-		p, err := h.procs.start("caddy", h.proxyCPUs, filepath.Join(rc.dir, "caddy.log"), env,
+		p, err := h.startSUT("caddy", filepath.Join(rc.dir, "caddy.log"), env,
 			h.tools["caddy"], "run", "--config", cfg, "--adapter", "caddyfile")
 		if err != nil {
 			return err
@@ -350,7 +350,7 @@ func setupFasthttp(h *harness, rc *rowCtx) error {
 	if err != nil {
 		return err
 	}
-	p, err := h.procs.start("fhproxy", h.proxyCPUs, filepath.Join(rc.dir, "fhproxy.log"), goEnv,
+	p, err := h.startSUT("fhproxy", filepath.Join(rc.dir, "fhproxy.log"), goEnv,
 		h.bin("fhproxy"), "-listen", addrs[0], "-upstream", rc.upstream)
 	if err != nil {
 		return err
@@ -416,7 +416,7 @@ func sidecarRow(h *harness, rc *rowCtx, agent, json bool) error {
 	if err != nil {
 		return err
 	}
-	p, err := h.procs.start("sidecar", h.proxyCPUs, filepath.Join(rc.dir, "sidecar.log"), goEnv,
+	p, err := h.startSUT("sidecar", filepath.Join(rc.dir, "sidecar.log"), goEnv,
 		h.bin("sidecar"), "run", "-config", cfg)
 	if err != nil {
 		return err
@@ -424,4 +424,13 @@ func sidecarRow(h *harness, rc *rowCtx, agent, json bool) error {
 	rc.proxy, rc.target = p, "http://"+addrs[0]
 	// Ready: listening, and the fail-closed agent connected.
 	return waitHTTP200(p, "http://"+addrs[1]+"/readyz", startTimeout)
+}
+
+// startSUT starts a proxy or an agent: on the proxy CPUs, under the
+// scheduling policy of -sched.
+func (h *harness) startSUT(name, logPath string, env []string, argv ...string) (*proc, error) {
+	if h.sched == "batch" {
+		argv = append([]string{"chrt", "-b", "0"}, argv...)
+	}
+	return h.procs.start(name, h.proxyCPUs, logPath, env, argv...)
 }
