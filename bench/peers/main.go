@@ -234,7 +234,7 @@ func run() int {
 			if r.err != nil {
 				fmt.Fprintf(os.Stderr, "peers: round %d: %s: FAILED: %v\n", round, d.name, r.err)
 			} else {
-				fmt.Fprintf(os.Stderr, "peers:   %.0f req/s, p50 %s, p99 %s, CPU µs/req proxy %.1f agent %.1f upstream %.1f, proxy+agent cores %.2f, I/O syscalls/req proxy %.2f agent %.2f, ctx switches/req proxy %.2f agent %.2f, other load %.2f cores, steal %.2f cores, upstream saw %d (%d marked), wrk failures %d\n",
+				fmt.Fprintf(os.Stderr, "peers:   %.0f req/s, p50 %s, p99 %s, CPU µs/req proxy %.1f agent %.1f upstream %.1f, proxy+agent cores %.2f, read/write syscalls/req proxy %.2f agent %.2f, ctx switches/req proxy %.2f agent %.2f, other load %.2f cores, steal %.2f cores, upstream saw %d (%d marked), wrk failures %d\n",
 					r.rps, fmtLat(r.p50), fmtLat(r.p99), r.proxyUS, r.agentUS, r.upstreamUS, r.sutCores, r.proxySys, r.agentSys, r.proxyCS, r.agentCS, r.others, r.steal, r.upTotal, r.upMarked, r.failures)
 			}
 			res = append(res, r)

@@ -38,7 +38,7 @@ type result struct {
 	// window, in cores (0 on bare metal): a row measured under steal is
 	// slowed by something no configuration here controls.
 	steal float64
-	// I/O system calls and context switches per request of the proxy and
+	// read/write system calls and context switches per request of the proxy and
 	// of its agent over the window (see work); negative when /proc did
 	// not tell.
 	proxySys, agentSys, proxyCS, agentCS float64

@@ -102,7 +102,7 @@ func TestWorkOf(t *testing.T) {
 		t.Fatal(err)
 	}
 	if got := after.syscalls - before.syscalls; got < 20 {
-		t.Errorf("%d I/O system calls counted, want at least the 20 reads", got)
+		t.Errorf("%d read/write system calls counted, want at least the 20 reads", got)
 	}
 	if after.switches <= before.switches {
 		t.Errorf("context switches went from %d to %d across a sleep", before.switches, after.switches)

@@ -232,9 +232,10 @@ func cpuTicks(pid int) (int64, error) {
 	return u + s, nil
 }
 
-// work is what processes did besides using CPU: their I/O system calls
-// (syscr + syscw of /proc/<pid>/io: the read- and write-type calls of all
-// threads, living and ended; epoll, futex and the like are not counted)
+// work is what processes did besides using CPU: their read/write system
+// calls (syscr + syscw of /proc/<pid>/io: the read and write family of all
+// threads, living and ended; recvfrom, sendto and the other socket calls
+// are not in these counters, nor are epoll, futex and the like)
 // and the context switches of their living threads (voluntary and not,
 // from /proc/<pid>/task/*/status). On one shared core both explain CPU
 // time that profiles spread thinly: every switch between the proxy and

@@ -176,7 +176,7 @@ func hasProxy(key string) bool { return key != "direct" }
 
 func printRound(w io.Writer, defs []rowDef, order []rowDef, res []result, round int) {
 	fmt.Fprintf(w, "## Round %d (rows in the order they ran)\n\n", round)
-	head := []string{"row", "req/s", "p50", "p99", "proxy µs/req", "agent µs/req", "proxy+agent µs/req", "upstream µs/req", "proxy+agent cores", "proxy I/O syscalls/req", "agent I/O syscalls/req", "proxy+agent ctx switches/req", "other load (cores)", "steal (cores)", "wrk failures"}
+	head := []string{"row", "req/s", "p50", "p99", "proxy µs/req", "agent µs/req", "proxy+agent µs/req", "upstream µs/req", "proxy+agent cores", "proxy read/write syscalls/req", "agent read/write syscalls/req", "proxy+agent ctx switches/req", "other load (cores)", "steal (cores)", "wrk failures"}
 	var body [][]string
 	for _, r := range res {
 		d := defOf(defs, r.key)
@@ -246,7 +246,7 @@ func medians(key string, all [][]result) med {
 func printMedians(w io.Writer, defs []rowDef, all [][]result) {
 	fmt.Fprintf(w, "## Medians over %d round(s), ratios to HAProxy + SPOE\n\n", len(all))
 	ref := medians(reference, all)
-	head := []string{"row", "req/s", "p50", "p99", "proxy µs/req", "agent µs/req", "proxy+agent µs/req", "proxy+agent cores", "proxy+agent I/O syscalls/req", "proxy+agent ctx switches/req", "req/s vs HAProxy+SPOE", "CPU/req vs HAProxy+SPOE"}
+	head := []string{"row", "req/s", "p50", "p99", "proxy µs/req", "agent µs/req", "proxy+agent µs/req", "proxy+agent cores", "proxy+agent read/write syscalls/req", "proxy+agent ctx switches/req", "req/s vs HAProxy+SPOE", "CPU/req vs HAProxy+SPOE"}
 	var body [][]string
 	for _, d := range defs {
 		m := medians(d.key, all)

@@ -402,3 +402,88 @@ admin: {address: "127.0.0.1:0"}
 	}
 	t.Logf("%d requests, %d on the new route", ok, res.body("two"))
 }
+
+// threadPolicies reads the scheduling policy (field 41 of
+// /proc/<pid>/task/<tid>/stat) of every thread of pid.
+func threadPolicies(t *testing.T, pid int) []int {
+	t.Helper()
+	dir := fmt.Sprintf("/proc/%d/task", pid)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Skip("no /proc:", err)
+	}
+	var out []int
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join(dir, e.Name(), "stat"))
+		if err != nil {
+			continue // the thread ended
+		}
+		s := string(b)
+		f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+		// Fields after the command name start at field 3 (state).
+		var pol int
+		if _, err := fmt.Sscan(f[41-3], &pol); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, pol)
+	}
+	return out
+}
+
+// TestRunSchedBatch: `run -sched batch` puts every thread, including those
+// the runtime starts while the sidecar serves, under SCHED_BATCH (3); the
+// default leaves them at SCHED_OTHER (0).
+func TestRunSchedBatch(t *testing.T) {
+	dir := testutil.SocketDir(t)
+	up := stest.StartUpstream(t, "one")
+	path := filepath.Join(dir, "sidecar.yaml")
+	stest.WriteConfig(t, path, fmt.Sprintf(`
+listeners: [{address: "127.0.0.1:0"}]
+upstreams: [{name: app, address: %q}]
+routes: [{name: main, upstream: app}]
+admin: {address: "127.0.0.1:0"}
+`, up.Addr))
+	for _, c := range []struct {
+		args []string
+		want int
+	}{{nil, 0}, {[]string{"-sched", "batch"}, 3}} {
+		p := startProc(t, path, c.args...)
+		// Load starts more runtime threads after the policy was set.
+		var wg sync.WaitGroup
+		for range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for range 50 {
+					if resp, err := http.Get(p.data + "/"); err == nil {
+						_, _ = io.Copy(io.Discard, resp.Body)
+						resp.Body.Close()
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		pols := threadPolicies(t, p.Cmd.Process.Pid)
+		if len(pols) < 2 {
+			t.Fatalf("%v: only %d threads", c.args, len(pols))
+		}
+		for i, pol := range pols {
+			if pol != c.want {
+				t.Errorf("%v: thread %d of %d has policy %d, want %d", c.args, i, len(pols), pol, c.want)
+			}
+		}
+		if c.want == 3 && !strings.Contains(p.log(), "SCHED_BATCH") {
+			t.Errorf("the policy is not logged:\n%s", p.log())
+		}
+		p.signal(syscall.SIGTERM)
+		_ = p.wait()
+	}
+}
+
+// TestRunSchedRefusesUnknownPolicy: a typo is a usage error, not ignored.
+func TestRunSchedRefusesUnknownPolicy(t *testing.T) {
+	out, err := exec.Command(testutil.BuildBinary(t, "./cmd/sidecar"), "run", "-sched", "fifo", "-config", "x.yaml").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), `-sched must be normal or batch, not "fifo"`) {
+		t.Fatalf("err %v, output:\n%s", err, out)
+	}
+}

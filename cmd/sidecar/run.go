@@ -18,8 +18,14 @@ func runCmd(args []string, stderr io.Writer) error {
 	level := fs.String("log-level", "", "log `level`: trace, debug, info, warn or error (default: the file's logging.level)")
 	format := fs.String("log-format", "", "log `format`: json or console (default: the file's logging.format)")
 	drain := fs.Duration("drain", supervisor.DefaultDrain, "how long in-flight requests may take to finish on shutdown")
+	sched := fs.String("sched", "normal", "scheduling `policy`: normal, or batch (SCHED_BATCH, Linux: a wake-up does not preempt the task running on the CPU; for a sidecar that shares a core with its agents, see docs/operations.md)")
 	if err := parseFlags(fs, args, 0); err != nil {
 		return err
+	}
+	if *sched != "normal" && *sched != "batch" {
+		fmt.Fprintf(stderr, "run: -sched must be normal or batch, not %q\n", *sched)
+		fs.Usage()
+		return errUsage
 	}
 	if *path == "" {
 		fmt.Fprintln(stderr, "run: -config is required")
@@ -41,6 +47,12 @@ func runCmd(args []string, stderr io.Writer) error {
 	log, err := supervisor.NewLogger(cfg.Logging, stderr)
 	if err != nil {
 		return err
+	}
+	if *sched == "batch" {
+		if err := setBatchScheduling(); err != nil {
+			return err
+		}
+		log.Info().Str("policy", "SCHED_BATCH").Msg("scheduling policy set")
 	}
 	// Signals are caught from here on: one that arrives while the sidecar
 	// starts is handled as soon as it serves.

@@ -1,0 +1,47 @@
+//go:build linux
+
+package main
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+
+	"golang.org/x/sys/unix"
+)
+
+// setBatchScheduling puts every thread of the process under SCHED_BATCH:
+// a wake-up of the sidecar no longer preempts the task running on its
+// CPU (see docs/operations.md, "Sharing a core with an agent"). Threads
+// created later inherit the policy from the thread that creates them, and
+// all of those are switched here; the task list is walked until a pass
+// finds no thread left to switch, which covers one created meanwhile.
+// Choosing SCHED_BATCH needs no privilege.
+func setBatchScheduling() error {
+	done := map[int]bool{}
+	for {
+		ents, err := os.ReadDir("/proc/self/task")
+		if err != nil {
+			return fmt.Errorf("sched batch: %w", err)
+		}
+		switched := 0
+		for _, e := range ents {
+			tid, err := strconv.Atoi(e.Name())
+			if err != nil || done[tid] {
+				continue
+			}
+			attr := unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_BATCH}
+			if err := unix.SchedSetAttr(tid, &attr, 0); err != nil {
+				if err == unix.ESRCH {
+					continue // the thread ended meanwhile
+				}
+				return fmt.Errorf("sched batch: thread %d: %w", tid, err)
+			}
+			done[tid] = true
+			switched++
+		}
+		if switched == 0 {
+			return nil
+		}
+	}
+}
