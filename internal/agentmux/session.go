@@ -344,6 +344,21 @@ func (s *Session) Deliver(r *Reply) *Reply {
 	return old
 }
 
+// DeliverError fails request id's waiting exchange with err, a reply the
+// transport could not decode (or an agent's error for that request): it
+// is delivered as a Decision carrying err, which the exchange turns into
+// ErrAgentProtocol. It returns the Reply to decode the next frame into,
+// as Deliver does.
+func (s *Session) DeliverError(r *Reply, id uint64, err error) *Reply {
+	r.Type = protocol.TypeDecision
+	r.Decision.Reset()
+	r.Decision.RequestID = id
+	r.Err = err
+	next := s.Deliver(r)
+	next.Err = nil
+	return next
+}
+
 // Fail ends the session: every waiting exchange gets err (wrapped in
 // ErrAgentConnLost) at once, and later Begin calls fail.
 func (s *Session) Fail(err error) {

@@ -355,7 +355,7 @@ func (c *Client) readLoop(l *link, sess *agentmux.Session, log zerolog.Logger) e
 				sess.CountProtocolError()
 				continue
 			}
-			r = deliverError(sess, r, id, f.Err)
+			r = sess.DeliverError(r, id, f.Err)
 			continue
 		}
 		switch f.Payload {
@@ -375,7 +375,7 @@ func (c *Client) readLoop(l *link, sess *agentmux.Session, log zerolog.Logger) e
 			if err == nil {
 				err = fmt.Errorf("%w: %q", grpcwire.ErrGRPCAgentError, clip(msg))
 			}
-			r = deliverError(sess, r, id, err)
+			r = sess.DeliverError(r, id, err)
 		case grpcwire.PayloadPing:
 			// Put only encodes and queues (it never waits: a full queue
 			// drops the Pong), so the read loop never blocks on the peer.
@@ -392,17 +392,6 @@ func (c *Client) readLoop(l *link, sess *agentmux.Session, log zerolog.Logger) e
 			}
 		}
 	}
-}
-
-// deliverError fails request id's waiting exchange with a protocol error.
-func deliverError(sess *agentmux.Session, r *agentmux.Reply, id uint64, err error) *agentmux.Reply {
-	r.Type = protocol.TypeDecision
-	r.Decision.Reset()
-	r.Decision.RequestID = id
-	r.Err = err
-	r = sess.Deliver(r)
-	r.Err = nil
-	return r
 }
 
 // streamError explains why a stream's RecvMsg failed.

@@ -183,7 +183,8 @@ func (l *Link) readLoop(sess *agentmux.Session) error {
 		case protocol.TypeDecision:
 			spare.Type, spare.Err = t, nil
 			if derr := spare.Decision.Decode(payload); derr != nil {
-				if spare, err = l.badReply(sess, spare, payload, derr); err != nil {
+				id, known := protocol.PeekRequestID(payload)
+				if spare, err = l.badReply(sess, spare, id, known, derr); err != nil {
 					return err
 				}
 				continue
@@ -192,7 +193,8 @@ func (l *Link) readLoop(sess *agentmux.Session) error {
 		case protocol.TypeBodyMutation:
 			spare.Type, spare.Err = t, nil
 			if derr := spare.Mutation.Decode(payload); derr != nil {
-				if spare, err = l.badReply(sess, spare, payload, derr); err != nil {
+				id, known := protocol.PeekRequestID(payload)
+				if spare, err = l.badReply(sess, spare, id, known, derr); err != nil {
 					return err
 				}
 				continue
@@ -273,7 +275,7 @@ func (l *Link) readLoopProtobuf(sess *agentmux.Session) error {
 				derr = aerr
 			}
 			if derr != nil {
-				if spare, err = l.badProtobufReply(sess, spare, f.RequestID, derr); err != nil {
+				if spare, err = l.badReply(sess, spare, f.RequestID, f.RequestID != 0, derr); err != nil {
 					return err
 				}
 				continue
@@ -293,23 +295,6 @@ func (l *Link) readLoopProtobuf(sess *agentmux.Session) error {
 	}
 }
 
-// badProtobufReply is badReply for a protobuf payload, whose request id
-// the envelope gave as far as it parsed (0: none).
-func (l *Link) badProtobufReply(sess *agentmux.Session, r *agentmux.Reply, id uint64, derr error) (*agentmux.Reply, error) {
-	l.cfg.Logger.Warn().Err(derr).Bool("request_known", id != 0).Msg("undecodable reply from agent")
-	if id == 0 {
-		sess.CountProtocolError()
-		return r, fmt.Errorf("%w: undecodable %s without request_id: %v", agentmux.ErrAgentProtocol, r.Type, derr)
-	}
-	r.Err = derr
-	r.Type = protocol.TypeDecision
-	r.Decision.Reset()
-	r.Decision.RequestID = id
-	next := sess.Deliver(r)
-	next.Err = nil
-	return next, nil
-}
-
 // clip bounds agent-provided text before it reaches logs and errors.
 func clip(s string) string {
 	if len(s) > 256 {
@@ -318,23 +303,19 @@ func clip(s string) string {
 	return s
 }
 
-// badReply routes an undecodable reply to its request when its id can be
-// read, so that request fails with a protocol error and the others go on.
-// Without an id nobody can be told, so the connection is dropped: every
-// waiter then fails at once instead of waiting for its deadline.
-func (l *Link) badReply(sess *agentmux.Session, r *agentmux.Reply, payload []byte, derr error) (*agentmux.Reply, error) {
-	id, ok := protocol.PeekRequestID(payload)
-	l.cfg.Logger.Warn().Err(derr).Bool("request_known", ok).Msg("undecodable reply from agent")
-	if !ok {
+// badReply routes an undecodable reply to its request when its id could
+// be read (known: from a JSON payload by protocol.PeekRequestID, from a
+// protobuf envelope as far as it parsed), so that request fails with a
+// protocol error and the others go on. Without an id nobody can be told,
+// so the connection is dropped: every waiter then fails at once instead
+// of waiting for its deadline.
+func (l *Link) badReply(sess *agentmux.Session, r *agentmux.Reply, id uint64, known bool, derr error) (*agentmux.Reply, error) {
+	l.cfg.Logger.Warn().Err(derr).Bool("request_known", known).Msg("undecodable reply from agent")
+	if !known {
 		sess.CountProtocolError()
 		return r, fmt.Errorf("%w: undecodable %s without request_id: %v", agentmux.ErrAgentProtocol, r.Type, derr)
 	}
-	r.Err = derr
-	r.Type = protocol.TypeDecision
-	r.Decision.RequestID = id
-	next := sess.Deliver(r)
-	next.Err = nil
-	return next, nil
+	return sess.DeliverError(r, id, derr), nil
 }
 
 func (l *Link) pinger() {
