@@ -67,16 +67,24 @@ func TestReverseAgentSpeaksProtobufWhenTold(t *testing.T) {
 	if _, err := nc.Write(ev); err != nil {
 		t.Fatal(err)
 	}
+	d, f, typ, ok := nextProtobufDecision(t, fr)
+	if !ok || d.RequestID != 77 {
+		t.Fatalf("reply %s: not a protobuf Decision for request 77 (%v)", typ, f.Err)
+	}
+}
+
+// nextProtobufDecision reads the next frame from the agent; ok says it is
+// a Decision frame carrying a decodable protobuf Decision, which d is. f
+// is the parsed envelope (it aliases fr's buffer until the next read).
+func nextProtobufDecision(t *testing.T, fr *uds.FrameReader) (d protocol.Decision, f pbwire.Frame, typ protocol.MsgType, ok bool) {
+	t.Helper()
 	typ, p, err := fr.Next()
 	if err != nil {
 		t.Fatal(err)
 	}
-	var f pbwire.Frame
 	f.Parse(p)
-	var d protocol.Decision
-	if typ != protocol.TypeDecision || f.Err != nil || f.Payload != pbwire.PayloadDecision || f.DecodeDecision(&d) != nil || d.RequestID != 77 {
-		t.Fatalf("reply %s % x: not a protobuf Decision for request 77 (%v)", typ, p, f.Err)
-	}
+	ok = typ == protocol.TypeDecision && f.Err == nil && f.Payload == pbwire.PayloadDecision && f.DecodeDecision(&d) == nil
+	return d, f, typ, ok
 }
 
 // TestReverseAgentRefusesUndeclaredProtobuf: an agent that keeps JSON and

@@ -77,14 +77,8 @@ func TestProtobufEventWithUnknownEnvelopeField(t *testing.T) {
 		if _, err := nc.Write(frame); err != nil {
 			t.Fatal(err)
 		}
-		typ, p, err := fr.Next()
-		if err != nil {
-			t.Fatal(err)
-		}
-		var f pbwire.Frame
-		f.Parse(p)
-		var d protocol.Decision
-		if typ != protocol.TypeDecision || f.Err != nil || f.Payload != pbwire.PayloadDecision || f.DecodeDecision(&d) != nil || d.RequestID != id {
+		d, f, typ, ok := nextProtobufDecision(t, fr)
+		if !ok || d.RequestID != id {
 			msg, _ := f.AgentError()
 			t.Errorf("unknown envelope field %s the event: reply %s payload %d (agent error %q), want a Decision for %d", order, typ, f.Payload, msg, id)
 			continue
