@@ -27,6 +27,9 @@ type result struct {
 	// CPU per request (µs) of the proxy, its agent (or auth server) and the
 	// upstream, over the measured window.
 	proxyUS, agentUS, upstreamUS float64
+	// The part of proxyUS and agentUS spent in the kernel (stime): system
+	// calls and the network stack's work charged to the process.
+	proxyKernelUS, agentKernelUS float64
 	// sutCores is the proxy's and agent's CPU time over the window divided
 	// by its length: 1.0 means they kept one core busy.
 	sutCores float64
@@ -50,6 +53,9 @@ type result struct {
 }
 
 func (r *result) totalUS() float64 { return r.proxyUS + r.agentUS }
+
+// kernelUS is the part of totalUS spent in the kernel.
+func (r *result) kernelUS() float64 { return r.proxyKernelUS + r.agentKernelUS }
 
 // upstreamStats are the upstream's counters (cmd/upstream).
 type upstreamStats struct{ total, marked, admin int64 }
@@ -278,8 +284,8 @@ func (h *harness) runRow(def rowDef, round int) (res result) {
 	}
 
 	s0, err1 := getStats(rc.upstream)
-	p0, err2 := cpuOf(rc.proxyPIDs)
-	a0, err3 := cpuOf(agentPIDs)
+	p0, err2 := cpuSplitOf(rc.proxyPIDs)
+	a0, err3 := cpuSplitOf(agentPIDs)
 	u0, err4 := cpuOf(upPIDs)
 	m0, st0 := machineBusy(), machineSteal()
 	pw0, errPW0 := workOf(rc.proxyPIDs)
@@ -296,8 +302,8 @@ func (h *harness) runRow(def rowDef, round int) (res result) {
 	m1, st1 := machineBusy(), machineSteal()
 	pw1, errPW1 := workOf(rc.proxyPIDs)
 	aw1, errAW1 := workOf(agentPIDs)
-	p1, err2 := cpuOf(rc.proxyPIDs)
-	a1, err3 := cpuOf(agentPIDs)
+	p1, err2 := cpuSplitOf(rc.proxyPIDs)
+	a1, err3 := cpuSplitOf(agentPIDs)
 	u1, err4 := cpuOf(upPIDs)
 	s1, err1 := getStats(rc.upstream)
 	if err := errors.Join(err1, err2, err3, err4); err != nil {
@@ -319,9 +325,10 @@ func (h *harness) runRow(def rowDef, round int) (res result) {
 	n := float64(w.requests)
 	res.rps = n / w.elapsed.Seconds()
 	us := func(d time.Duration) float64 { return float64(d.Microseconds()) / n }
-	res.proxyUS, res.agentUS, res.upstreamUS = us(p1-p0), us(a1-a0), us(u1-u0)
-	res.sutCores = (p1 - p0 + a1 - a0).Seconds() / w.elapsed.Seconds()
-	ours := (p1 - p0) + (a1 - a0) + (u1 - u0) + w.cpu
+	res.proxyUS, res.agentUS, res.upstreamUS = us(p1.total()-p0.total()), us(a1.total()-a0.total()), us(u1-u0)
+	res.proxyKernelUS, res.agentKernelUS = us(p1.kernel-p0.kernel), us(a1.kernel-a0.kernel)
+	res.sutCores = (p1.total() - p0.total() + a1.total() - a0.total()).Seconds() / w.elapsed.Seconds()
+	ours := (p1.total() - p0.total()) + (a1.total() - a0.total()) + (u1 - u0) + w.cpu
 	res.others = max(0, (m1-m0-ours).Seconds()/w.elapsed.Seconds())
 	res.steal = (st1 - st0).Seconds() / w.elapsed.Seconds()
 	res.proxySys, res.proxyCS = perRequest(pw0, pw1, errors.Join(errPW0, errPW1), n)

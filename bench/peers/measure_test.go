@@ -72,11 +72,23 @@ func TestRoundOrder(t *testing.T) {
 }
 
 func TestCPUTicks(t *testing.T) {
-	if _, err := cpuTicks(os.Getpid()); err != nil {
+	if _, _, err := cpuTicksSplit(os.Getpid()); err != nil {
 		t.Skip("no /proc:", err)
 	}
 	if _, err := cpuOf([]int{os.Getpid()}); err != nil {
 		t.Fatal(err)
+	}
+	// A command name may hold spaces and parentheses; utime and stime are
+	// the 14th and 15th fields.
+	line := "4242 (a) (b c)) S 1 4242 4242 0 -1 4194560 100 0 0 0 731 269 0 0 20 0 7 0 55 0 0\n"
+	u, k, err := statTimes([]byte(line))
+	if err != nil || u != 731 || k != 269 {
+		t.Errorf("statTimes = %d, %d, %v; want 731, 269", u, k, err)
+	}
+	for _, bad := range []string{"", "4242 (x S 1", "4242 (x) S 1 2 3", "4242 (x) S 1 4242 4242 0 -1 4194560 100 0 0 0 7x1 269 0"} {
+		if _, _, err := statTimes([]byte(bad)); err == nil {
+			t.Errorf("statTimes(%q) took a malformed line", bad)
+		}
 	}
 }
 

@@ -206,30 +206,40 @@ func waitHTTP200(p *proc, url string, timeout time.Duration) error {
 	}
 }
 
-// cpuTicks is utime+stime of a process (all its threads, living and
-// ended), from /proc/<pid>/stat, in clock ticks.
-func cpuTicks(pid int) (int64, error) {
+// cpuTicksSplit is a process's user and kernel CPU time so far (utime and
+// stime of /proc/<pid>/stat: all its threads, living and ended), in clock
+// ticks.
+func cpuTicksSplit(pid int) (user, kernel int64, err error) {
 	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
+	user, kernel, err = statTimes(b)
+	if err != nil {
+		return 0, 0, fmt.Errorf("/proc/%d/stat: %w", pid, err)
+	}
+	return user, kernel, nil
+}
+
+// statTimes reads utime and stime from the text of a /proc/<pid>/stat.
+func statTimes(b []byte) (user, kernel int64, err error) {
 	// The command name may contain spaces and parentheses: fields start
 	// after the last ')'. Field 3 (state) is f[0]; utime (14) is f[11],
 	// stime (15) f[12].
 	i := bytes.LastIndexByte(b, ')')
 	if i < 0 {
-		return 0, fmt.Errorf("/proc/%d/stat: unexpected format", pid)
+		return 0, 0, errors.New("unexpected format")
 	}
 	f := strings.Fields(string(b[i+1:]))
 	if len(f) < 13 {
-		return 0, fmt.Errorf("/proc/%d/stat: too few fields", pid)
+		return 0, 0, errors.New("too few fields")
 	}
 	u, err1 := strconv.ParseInt(f[11], 10, 64)
 	s, err2 := strconv.ParseInt(f[12], 10, 64)
 	if err1 != nil || err2 != nil {
-		return 0, fmt.Errorf("/proc/%d/stat: bad times", pid)
+		return 0, 0, errors.New("bad times")
 	}
-	return u + s, nil
+	return u, s, nil
 }
 
 // work is what processes did besides using CPU: their read/write system
@@ -294,15 +304,28 @@ const clockTick = 10 * time.Millisecond
 
 // cpuOf is the CPU time used so far by the processes pids together.
 func cpuOf(pids []int) (time.Duration, error) {
-	var t int64
+	c, err := cpuSplitOf(pids)
+	return c.total(), err
+}
+
+// cpuTime is CPU time split into user and kernel (system) time.
+type cpuTime struct{ user, kernel time.Duration }
+
+func (c cpuTime) total() time.Duration { return c.user + c.kernel }
+
+// cpuSplitOf is the user and kernel CPU time used so far by the processes
+// pids together.
+func cpuSplitOf(pids []int) (cpuTime, error) {
+	var c cpuTime
 	for _, pid := range pids {
-		n, err := cpuTicks(pid)
+		u, s, err := cpuTicksSplit(pid)
 		if err != nil {
-			return 0, err
+			return cpuTime{}, err
 		}
-		t += n
+		c.user += time.Duration(u) * clockTick
+		c.kernel += time.Duration(s) * clockTick
 	}
-	return time.Duration(t) * clockTick, nil
+	return c, nil
 }
 
 // children lists the processes whose parent is pid (nginx's workers).

@@ -176,18 +176,18 @@ func hasProxy(key string) bool { return key != "direct" }
 
 func printRound(w io.Writer, defs []rowDef, order []rowDef, res []result, round int) {
 	fmt.Fprintf(w, "## Round %d (rows in the order they ran)\n\n", round)
-	head := []string{"row", "req/s", "p50", "p99", "proxy µs/req", "agent µs/req", "proxy+agent µs/req", "upstream µs/req", "proxy+agent cores", "proxy read/write syscalls/req", "agent read/write syscalls/req", "proxy+agent ctx switches/req", "other load (cores)", "steal (cores)", "wrk failures"}
+	head := []string{"row", "req/s", "p50", "p99", "proxy µs/req", "agent µs/req", "proxy+agent µs/req", "of it kernel", "upstream µs/req", "proxy+agent cores", "proxy read/write syscalls/req", "agent read/write syscalls/req", "proxy+agent ctx switches/req", "other load (cores)", "steal (cores)", "wrk failures"}
 	var body [][]string
 	for _, r := range res {
 		d := defOf(defs, r.key)
 		if r.err != nil {
-			body = append(body, []string{r.name, "FAILED: " + firstLine(r.err.Error()), "", "", "", "", "", "", "", "", "", "", "", ""})
+			body = append(body, []string{r.name, "FAILED: " + firstLine(r.err.Error()), "", "", "", "", "", "", "", "", "", "", "", "", ""})
 			continue
 		}
 		body = append(body, []string{
 			r.name, fmt.Sprintf("%.0f", r.rps), fmtLat(r.p50), fmtLat(r.p99),
 			fmtUS(r.proxyUS, hasProxy(r.key)), fmtUS(r.agentUS, d.agent), fmtUS(r.totalUS(), hasProxy(r.key)),
-			fmtUS(r.upstreamUS, true), fmt.Sprintf("%.2f", r.sutCores),
+			fmtUS(r.kernelUS(), hasProxy(r.key)), fmtUS(r.upstreamUS, true), fmt.Sprintf("%.2f", r.sutCores),
 			fmtCount(r.proxySys, hasProxy(r.key)), fmtCount(r.agentSys, d.agent), fmtCount(sumKnown(r.proxyCS, r.agentCS), hasProxy(r.key)),
 			fmt.Sprintf("%.2f", r.others), fmt.Sprintf("%.2f", r.steal), fmt.Sprint(r.failures),
 		})
@@ -212,13 +212,14 @@ func median(v []float64) float64 {
 type med struct {
 	ok                                 int
 	rps, p50, p99, proxy, agent, total float64
+	kernel                             float64 // of total, proxy + agent
 	upstream, cores                    float64
 	syscalls, switches                 float64 // proxy + agent, per request; < 0: unknown
 }
 
 func medians(key string, all [][]result) med {
 	var m med
-	var rps, p50, p99, px, ag, tot, up, cores, sys, cs []float64
+	var rps, p50, p99, px, ag, tot, kern, up, cores, sys, cs []float64
 	for _, round := range all {
 		for _, r := range round {
 			if r.key != key || r.err != nil {
@@ -231,6 +232,7 @@ func medians(key string, all [][]result) med {
 			px = append(px, r.proxyUS)
 			ag = append(ag, r.agentUS)
 			tot = append(tot, r.totalUS())
+			kern = append(kern, r.kernelUS())
 			up = append(up, r.upstreamUS)
 			cores = append(cores, r.sutCores)
 			sys = append(sys, sumKnown(r.proxySys, r.agentSys))
@@ -239,6 +241,7 @@ func medians(key string, all [][]result) med {
 	}
 	m.rps, m.p50, m.p99 = median(rps), median(p50), median(p99)
 	m.proxy, m.agent, m.total, m.upstream, m.cores = median(px), median(ag), median(tot), median(up), median(cores)
+	m.kernel = median(kern)
 	m.syscalls, m.switches = median(sys), median(cs)
 	return m
 }
@@ -246,13 +249,13 @@ func medians(key string, all [][]result) med {
 func printMedians(w io.Writer, defs []rowDef, all [][]result) {
 	fmt.Fprintf(w, "## Medians over %d round(s), ratios to HAProxy + SPOE\n\n", len(all))
 	ref := medians(reference, all)
-	head := []string{"row", "req/s", "p50", "p99", "proxy µs/req", "agent µs/req", "proxy+agent µs/req", "proxy+agent cores", "proxy+agent read/write syscalls/req", "proxy+agent ctx switches/req", "req/s vs HAProxy+SPOE", "CPU/req vs HAProxy+SPOE"}
+	head := []string{"row", "req/s", "p50", "p99", "proxy µs/req", "agent µs/req", "proxy+agent µs/req", "of it kernel", "proxy+agent cores", "proxy+agent read/write syscalls/req", "proxy+agent ctx switches/req", "req/s vs HAProxy+SPOE", "CPU/req vs HAProxy+SPOE"}
 	var body [][]string
 	for _, d := range defs {
 		m := medians(d.key, all)
 		name := d.name
 		if m.ok == 0 {
-			body = append(body, []string{name, "FAILED in every round", "", "", "", "", "", "", "", "", "", ""})
+			body = append(body, []string{name, "FAILED in every round", "", "", "", "", "", "", "", "", "", "", ""})
 			continue
 		}
 		if m.ok < len(all) {
@@ -268,7 +271,7 @@ func printMedians(w io.Writer, defs []rowDef, all [][]result) {
 		body = append(body, []string{
 			name, fmt.Sprintf("%.0f", m.rps), fmtLat(time.Duration(m.p50)), fmtLat(time.Duration(m.p99)),
 			fmtUS(m.proxy, hasProxy(d.key)), fmtUS(m.agent, d.agent), fmtUS(m.total, hasProxy(d.key)),
-			fmt.Sprintf("%.2f", m.cores), fmtCount(m.syscalls, hasProxy(d.key)), fmtCount(m.switches, hasProxy(d.key)), rr, cr,
+			fmtUS(m.kernel, hasProxy(d.key)), fmt.Sprintf("%.2f", m.cores), fmtCount(m.syscalls, hasProxy(d.key)), fmtCount(m.switches, hasProxy(d.key)), rr, cr,
 		})
 	}
 	table(w, head, body)
