@@ -129,3 +129,20 @@ func TestWorkOf(t *testing.T) {
 		t.Error("a missing field was not reported")
 	}
 }
+
+func TestKernelMedian(t *testing.T) {
+	round := func(proxyK, agentK float64) []result {
+		return []result{{key: reference, name: "HAProxy + SPOE agent", rps: 1000, proxyUS: 30, agentUS: 10,
+			proxyKernelUS: proxyK, agentKernelUS: agentK}}
+	}
+	all := [][]result{round(20, 6), round(18, 5), round(25, 9)}
+	if m := medians(reference, all); m.kernel != 26 || m.total != 40 {
+		t.Errorf("kernel median %.1f, total %.1f; want 26 (of 26, 23, 34) and 40", m.kernel, m.total)
+	}
+	var b strings.Builder
+	printMedians(&b, []rowDef{{key: reference, name: "HAProxy + SPOE agent", agent: true}}, all)
+	out := b.String()
+	if !strings.Contains(out, "of it kernel") || !strings.Contains(out, "26.0") {
+		t.Errorf("the medians table lacks the kernel column or its value:\n%s", out)
+	}
+}
