@@ -45,6 +45,7 @@ type harness struct {
 	loadCPUs         string // wrk and the upstream ("" when not pinned)
 	proxyCPUs        string // proxies and agents ("" when not pinned)
 	sched            string // "normal" or "batch": the scheduling policy of proxies and agents
+	baseline         string // another checkout whose sidecar rows run too ("": none)
 
 	tmp    string
 	binDir string
@@ -77,6 +78,7 @@ func run() int {
 	flag.StringVar(&h.sched, "sched", "normal", "scheduling `policy` of every proxy and agent: normal, or batch (SCHED_BATCH with chrt -b 0: no wake-up preemption)")
 	match := flag.String("rows", "", "run only rows whose key matches this `regexp` (keys: "+rowKeys()+")")
 	keep := flag.Bool("keep", false, "keep the temporary directory (configurations and logs)")
+	flag.StringVar(&h.baseline, "baseline", "", "another checkout's root `directory` (a git worktree of another commit): its sidecar and SDK agent are measured too, as the rows sidecar-base and sidecar-uds-base, in the same rounds")
 	flag.Parse()
 
 	var rowRE *regexp.Regexp
@@ -164,7 +166,22 @@ func run() int {
 		built[b] = h.goBuild(src, b, "./cmd/"+b)
 	}
 	built["sidecar"] = h.goBuild(filepath.Join(src, "..", ".."), "sidecar", "./cmd/sidecar")
-	for _, b := range []string{"upstream", "authserver", "spoeagent", "sdkagent", "fhproxy", "sidecar"} {
+	candidates := rows
+	if h.baseline != "" {
+		base, err := filepath.Abs(h.baseline)
+		if err == nil {
+			_, err = os.Stat(filepath.Join(base, "cmd", "sidecar"))
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "peers: -baseline: not a checkout of the sidecar:", err)
+			return 2
+		}
+		h.baseline = base
+		built["sidecar-base"] = h.goBuild(base, "sidecar-base", "./cmd/sidecar")
+		built["sdkagent-base"] = h.goBuild(filepath.Join(base, "bench", "peers"), "sdkagent-base", "./cmd/sdkagent")
+		candidates = append(slices.Clone(rows), baselineRows...)
+	}
+	for _, b := range []string{"upstream", "authserver", "spoeagent", "sdkagent", "fhproxy", "sidecar", "sidecar-base", "sdkagent-base"} {
 		if built[b] != nil {
 			fmt.Fprintln(os.Stderr, "peers:", built[b])
 		}
@@ -177,7 +194,7 @@ func run() int {
 	// Which rows run.
 	var defs []rowDef
 	var skipped []string
-	for _, d := range rows {
+	for _, d := range candidates {
 		if rowRE != nil && !rowRE.MatchString(d.key) {
 			continue
 		}
@@ -250,6 +267,9 @@ func rowKeys() string {
 	var k []string
 	for _, r := range rows {
 		k = append(k, r.key)
+	}
+	for _, r := range baselineRows {
+		k = append(k, r.key+" (with -baseline)")
 	}
 	return strings.Join(k, ", ")
 }

@@ -35,6 +35,9 @@ func printHeader(w io.Writer, h *harness) {
 		}
 	}
 	v = append(v, runtime.Version(), "sidecar "+sidecarRev())
+	if h.baseline != "" {
+		v = append(v, "baseline sidecar "+checkoutRev(h.baseline)+" ("+h.baseline+")")
+	}
 	fmt.Fprintf(w, "- versions: %s\n\n", strings.Join(v, ", "))
 }
 
@@ -94,7 +97,12 @@ func toolVersion(name, path string) string {
 // sidecarRev is the checkout's commit, marked when it has local changes.
 func sidecarRev() string {
 	src, _ := os.Getwd()
-	root := filepath.Join(src, "..", "..")
+	return checkoutRev(filepath.Join(src, "..", ".."))
+}
+
+// checkoutRev is the commit of the checkout at root, marked when it has
+// local changes.
+func checkoutRev(root string) string {
 	b, err := exec.Command("git", "-C", root, "rev-parse", "--short", "HEAD").Output()
 	if err != nil {
 		return "(unknown commit)"

@@ -49,6 +49,13 @@ var rows = []rowDef{
 	{key: "sidecar-uds-json", name: "sidecar + UDS agent, JSON payloads", bins: []string{"sidecar", "sdkagent"}, agent: true, setup: setupSidecarJSON},
 }
 
+// baselineRows are the sidecar rows again, built from another checkout
+// (-baseline): the same rows of two builds, measured in the same rounds.
+var baselineRows = []rowDef{
+	{key: "sidecar-base", name: "sidecar, no agent (baseline)", bins: []string{"sidecar-base"}, setup: setupSidecarBuild("sidecar-base", "", false)},
+	{key: "sidecar-uds-base", name: "sidecar + UDS agent (baseline)", bins: []string{"sidecar-base", "sdkagent-base"}, agent: true, setup: setupSidecarBuild("sidecar-base", "sdkagent-base", false)},
+}
+
 // reference is the row the ratios divide by.
 const reference = "haproxy-spoe"
 
@@ -390,15 +397,27 @@ logging:
 // setupSidecarJSON is the agent row with the connection kept on JSON
 // payloads (payload_encoding: json), as with an agent that does not
 // declare supports_protobuf_payloads.
-func setupSidecarJSON(h *harness, rc *rowCtx) error { return sidecarRow(h, rc, true, true) }
-
-func setupSidecar(agent bool) func(*harness, *rowCtx) error {
-	return func(h *harness, rc *rowCtx) error { return sidecarRow(h, rc, agent, false) }
+func setupSidecarJSON(h *harness, rc *rowCtx) error {
+	return sidecarRow(h, rc, "sidecar", "sdkagent", true)
 }
 
-// sidecarRow starts the sidecar, with the SDK agent when agent is set
-// (on JSON payloads when json is set).
-func sidecarRow(h *harness, rc *rowCtx, agent, json bool) error {
+func setupSidecar(agent bool) func(*harness, *rowCtx) error {
+	if agent {
+		return setupSidecarBuild("sidecar", "sdkagent", false)
+	}
+	return setupSidecarBuild("sidecar", "", false)
+}
+
+// setupSidecarBuild starts the sidecar binary sidecarBin, with the agent
+// binary agentBin ("": no agent).
+func setupSidecarBuild(sidecarBin, agentBin string, json bool) func(*harness, *rowCtx) error {
+	return func(h *harness, rc *rowCtx) error { return sidecarRow(h, rc, sidecarBin, agentBin, json) }
+}
+
+// sidecarRow starts the sidecar binary sidecarBin, with the SDK agent
+// binary agentBin unless it is "" (on JSON payloads when json is set).
+func sidecarRow(h *harness, rc *rowCtx, sidecarBin, agentBin string, json bool) error {
+	agent := agentBin != ""
 	addrs, err := freeAddrs(2)
 	if err != nil {
 		return err
@@ -408,7 +427,7 @@ func sidecarRow(h *harness, rc *rowCtx, agent, json bool) error {
 		"AgentSock": filepath.Join(rc.dir, "sdkagent.sock"),
 	}
 	if agent {
-		if err := startAgent(h, rc, "sdkagent", data["AgentSock"].(string), "-socket", data["AgentSock"].(string)); err != nil {
+		if err := startAgent(h, rc, agentBin, data["AgentSock"].(string), "-socket", data["AgentSock"].(string)); err != nil {
 			return err
 		}
 	}
@@ -416,8 +435,8 @@ func sidecarRow(h *harness, rc *rowCtx, agent, json bool) error {
 	if err != nil {
 		return err
 	}
-	p, err := h.startSUT("sidecar", filepath.Join(rc.dir, "sidecar.log"), goEnv,
-		h.bin("sidecar"), "run", "-config", cfg)
+	p, err := h.startSUT(sidecarBin, filepath.Join(rc.dir, sidecarBin+".log"), goEnv,
+		h.bin(sidecarBin), "run", "-config", cfg)
 	if err != nil {
 		return err
 	}
