@@ -162,7 +162,7 @@ func run() int {
 	}
 	built := map[string]error{}
 	fmt.Fprintln(os.Stderr, "peers: building the sidecar, the agents, the auth server and the upstream …")
-	for _, b := range []string{"upstream", "authserver", "spoeagent", "sdkagent", "fhproxy"} {
+	for _, b := range []string{"upstream", "authserver", "spoeagent", "sdkagent", "fhproxy", "loopproxy"} {
 		built[b] = h.goBuild(src, b, "./cmd/"+b)
 	}
 	built["sidecar"] = h.goBuild(filepath.Join(src, "..", ".."), "sidecar", "./cmd/sidecar")
@@ -181,7 +181,7 @@ func run() int {
 		built["sdkagent-base"] = h.goBuild(filepath.Join(base, "bench", "peers"), "sdkagent-base", "./cmd/sdkagent")
 		candidates = append(slices.Clone(rows), baselineRows...)
 	}
-	for _, b := range []string{"upstream", "authserver", "spoeagent", "sdkagent", "fhproxy", "sidecar", "sidecar-base", "sdkagent-base"} {
+	for _, b := range []string{"upstream", "authserver", "spoeagent", "sdkagent", "fhproxy", "loopproxy", "sidecar", "sidecar-base", "sdkagent-base"} {
 		if built[b] != nil {
 			fmt.Fprintln(os.Stderr, "peers:", built[b])
 		}

@@ -44,6 +44,8 @@ var rows = []rowDef{
 	{key: "caddy", name: "Caddy, no agent", tools: []string{"caddy"}, setup: setupCaddy(false)},
 	{key: "caddy-auth", name: "Caddy + forward_auth", tools: []string{"caddy"}, bins: []string{"authserver"}, agent: true, setup: setupCaddy(true)},
 	{key: "fasthttp", name: "fasthttp HostClient proxy, no agent", bins: []string{"fhproxy"}, setup: setupFasthttp},
+	{key: "loop", name: "epoll-loop floor, no agent", bins: []string{"loopproxy"}, setup: setupLoop(false)},
+	{key: "loop-uds", name: "epoll-loop floor + UDS agent (Go SDK)", bins: []string{"loopproxy", "sdkagent"}, agent: true, setup: setupLoop(true)},
 	{key: "sidecar", name: "sidecar, no agent", bins: []string{"sidecar"}, setup: setupSidecar(false)},
 	{key: "sidecar-uds", name: "sidecar + UDS agent (Go SDK)", bins: []string{"sidecar", "sdkagent"}, agent: true, setup: setupSidecar(true)},
 	{key: "sidecar-uds-json", name: "sidecar + UDS agent, JSON payloads", bins: []string{"sidecar", "sdkagent"}, agent: true, setup: setupSidecarJSON},
@@ -364,6 +366,30 @@ func setupFasthttp(h *harness, rc *rowCtx) error {
 	}
 	rc.proxy, rc.target = p, "http://"+addrs[0]
 	return waitDial(p, "tcp", addrs[0], startTimeout)
+}
+
+// setupLoop starts cmd/loopproxy, with the SDK agent when agent is set.
+func setupLoop(agent bool) func(*harness, *rowCtx) error {
+	return func(h *harness, rc *rowCtx) error {
+		addrs, err := freeAddrs(1)
+		if err != nil {
+			return err
+		}
+		args := []string{h.bin("loopproxy"), "-listen", addrs[0], "-upstream", rc.upstream}
+		if agent {
+			sock := filepath.Join(rc.dir, "sdkagent.sock")
+			if err := startAgent(h, rc, "sdkagent", sock, "-socket", sock); err != nil {
+				return err
+			}
+			args = append(args, "-agent", sock)
+		}
+		p, err := h.startSUT("loopproxy", filepath.Join(rc.dir, "loopproxy.log"), goEnv, args...)
+		if err != nil {
+			return err
+		}
+		rc.proxy, rc.target = p, "http://"+addrs[0]
+		return waitDial(p, "tcp", addrs[0], startTimeout)
+	}
 }
 
 const sidecarCfg = `listeners:
