@@ -3,6 +3,7 @@ package main
 import (
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -144,5 +145,22 @@ func TestKernelMedian(t *testing.T) {
 	out := b.String()
 	if !strings.Contains(out, "of it kernel") || !strings.Contains(out, "26.0") {
 		t.Errorf("the medians table lacks the kernel column or its value:\n%s", out)
+	}
+}
+
+func TestRowKeys(t *testing.T) {
+	seen := map[string]bool{}
+	for _, r := range append(slices.Clone(rows), baselineRows...) {
+		if seen[r.key] {
+			t.Errorf("row key %q twice", r.key)
+		}
+		seen[r.key] = true
+	}
+	for _, r := range baselineRows {
+		for _, b := range r.bins {
+			if !strings.HasSuffix(b, "-base") {
+				t.Errorf("baseline row %s runs %s, a binary of this checkout", r.key, b)
+			}
+		}
 	}
 }
