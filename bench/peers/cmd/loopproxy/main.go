@@ -15,6 +15,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"flag"
 	"fmt"
@@ -230,30 +231,51 @@ func (l *loop) close(c *conn) {
 	}
 }
 
-// flush writes c.out; false when the connection failed. What the socket
-// does not take now is retried after the next iteration.
-func (l *loop) flush(c *conn) bool {
-	for len(c.out) > 0 {
-		n, err := syscall.Write(c.fd, c.out)
+// write writes as much of b as the socket takes now: n bytes, and ok
+// false when the connection failed.
+func write(fd int, b []byte) (n int, ok bool) {
+	for n < len(b) {
+		m, err := syscall.Write(fd, b[n:])
 		if err == syscall.EINTR {
 			continue
 		}
 		if err == syscall.EAGAIN {
-			l.writable = append(l.writable, c)
-			return true
+			return n, true
 		}
-		if err != nil || n <= 0 {
-			return false
+		if err != nil || m <= 0 {
+			return n, false
 		}
-		c.out = c.out[:copy(c.out, c.out[n:])]
+		n += m
 	}
-	return true
+	return n, true
 }
 
+// flush writes c.out; false when the connection failed. What the socket
+// does not take now is retried after the next iteration.
+func (l *loop) flush(c *conn) bool {
+	n, ok := write(c.fd, c.out)
+	c.out = c.out[:copy(c.out, c.out[n:])]
+	if ok && len(c.out) > 0 {
+		l.writable = append(l.writable, c)
+	}
+	return ok
+}
+
+// send writes b to c. With nothing queued it writes b itself and copies
+// only what the socket did not take; behind queued output it queues.
 func (l *loop) send(c *conn, b []byte) {
-	c.out = append(c.out, b...)
-	if !l.flush(c) {
+	if len(c.out) > 0 {
+		c.out = append(c.out, b...) // c is in l.writable already
+		return
+	}
+	n, ok := write(c.fd, b)
+	if !ok {
 		l.close(c)
+		return
+	}
+	if n < len(b) {
+		c.out = append(c.out, b[n:]...)
+		l.writable = append(l.writable, c)
 	}
 }
 
@@ -308,16 +330,24 @@ var (
 	agentFailed = []byte("HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n")
 )
 
+// headEnd is where the head buffered on c ends (before its blank line),
+// or -1 when it is not complete yet; c is closed when it has buffered
+// more than maxHead without one.
+func (l *loop) headEnd(c *conn) int {
+	i := bytes.Index(c.in, crlf2)
+	if i < 0 && len(c.in) > maxHead {
+		l.close(c)
+	}
+	return i
+}
+
 // nextRequest starts the next request buffered on c, if c is free.
 func (l *loop) nextRequest(c *conn) {
 	if c.busy || c.fd < 0 {
 		return
 	}
-	i := bytes.Index(c.in, crlf2)
+	i := l.headEnd(c)
 	if i < 0 {
-		if len(c.in) > maxHead {
-			l.close(c)
-		}
 		return
 	}
 	c.req = append(c.req[:0], c.in[:i+4]...)
@@ -325,8 +355,7 @@ func (l *loop) nextRequest(c *conn) {
 	c.busy = true
 	l.ev.Reset()
 	if !parseRequest(c.req, &l.ev) {
-		c.out = append(c.out, notHandled...)
-		l.flush(c)
+		l.send(c, notHandled)
 		l.close(c)
 		return
 	}
@@ -416,11 +445,8 @@ func (l *loop) upstreamReadable(u *conn) {
 		l.close(u)
 		return
 	}
-	i := bytes.Index(u.in, crlf2)
+	i := l.headEnd(u)
 	if i < 0 {
-		if len(u.in) > maxHead {
-			l.close(u)
-		}
 		return
 	}
 	cl := contentLength(u.in[:i])
@@ -447,7 +473,10 @@ func (l *loop) upstreamReadable(u *conn) {
 
 // contentLength finds Content-Length in a response head (-1: none).
 func contentLength(head []byte) int {
-	for _, h := range bytes.Split(head, []byte("\r\n"))[1:] {
+	_, rest, _ := bytes.Cut(head, []byte("\r\n")) // past the status line
+	for len(rest) > 0 {
+		var h []byte
+		h, rest, _ = bytes.Cut(rest, []byte("\r\n"))
 		name, value, ok := bytes.Cut(h, []byte(":"))
 		if ok && bytes.EqualFold(name, hdrCL) {
 			n, err := strconv.Atoi(string(bytes.TrimSpace(value)))
@@ -512,7 +541,7 @@ func (l *loop) agentReadable(a *conn) error {
 		if len(a.in) < uds.HeaderSize {
 			break
 		}
-		n := int(a.in[0])<<24 | int(a.in[1])<<16 | int(a.in[2])<<8 | int(a.in[3])
+		n := int(binary.BigEndian.Uint32(a.in))
 		if n == 0 || n > protocol.MaxFrameSize {
 			return fmt.Errorf("agent: bad frame length %d", n)
 		}
@@ -603,18 +632,17 @@ func applyOps(dst, head []byte, ops []protocol.HeaderOp) []byte {
 // goroutines (the garbage collector's) still run.
 func epollWait(ep int, events []syscall.EpollEvent) (int, error) {
 	runtime.Gosched()
-	r, _, e := syscall.RawSyscall6(syscall.SYS_EPOLL_PWAIT, uintptr(ep),
-		uintptr(unsafe.Pointer(&events[0])), uintptr(len(events)), 1, 0, 0)
-	if e != 0 {
-		return 0, e
-	}
-	return int(r), nil
+	return epollPwait(ep, events, 1)
 }
 
 // epollPoll is epollWait without waiting.
 func epollPoll(ep int, events []syscall.EpollEvent) (int, error) {
+	return epollPwait(ep, events, 0)
+}
+
+func epollPwait(ep int, events []syscall.EpollEvent, timeoutMS uintptr) (int, error) {
 	r, _, e := syscall.RawSyscall6(syscall.SYS_EPOLL_PWAIT, uintptr(ep),
-		uintptr(unsafe.Pointer(&events[0])), uintptr(len(events)), 0, 0, 0)
+		uintptr(unsafe.Pointer(&events[0])), uintptr(len(events)), timeoutMS, 0, 0)
 	if e != 0 {
 		return 0, e
 	}
