@@ -203,7 +203,7 @@ func Dial(ctx context.Context, cfg Config) (*Link, protocol.Capabilities, error)
 	if err != nil {
 		return nil, protocol.Capabilities{}, err
 	}
-	fr, caps, err := handshakeConn(nc, cfg.ClientName, cfg.HandshakeTimeout, !cfg.JSONOnly)
+	fr, caps, err := Handshake(nc, cfg.ClientName, cfg.HandshakeTimeout, !cfg.JSONOnly)
 	if err != nil {
 		_ = nc.Close()
 		return nil, protocol.Capabilities{}, err
@@ -230,13 +230,13 @@ func Dial(ctx context.Context, cfg Config) (*Link, protocol.Capabilities, error)
 // answer within timeout. The returned reader continues the connection. It
 // does not offer protobuf_payloads: the connection stays JSON.
 func ClientHandshake(nc net.Conn, clientName string, timeout time.Duration) (*uds.FrameReader, protocol.Capabilities, error) {
-	return handshakeConn(nc, clientName, timeout, false)
+	return Handshake(nc, clientName, timeout, false)
 }
 
-// handshakeConn is ClientHandshake, offering protobuf_payloads when
-// protobuf is set: the payloads after it are protobuf exactly when the
-// returned capabilities say SupportsProtobufPayloads.
-func handshakeConn(nc net.Conn, clientName string, timeout time.Duration, protobuf bool) (*uds.FrameReader, protocol.Capabilities, error) {
+// Handshake is ClientHandshake, offering protobuf_payloads when protobuf
+// is set: the payloads after it are protobuf exactly when the returned
+// capabilities say SupportsProtobufPayloads.
+func Handshake(nc net.Conn, clientName string, timeout time.Duration, protobuf bool) (*uds.FrameReader, protocol.Capabilities, error) {
 	_ = nc.SetDeadline(time.Now().Add(timeout))
 	defer func() { _ = nc.SetDeadline(time.Time{}) }()
 	req := handshake.NewRequest(clientName)

@@ -28,8 +28,8 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/zentinelproxy/sidecar/internal/handshake"
 	"github.com/zentinelproxy/sidecar/internal/pbwire"
+	"github.com/zentinelproxy/sidecar/internal/udsclient"
 	"github.com/zentinelproxy/sidecar/protocol"
 	"github.com/zentinelproxy/sidecar/uds"
 )
@@ -495,37 +495,27 @@ func (l *loop) dialAgent(path string) error {
 		return err
 	}
 	defer nc.Close()
-	_ = nc.SetDeadline(time.Now().Add(5 * time.Second))
-	req := handshake.NewRequestWith("loopproxy", protocol.FeatureProtobufPayloads)
-	if err := uds.WriteFrame(nc, &req); err != nil {
-		return err
-	}
-	t, payload, err := uds.NewFrameReader(nc).Next()
+	fr, caps, err := udsclient.Handshake(nc, "loopproxy", 5*time.Second, true)
 	if err != nil {
 		return err
 	}
-	if t != protocol.TypeHandshakeResponse {
-		return fmt.Errorf("agent: expected a HandshakeResponse, got %s", t)
-	}
-	var resp protocol.HandshakeResponse
-	if err := protocol.DecodeHandshakeResponse(payload, &resp); err != nil {
-		return err
-	}
-	caps, err := handshake.CheckResponse(&req, &resp)
-	if err != nil {
-		return err
+	if fr.Buffered() > 0 {
+		return errors.New("agent: frames before the first event")
 	}
 	if caps.SupportsProtobufPayloads {
 		l.enc = uds.Protobuf
 	}
-	f, err := nc.(*net.UnixConn).File() // a duplicate the loop owns
+	// The loop owns a duplicate of the descriptor; nc is closed.
+	raw, err := nc.(*net.UnixConn).SyscallConn()
 	if err != nil {
 		return err
 	}
-	fd, err := syscall.Dup(int(f.Fd()))
-	f.Close()
-	if err != nil {
+	fd, derr := -1, error(nil)
+	if err := raw.Control(func(s uintptr) { fd, derr = syscall.Dup(int(s)) }); err != nil {
 		return err
+	}
+	if derr != nil {
+		return derr
 	}
 	_ = syscall.SetNonblock(fd, true)
 	l.agent = &conn{fd: fd, kind: kAgent, in: make([]byte, 0, 64<<10)}
