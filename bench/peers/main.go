@@ -162,10 +162,12 @@ func run() int {
 	}
 	built := map[string]error{}
 	fmt.Fprintln(os.Stderr, "peers: building the sidecar, the agents, the auth server and the upstream …")
-	for _, b := range []string{"upstream", "authserver", "spoeagent", "sdkagent", "fhproxy", "loopproxy"} {
+	progs := []string{"upstream", "authserver", "spoeagent", "sdkagent", "fhproxy", "loopproxy"}
+	for _, b := range progs {
 		built[b] = h.goBuild(src, b, "./cmd/"+b)
 	}
 	built["sidecar"] = h.goBuild(filepath.Join(src, "..", ".."), "sidecar", "./cmd/sidecar")
+	progs = append(progs, "sidecar")
 	candidates := rows
 	if h.baseline != "" {
 		base, err := filepath.Abs(h.baseline)
@@ -179,9 +181,10 @@ func run() int {
 		h.baseline = base
 		built["sidecar-base"] = h.goBuild(base, "sidecar-base", "./cmd/sidecar")
 		built["sdkagent-base"] = h.goBuild(filepath.Join(base, "bench", "peers"), "sdkagent-base", "./cmd/sdkagent")
+		progs = append(progs, "sidecar-base", "sdkagent-base")
 		candidates = append(slices.Clone(rows), baselineRows...)
 	}
-	for _, b := range []string{"upstream", "authserver", "spoeagent", "sdkagent", "fhproxy", "loopproxy", "sidecar", "sidecar-base", "sdkagent-base"} {
+	for _, b := range progs {
 		if built[b] != nil {
 			fmt.Fprintln(os.Stderr, "peers:", built[b])
 		}

@@ -164,3 +164,20 @@ func TestRowKeys(t *testing.T) {
 		}
 	}
 }
+
+func TestFailedRowsSpanTheTable(t *testing.T) {
+	var b strings.Builder
+	printMedians(&b, []rowDef{{key: "sidecar", name: "sidecar, no agent"}}, [][]result{{}})
+	var head, row string
+	for _, l := range strings.Split(b.String(), "\n") {
+		switch {
+		case strings.HasPrefix(l, "| row "):
+			head = l
+		case strings.Contains(l, "FAILED"):
+			row = l
+		}
+	}
+	if !strings.Contains(row, "FAILED in every round") || strings.Count(row, "|") != strings.Count(head, "|") {
+		t.Errorf("failed row does not span the table:\n%s\n%s", head, row)
+	}
+}

@@ -189,7 +189,7 @@ func printRound(w io.Writer, defs []rowDef, order []rowDef, res []result, round 
 	for _, r := range res {
 		d := defOf(defs, r.key)
 		if r.err != nil {
-			body = append(body, []string{r.name, "FAILED: " + firstLine(r.err.Error()), "", "", "", "", "", "", "", "", "", "", "", "", ""})
+			body = append(body, failedRow(len(head), r.name, "FAILED: "+firstLine(r.err.Error())))
 			continue
 		}
 		body = append(body, []string{
@@ -201,6 +201,13 @@ func printRound(w io.Writer, defs []rowDef, order []rowDef, res []result, round 
 		})
 	}
 	table(w, head, body)
+}
+
+// failedRow is a table row of n columns that says only why it is empty.
+func failedRow(n int, name, why string) []string {
+	row := make([]string, n)
+	row[0], row[1] = name, why
+	return row
 }
 
 func median(v []float64) float64 {
@@ -263,7 +270,7 @@ func printMedians(w io.Writer, defs []rowDef, all [][]result) {
 		m := medians(d.key, all)
 		name := d.name
 		if m.ok == 0 {
-			body = append(body, []string{name, "FAILED in every round", "", "", "", "", "", "", "", "", "", "", ""})
+			body = append(body, failedRow(len(head), name, "FAILED in every round"))
 			continue
 		}
 		if m.ok < len(all) {

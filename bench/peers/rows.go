@@ -46,16 +46,16 @@ var rows = []rowDef{
 	{key: "fasthttp", name: "fasthttp HostClient proxy, no agent", bins: []string{"fhproxy"}, setup: setupFasthttp},
 	{key: "loop", name: "epoll-loop floor, no agent", bins: []string{"loopproxy"}, setup: setupLoop(false)},
 	{key: "loop-uds", name: "epoll-loop floor + UDS agent (Go SDK)", bins: []string{"loopproxy", "sdkagent"}, agent: true, setup: setupLoop(true)},
-	{key: "sidecar", name: "sidecar, no agent", bins: []string{"sidecar"}, setup: setupSidecar(false)},
-	{key: "sidecar-uds", name: "sidecar + UDS agent (Go SDK)", bins: []string{"sidecar", "sdkagent"}, agent: true, setup: setupSidecar(true)},
-	{key: "sidecar-uds-json", name: "sidecar + UDS agent, JSON payloads", bins: []string{"sidecar", "sdkagent"}, agent: true, setup: setupSidecarJSON},
+	{key: "sidecar", name: "sidecar, no agent", bins: []string{"sidecar"}, setup: setupSidecar("sidecar", "", false)},
+	{key: "sidecar-uds", name: "sidecar + UDS agent (Go SDK)", bins: []string{"sidecar", "sdkagent"}, agent: true, setup: setupSidecar("sidecar", "sdkagent", false)},
+	{key: "sidecar-uds-json", name: "sidecar + UDS agent, JSON payloads", bins: []string{"sidecar", "sdkagent"}, agent: true, setup: setupSidecar("sidecar", "sdkagent", true)},
 }
 
 // baselineRows are the sidecar rows again, built from another checkout
 // (-baseline): the same rows of two builds, measured in the same rounds.
 var baselineRows = []rowDef{
-	{key: "sidecar-base", name: "sidecar, no agent (baseline)", bins: []string{"sidecar-base"}, setup: setupSidecarBuild("sidecar-base", "", false)},
-	{key: "sidecar-uds-base", name: "sidecar + UDS agent (baseline)", bins: []string{"sidecar-base", "sdkagent-base"}, agent: true, setup: setupSidecarBuild("sidecar-base", "sdkagent-base", false)},
+	{key: "sidecar-base", name: "sidecar, no agent (baseline)", bins: []string{"sidecar-base"}, setup: setupSidecar("sidecar-base", "", false)},
+	{key: "sidecar-uds-base", name: "sidecar + UDS agent (baseline)", bins: []string{"sidecar-base", "sdkagent-base"}, agent: true, setup: setupSidecar("sidecar-base", "sdkagent-base", false)},
 }
 
 // reference is the row the ratios divide by.
@@ -420,23 +420,11 @@ logging:
   level: warn
 `
 
-// setupSidecarJSON is the agent row with the connection kept on JSON
+// setupSidecar starts the sidecar binary sidecarBin, with the agent
+// binary agentBin ("": no agent); json keeps the agent connection on JSON
 // payloads (payload_encoding: json), as with an agent that does not
 // declare supports_protobuf_payloads.
-func setupSidecarJSON(h *harness, rc *rowCtx) error {
-	return sidecarRow(h, rc, "sidecar", "sdkagent", true)
-}
-
-func setupSidecar(agent bool) func(*harness, *rowCtx) error {
-	if agent {
-		return setupSidecarBuild("sidecar", "sdkagent", false)
-	}
-	return setupSidecarBuild("sidecar", "", false)
-}
-
-// setupSidecarBuild starts the sidecar binary sidecarBin, with the agent
-// binary agentBin ("": no agent).
-func setupSidecarBuild(sidecarBin, agentBin string, json bool) func(*harness, *rowCtx) error {
+func setupSidecar(sidecarBin, agentBin string, json bool) func(*harness, *rowCtx) error {
 	return func(h *harness, rc *rowCtx) error { return sidecarRow(h, rc, sidecarBin, agentBin, json) }
 }
 
