@@ -102,7 +102,12 @@ func TestStalledFrameFailsRequestsPromptly(t *testing.T) {
 			t.Fatalf("%d requests still waiting on a connection stalled mid-frame", n-i)
 		}
 	}
-	waitCond(t, "the stall counted as a protocol error", func() bool { return c.Snapshot().Protocol == 1 })
+	// The read loop counts the protocol error before the connection's
+	// loss reaches the reconnect loop, which records it as LastError.
+	waitCond(t, "the stall counted as a protocol error and recorded", func() bool {
+		st := c.Snapshot()
+		return st.Protocol == 1 && st.LastError != ""
+	})
 	if le := c.Snapshot().LastError; !strings.Contains(le, "105 of 1048580 bytes") {
 		t.Errorf("last error %q does not say how much of the frame arrived", le)
 	}
