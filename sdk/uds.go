@@ -1,6 +1,8 @@
 package sdk
 
 import (
+	"github.com/zentinelproxy/sidecar/internal/rawio"
+
 	"context"
 	"errors"
 	"fmt"
@@ -148,6 +150,7 @@ func Serve(ctx context.Context, ln net.Listener, h Handler, opts *Options) error
 // until the connection or ctx ends.
 func ServeConn(ctx context.Context, nc net.Conn, h Handler, opts *Options) error {
 	o := opts.defaults()
+	nc = rawio.Wrap(nc)
 	_ = nc.SetReadDeadline(time.Now().Add(o.HandshakeTimeout))
 	fr := uds.NewFrameReader(nc)
 	t, payload, err := fr.Next()

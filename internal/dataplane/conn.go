@@ -1,6 +1,8 @@
 package dataplane
 
 import (
+	"github.com/zentinelproxy/sidecar/internal/rawio"
+
 	"bytes"
 	"crypto/tls"
 	"errors"
@@ -118,7 +120,7 @@ func (l *eofListener) Accept() (net.Conn, error) {
 			if l.tls != nil {
 				return l.wrapTLS(c), nil
 			}
-			return &eofConn{Conn: c, hdrBuf: l.hdrBuf}, nil
+			return &eofConn{Conn: rawio.Wrap(c), hdrBuf: l.hdrBuf}, nil
 		}
 		if !acceptRetryable(err) || l.closed.Load() {
 			return nil, err

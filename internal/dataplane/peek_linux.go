@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net"
 	"syscall"
+	"unsafe"
 )
 
 // peekClosed peeks one byte without consuming it: 0 bytes means the
@@ -37,7 +38,14 @@ func peekClosed(c net.Conn) bool {
 		rerr error
 	)
 	err = raw.Control(func(fd uintptr) {
-		n, _, rerr = syscall.Recvfrom(int(fd), buf[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		// A raw call: MSG_DONTWAIT never blocks, and outside the
+		// runtime's system-call state the P stays put (see rawio).
+		r, _, e := syscall.RawSyscall6(syscall.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&buf[0])), 1,
+			syscall.MSG_PEEK|syscall.MSG_DONTWAIT, 0, 0)
+		n = int(r)
+		if e != 0 {
+			rerr = e
+		}
 	})
 	switch {
 	case err != nil:

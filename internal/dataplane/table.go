@@ -1,6 +1,8 @@
 package dataplane
 
 import (
+	"github.com/zentinelproxy/sidecar/internal/rawio"
+
 	"context"
 	"fmt"
 	"net"
@@ -393,7 +395,7 @@ func wrapUp(c net.Conn, err error) (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &upConn{Conn: c}, nil
+	return &upConn{Conn: rawio.Wrap(c)}, nil
 }
 
 // newUpstream makes the upstream of u; the endpoints of prev (the same

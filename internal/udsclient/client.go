@@ -1,6 +1,8 @@
 package udsclient
 
 import (
+	"github.com/zentinelproxy/sidecar/internal/rawio"
+
 	"cmp"
 	"context"
 	"errors"
@@ -203,6 +205,7 @@ func Dial(ctx context.Context, cfg Config) (*Link, protocol.Capabilities, error)
 	if err != nil {
 		return nil, protocol.Capabilities{}, err
 	}
+	nc = rawio.Wrap(nc)
 	fr, caps, err := Handshake(nc, cfg.ClientName, cfg.HandshakeTimeout, !cfg.JSONOnly)
 	if err != nil {
 		_ = nc.Close()

@@ -3,6 +3,8 @@
 package udswriter
 
 import (
+	"github.com/zentinelproxy/sidecar/internal/rawio"
+
 	"context"
 	"errors"
 	"fmt"
@@ -402,14 +404,14 @@ func (w *Writer) flush(n int) {
 // writeNow writes w.fb without waiting (the RawConn.Write callback).
 func (w *Writer) writeNow(fd uintptr) bool {
 	for w.fn < len(w.fb) {
-		m, err := syscall.Write(int(fd), w.fb[w.fn:])
+		m, err := rawio.Write(int(fd), w.fb[w.fn:])
 		if m > 0 {
 			w.fn += m
 		}
 		if err == syscall.EINTR {
 			continue
 		}
-		if err != nil {
+		if err != 0 {
 			if err != syscall.EAGAIN {
 				w.ferr = err
 			}

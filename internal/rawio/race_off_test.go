@@ -1,0 +1,5 @@
+//go:build !race
+
+package rawio_test
+
+const raceEnabled = false

@@ -1,0 +1,270 @@
+package rawio_test
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/zentinelproxy/sidecar/internal/rawio"
+)
+
+// tcpPair returns a wrapped client connection and the server's end of
+// it, on loopback.
+func tcpPair(t testing.TB) (*rawio.Conn, net.Conn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			close(accepted)
+			return
+		}
+		accepted <- c
+	}()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, ok := <-accepted
+	if !ok {
+		t.Fatal("accept failed")
+	}
+	rc, ok := rawio.Wrap(c).(*rawio.Conn)
+	if !ok {
+		t.Fatalf("Wrap(%T) did not wrap a TCP connection", c)
+	}
+	t.Cleanup(func() { rc.Close(); s.Close() })
+	return rc, s
+}
+
+func TestReadWriteAndEOF(t *testing.T) {
+	c, s := tcpPair(t)
+	if n, err := c.Write([]byte("ping")); n != 4 || err != nil {
+		t.Fatalf("Write = %d, %v", n, err)
+	}
+	buf := make([]byte, 16)
+	if _, err := io.ReadFull(s, buf[:4]); err != nil || string(buf[:4]) != "ping" {
+		t.Fatalf("peer read %q, %v", buf[:4], err)
+	}
+	// The read waits for data through the poller: the peer writes later.
+	go func() {
+		time.Sleep(20 * time.Millisecond)
+		_, _ = s.Write([]byte("pong"))
+		_ = s.Close()
+	}()
+	n, err := c.Read(buf)
+	if err != nil || string(buf[:n]) != "pong" {
+		t.Fatalf("Read = %q, %v", buf[:n], err)
+	}
+	if n, err := c.Read(buf); n != 0 || err != io.EOF {
+		t.Fatalf("Read at the peer's FIN = %d, %v; want 0, io.EOF", n, err)
+	}
+	if n, err := c.Read(nil); n != 0 || err != nil {
+		t.Fatalf("Read(nil) = %d, %v", n, err)
+	}
+}
+
+func TestReadDeadline(t *testing.T) {
+	c, _ := tcpPair(t)
+	_ = c.SetReadDeadline(time.Now().Add(30 * time.Millisecond))
+	_, err := c.Read(make([]byte, 8))
+	var ne net.Error
+	if !errors.As(err, &ne) || !ne.Timeout() || !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("Read past the deadline = %v; want a timeout", err)
+	}
+	var oe *net.OpError
+	if !errors.As(err, &oe) || oe.Op != "read" {
+		t.Fatalf("error %v: want a net.OpError for a read", err)
+	}
+	// A deadline moved to the future makes the connection usable again.
+	_ = c.SetReadDeadline(time.Time{})
+	_ = c.SetWriteDeadline(time.Now().Add(-time.Second))
+	if _, err := c.Write([]byte("x")); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("Write past the deadline = %v; want a timeout", err)
+	}
+}
+
+// TestWriteWaitsForRoom writes far more than the socket buffers hold to a
+// peer that reads slowly: every byte arrives, in order.
+func TestWriteWaitsForRoom(t *testing.T) {
+	c, s := tcpPair(t)
+	payload := bytes.Repeat([]byte("0123456789abcdef"), 1<<19) // 8 MiB
+	want := sha256.Sum256(payload)
+	got := make(chan [32]byte, 1)
+	go func() {
+		h := sha256.New()
+		buf := make([]byte, 64<<10)
+		for {
+			n, err := s.Read(buf)
+			h.Write(buf[:n])
+			if err != nil {
+				break
+			}
+			time.Sleep(100 * time.Microsecond) // keep the sender waiting for room
+		}
+		var sum [32]byte
+		copy(sum[:], h.Sum(nil))
+		got <- sum
+	}()
+	n, err := c.Write(payload)
+	if n != len(payload) || err != nil {
+		t.Fatalf("Write = %d, %v; want %d, nil", n, err, len(payload))
+	}
+	_ = c.Close()
+	if sum := <-got; sum != want {
+		t.Fatal("the peer received different bytes")
+	}
+}
+
+func TestReadWriteConcurrently(t *testing.T) {
+	c, s := tcpPair(t)
+	go func() { _, _ = io.Copy(s, s) }() // echo
+	const rounds = 2000
+	msg := []byte("0123456789")
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for range rounds {
+			if _, err := c.Write(msg); err != nil {
+				t.Errorf("Write: %v", err)
+				return
+			}
+		}
+	}()
+	buf := make([]byte, rounds*len(msg))
+	if _, err := io.ReadFull(c, buf); err != nil {
+		t.Fatalf("read back: %v", err)
+	}
+	wg.Wait()
+	if !bytes.Equal(buf, bytes.Repeat(msg, rounds)) {
+		t.Fatal("echoed bytes differ")
+	}
+}
+
+func TestErrorsOfAClosedOrResetConnection(t *testing.T) {
+	c, s := tcpPair(t)
+	// The peer resets: SO_LINGER 0 then close.
+	_ = s.(*net.TCPConn).SetLinger(0)
+	_ = s.Close()
+	buf := make([]byte, 8)
+	var err error
+	for range 100 { // until the RST has arrived
+		if _, err = c.Read(buf); err != nil {
+			break
+		}
+	}
+	if !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("Read after the peer's reset = %v; want ECONNRESET", err)
+	}
+	var oe *net.OpError
+	if !errors.As(err, &oe) || oe.Op != "read" {
+		t.Fatalf("error %v: want a net.OpError for a read", err)
+	}
+	_ = c.Close()
+	if _, err := c.Read(buf); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("Read after Close = %v; want net.ErrClosed", err)
+	}
+	if _, err := c.Write(buf); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("Write after Close = %v; want net.ErrClosed", err)
+	}
+}
+
+func TestWrapUnixAndOthers(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "s.sock")
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		c, err := ln.Accept()
+		if err == nil {
+			_, _ = c.Write([]byte("hello"))
+			c.Close()
+		}
+	}()
+	uc, err := net.Dial("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := rawio.Wrap(uc)
+	defer c.Close()
+	if _, ok := c.(*rawio.Conn); !ok {
+		t.Fatalf("Wrap(%T) did not wrap a Unix socket", uc)
+	}
+	if _, ok := c.(syscall.Conn); !ok {
+		t.Fatal("a wrapped connection must still expose its socket")
+	}
+	b, err := io.ReadAll(c)
+	if err != nil || string(b) != "hello" {
+		t.Fatalf("ReadAll = %q, %v", b, err)
+	}
+
+	p1, p2 := net.Pipe()
+	defer p1.Close()
+	defer p2.Close()
+	if rawio.Wrap(p1) != p1 {
+		t.Fatal("Wrap must leave a connection without a socket as it is")
+	}
+}
+
+// TestNoAllocations: a Read and a Write on a warm connection allocate
+// nothing (the callbacks are bound once, in Wrap).
+func TestNoAllocations(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	c, s := tcpPair(t)
+	go func() { _, _ = io.Copy(s, s) }()
+	msg := []byte("0123456789")
+	buf := make([]byte, len(msg))
+	allocs := testing.AllocsPerRun(1000, func() {
+		if _, err := c.Write(msg); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(c, buf); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs != 0 {
+		t.Fatalf("%v allocations per write and read; want 0", allocs)
+	}
+}
+
+// TestSocketOrdersMemory: what a goroutine wrote before sending bytes is
+// visible to the goroutine that received them. The kernel guarantees it;
+// under -race this test also checks that the detector is told so (a
+// proxy and an agent in one test process talk exactly like this).
+func TestSocketOrdersMemory(t *testing.T) {
+	c, s := tcpPair(t)
+	peer := rawio.Wrap(s)
+	var shared [64]int
+	go func() {
+		for i := range shared {
+			shared[i] = i + 1
+		}
+		_, _ = c.Write([]byte{1})
+	}()
+	if _, err := io.ReadFull(peer, make([]byte, 1)); err != nil {
+		t.Fatal(err)
+	}
+	for i, v := range shared {
+		if v != i+1 {
+			t.Fatalf("shared[%d] = %d after the byte arrived", i, v)
+		}
+	}
+}
