@@ -1,6 +1,8 @@
 package dataplane
 
 import (
+	"github.com/zentinelproxy/sidecar/internal/rawio"
+
 	"bufio"
 	"errors"
 	"io"
@@ -240,6 +242,11 @@ func (rs *reqState) replayable(err error) bool {
 		// the answer lost to the reset): only an idempotent one may.
 		return true
 	}
+	return rs.idempotent()
+}
+
+// idempotent reports whether the request's method is idempotent.
+func (rs *reqState) idempotent() bool {
 	h := &rs.ctx.Request.Header
 	return h.IsGet() || h.IsHead() || h.IsOptions() || h.IsPut() || h.IsDelete() || h.IsTrace()
 }
@@ -283,12 +290,30 @@ func (rs *reqState) sendRequest(conn net.Conn) error {
 		err = rs.writeBody(bw, conn)
 	}
 	if err == nil {
+		if rs.reqMode == reqBodyNone && rs.idempotent() {
+			holdWrites(conn)
+		}
 		if ferr := bw.Flush(); ferr != nil {
 			err = &upstreamError{err: ferr, write: true}
 		}
 	}
 	hc.ReleaseWriter(bw)
 	return err
+}
+
+// holdWrites has the request's last write go out with the read of the
+// response (rawio.Conn.HoldWrites): the read that would find nothing yet
+// (EAGAIN) is not made, one system call fewer per request, which costs
+// 1.2–1.5 µs on a paravirtualized guest. Only for a request without a
+// body and a replayable method: a failed write then shows at the read,
+// where staleConn still recognises it and replayable still allows the
+// retry.
+func holdWrites(conn net.Conn) {
+	if uc, ok := conn.(*upConn); ok {
+		if rc, ok := uc.Conn.(*rawio.Conn); ok {
+			rc.HoldWrites()
+		}
+	}
 }
 
 // writeBody writes the request body in the planned mode, framing it as

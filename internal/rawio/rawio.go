@@ -41,7 +41,17 @@ type Conn struct {
 	wbuf    []byte
 	wn      int
 	werr    syscall.Errno
+
+	// Held writes (HoldWrites): pend[pn:] waits for the next Read.
+	holding  bool
+	sendHeld bool // the Read's first callback writes pend before reading
+	pend     []byte
+	pn       int
+	herr     syscall.Errno
 }
+
+// maxHeld bounds the bytes HoldWrites keeps: a request head, not a body.
+const maxHeld = 16 << 10
 
 // Wrap returns c as a *Conn when c is a TCP or Unix socket, and c itself
 // otherwise (TLS, pipes and other wrappers keep their own I/O).
@@ -61,7 +71,7 @@ func Wrap(c net.Conn) net.Conn {
 	}
 	rw := &Conn{Conn: c, rc: rc}
 	rw.readFn = rw.read
-	rw.writeFn = rw.write
+	rw.writeFn = rw.writeCB
 	return rw
 }
 
@@ -70,8 +80,19 @@ func (c *Conn) Read(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
+	if c.holding {
+		c.holding = false
+		if len(c.pend) > 0 {
+			return c.readAfterHeld(p)
+		}
+	}
 	c.rbuf, c.rn, c.rerr = p, 0, 0
 	err := c.rc.Read(c.readFn)
+	return c.readDone(err)
+}
+
+// readDone turns a RawConn.Read's outcome into Read's results.
+func (c *Conn) readDone(err error) (int, error) {
 	n, errno := c.rn, c.rerr
 	c.rbuf = nil
 	if err != nil {
@@ -86,9 +107,61 @@ func (c *Conn) Read(p []byte) (int, error) {
 	return n, nil
 }
 
+// readAfterHeld is Read with held bytes: the callback's first call
+// writes them and waits, the next one reads the answer.
+func (c *Conn) readAfterHeld(p []byte) (int, error) {
+	c.sendHeld, c.pn, c.herr = true, 0, 0
+	c.rbuf, c.rn, c.rerr = p, 0, 0
+	err := c.rc.Read(c.readFn)
+	sent, herr := c.pn, c.herr
+	c.sendHeld = false
+	pend := c.pend
+	c.pend, c.pn = c.pend[:0], 0
+	switch {
+	case err != nil && sent == 0:
+		// Closed, or the deadline passed, before anything went out.
+		c.rbuf = nil
+		return 0, opName(err, "read")
+	case herr != 0:
+		c.rbuf = nil
+		return 0, &net.OpError{Op: "write", Net: c.LocalAddr().Network(), Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: herr}
+	case err == nil && sent < len(pend):
+		// The socket had no room for all of it: the rest the usual way,
+		// then an ordinary read.
+		c.rbuf = nil
+		if _, werr := c.write(pend[sent:]); werr != nil {
+			return 0, werr
+		}
+		return c.Read(p)
+	}
+	return c.readDone(err)
+}
+
 // read is the RawConn.Read callback: false asks the poller to wait for
 // readability.
 func (c *Conn) read(fd uintptr) bool {
+	if c.sendHeld {
+		// The poller is armed (RawConn.Read reset its readiness before
+		// this first call): whatever the peer sends in answer to these
+		// bytes wakes the wait below, so there is no point reading
+		// before it.
+		c.sendHeld = false
+		for c.pn < len(c.pend) {
+			n, errno := Write(int(fd), c.pend[c.pn:])
+			switch errno {
+			case 0:
+				c.pn += n
+				continue
+			case syscall.EINTR:
+				continue
+			case syscall.EAGAIN:
+				return true // no room: the rest goes out through Write
+			}
+			c.herr = errno
+			return true
+		}
+		return false
+	}
 	for {
 		n, errno := Read(int(fd), c.rbuf)
 		switch errno {
@@ -106,11 +179,31 @@ func (c *Conn) read(fd uintptr) bool {
 }
 
 // Write implements net.Conn: all of p, waiting for writability whenever
-// the socket's buffer is full.
+// the socket's buffer is full. While holding (HoldWrites), p is kept for
+// the next Read instead, as long as the held bytes fit maxHeld.
 func (c *Conn) Write(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
+	if c.holding {
+		if len(c.pend)+len(p) <= maxHeld {
+			c.pend = append(c.pend, p...)
+			return len(p), nil
+		}
+		// Too much to hold: what was held goes first, then p, now.
+		c.holding = false
+		if len(c.pend) > 0 {
+			if _, err := c.write(c.pend); err != nil {
+				c.pend = c.pend[:0]
+				return 0, err
+			}
+			c.pend = c.pend[:0]
+		}
+	}
+	return c.write(p)
+}
+
+func (c *Conn) write(p []byte) (int, error) {
 	c.wbuf, c.wn, c.werr = p, 0, 0
 	err := c.rc.Write(c.writeFn)
 	n, errno := c.wn, c.werr
@@ -124,8 +217,8 @@ func (c *Conn) Write(p []byte) (int, error) {
 	return n, nil
 }
 
-// write is the RawConn.Write callback.
-func (c *Conn) write(fd uintptr) bool {
+// writeCB is the RawConn.Write callback.
+func (c *Conn) writeCB(fd uintptr) bool {
 	for c.wn < len(c.wbuf) {
 		n, errno := Write(int(fd), c.wbuf[c.wn:])
 		switch errno {
@@ -142,6 +235,22 @@ func (c *Conn) write(fd uintptr) bool {
 	}
 	return true
 }
+
+// HoldWrites makes the Writes that follow, up to the next Read, keep
+// their bytes (at most maxHeld, copied) instead of writing them. That Read
+// writes them once the poller is armed for the answer, and then waits
+// for it without first reading a socket that cannot hold it yet: a
+// request and its answer cost one read(2) instead of two, of which the
+// first would find nothing (EAGAIN).
+//
+// Only for a peer that speaks only when spoken to, such as an HTTP
+// server: bytes it sent before the held ones would not wake the Read
+// (its readiness was reported before the Read armed the poller), and
+// the Read would wait for the answer to the held bytes, or its deadline.
+// The Read reports a failed held write as its own error, with the
+// write's errno. Close discards held bytes: Read, Write and HoldWrites
+// belong to one goroutine at a time.
+func (c *Conn) HoldWrites() { c.holding = true }
 
 // opName names the RawConn's error (a closed connection, an expired
 // deadline) as the plain read or write that it is for the caller: logs

@@ -268,3 +268,155 @@ func TestSocketOrdersMemory(t *testing.T) {
 		}
 	}
 }
+
+// peerHasBytes reports whether bytes are waiting in s's receive queue,
+// without waiting: on loopback, a write(2) has queued its bytes at the
+// peer by the time it returns.
+func peerHasBytes(t *testing.T, s net.Conn) bool {
+	t.Helper()
+	raw, err := s.(syscall.Conn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	var rerr error
+	_ = raw.Control(func(fd uintptr) {
+		var b [1]byte
+		n, _, rerr = syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+	})
+	return rerr == nil && n > 0
+}
+
+// TestHeldWriteGoesOutWithTheRead: after HoldWrites, the request stays
+// in the connection until the Read, which sends it and returns the
+// answer; the connection then behaves as before.
+func TestHeldWriteGoesOutWithTheRead(t *testing.T) {
+	c, s := tcpPair(t)
+	serve := make(chan struct{})
+	go func() { // an HTTP-like peer: one answer per request, when told to
+		buf := make([]byte, 64<<10)
+		for range serve {
+			n, err := s.Read(buf)
+			if err != nil {
+				return
+			}
+			if _, err := s.Write(append([]byte("re:"), buf[:n]...)); err != nil {
+				return
+			}
+		}
+	}()
+	defer close(serve)
+	buf := make([]byte, 64)
+	for round := range 3 {
+		c.HoldWrites()
+		if n, err := c.Write([]byte("GET ")); n != 4 || err != nil {
+			t.Fatalf("Write = %d, %v", n, err)
+		}
+		if n, err := c.Write([]byte("/x")); n != 2 || err != nil {
+			t.Fatalf("Write = %d, %v", n, err)
+		}
+		// The peer is not reading yet: written bytes would wait in its
+		// receive queue. There are none: they are held.
+		if peerHasBytes(t, s) {
+			t.Fatalf("round %d: the held bytes reached the peer before the Read", round)
+		}
+		serve <- struct{}{}
+		got := 0
+		for got < len("re:GET /x") {
+			n, err := c.Read(buf[got:])
+			if err != nil {
+				t.Fatalf("Read: %v", err)
+			}
+			got += n
+		}
+		if string(buf[:got]) != "re:GET /x" {
+			t.Fatalf("round %d: answer %q", round, buf[:got])
+		}
+		// Without HoldWrites, a write goes out at once.
+		if _, err := c.Write([]byte("now")); err != nil {
+			t.Fatal(err)
+		}
+		for i := 0; !peerHasBytes(t, s); i++ {
+			if i == 2000 {
+				t.Fatalf("round %d: an unheld write did not reach the peer", round)
+			}
+			time.Sleep(time.Millisecond)
+		}
+		serve <- struct{}{}
+		if _, err := io.ReadFull(c, buf[:6]); err != nil || string(buf[:6]) != "re:now" {
+			t.Fatalf("unheld exchange: %q, %v", buf[:6], err)
+		}
+	}
+}
+
+// TestHoldingTooMuchWritesAtOnce: past the bound, the held bytes and the
+// new ones go out in order, at once.
+func TestHoldingTooMuchWritesAtOnce(t *testing.T) {
+	c, s := tcpPair(t)
+	head := []byte("head|")
+	body := bytes.Repeat([]byte("b"), 64<<10)
+	got := make(chan []byte, 1)
+	go func() {
+		b := make([]byte, len(head)+len(body))
+		_, _ = io.ReadFull(s, b)
+		got <- b
+	}()
+	c.HoldWrites()
+	if _, err := c.Write(head); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Write(body); err != nil {
+		t.Fatal(err)
+	}
+	if b := <-got; !bytes.Equal(b, append(append([]byte(nil), head...), body...)) {
+		t.Fatal("the peer received the bytes out of order or incomplete")
+	}
+}
+
+// TestHeldWriteToAResetPeer: the Read reports the failed write with its
+// errno, as a write.
+func TestHeldWriteToAResetPeer(t *testing.T) {
+	c, s := tcpPair(t)
+	_ = s.(*net.TCPConn).SetLinger(0)
+	_ = s.Close()
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, 8)
+	var err error
+	for range 100 { // until the reset has arrived and a held write meets it
+		c.HoldWrites()
+		if _, err = c.Write([]byte("GET")); err != nil {
+			break
+		}
+		if _, err = c.Read(buf); err != nil {
+			break
+		}
+	}
+	if !errors.Is(err, syscall.ECONNRESET) && !errors.Is(err, syscall.EPIPE) {
+		t.Fatalf("exchange with a reset peer = %v; want ECONNRESET or EPIPE", err)
+	}
+}
+
+// TestHeldWriteAllocatesNothing: holding copies into a buffer kept with
+// the connection.
+func TestHeldWriteAllocatesNothing(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	c, s := tcpPair(t)
+	go func() { _, _ = io.Copy(s, s) }()
+	msg := []byte("0123456789")
+	buf := make([]byte, len(msg))
+	exchange := func() {
+		c.HoldWrites()
+		if _, err := c.Write(msg); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(c, buf); err != nil {
+			t.Fatal(err)
+		}
+	}
+	exchange()
+	if allocs := testing.AllocsPerRun(1000, exchange); allocs != 0 {
+		t.Fatalf("%v allocations per held exchange; want 0", allocs)
+	}
+}
