@@ -78,5 +78,9 @@
 // The hot path allocates nothing in the common case: per-request state is
 // pooled (its context, deadline timer and buffers included), header bytes
 // go from fasthttp to the agent encoder without string conversion, and no
-// goroutine is started per request.
+// goroutine is started per request. Client and upstream sockets are read
+// and written with raw system calls (internal/rawio), which keeps the
+// runtime from handing the P to another thread when an agent sharing the
+// core preempts a write, and a bodiless idempotent upstream request goes
+// out with the read of its answer, one read(2) fewer.
 package dataplane
