@@ -1,8 +1,6 @@
 package sdk
 
 import (
-	"github.com/zentinelproxy/sidecar/internal/rawio"
-
 	"context"
 	"errors"
 	"fmt"
@@ -17,6 +15,7 @@ import (
 
 	"github.com/zentinelproxy/sidecar/internal/handshake"
 	"github.com/zentinelproxy/sidecar/internal/pbwire"
+	"github.com/zentinelproxy/sidecar/internal/rawio"
 	"github.com/zentinelproxy/sidecar/internal/udswriter"
 	"github.com/zentinelproxy/sidecar/internal/unixsock"
 	"github.com/zentinelproxy/sidecar/protocol"

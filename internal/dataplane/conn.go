@@ -1,8 +1,6 @@
 package dataplane
 
 import (
-	"github.com/zentinelproxy/sidecar/internal/rawio"
-
 	"bytes"
 	"crypto/tls"
 	"errors"
@@ -14,6 +12,8 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/zentinelproxy/sidecar/internal/rawio"
 )
 
 // eofConn records that a read on the connection reached the end of the

@@ -1,8 +1,6 @@
 package dataplane
 
 import (
-	"github.com/zentinelproxy/sidecar/internal/rawio"
-
 	"context"
 	"fmt"
 	"net"
@@ -17,6 +15,7 @@ import (
 
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/internal/config"
+	"github.com/zentinelproxy/sidecar/internal/rawio"
 )
 
 // table is one immutable routing table: routes resolved to upstreams and

@@ -1,8 +1,6 @@
 package dataplane
 
 import (
-	"github.com/zentinelproxy/sidecar/internal/rawio"
-
 	"bufio"
 	"errors"
 	"io"
@@ -14,6 +12,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/zentinelproxy/sidecar/internal/config"
+	"github.com/zentinelproxy/sidecar/internal/rawio"
 	"github.com/zentinelproxy/sidecar/protocol"
 )
 

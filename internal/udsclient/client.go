@@ -1,8 +1,6 @@
 package udsclient
 
 import (
-	"github.com/zentinelproxy/sidecar/internal/rawio"
-
 	"cmp"
 	"context"
 	"errors"
@@ -15,6 +13,7 @@ import (
 
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/internal/handshake"
+	"github.com/zentinelproxy/sidecar/internal/rawio"
 	"github.com/zentinelproxy/sidecar/internal/redial"
 	"github.com/zentinelproxy/sidecar/internal/udswriter"
 	"github.com/zentinelproxy/sidecar/protocol"

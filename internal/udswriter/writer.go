@@ -3,8 +3,6 @@
 package udswriter
 
 import (
-	"github.com/zentinelproxy/sidecar/internal/rawio"
-
 	"context"
 	"errors"
 	"fmt"
@@ -14,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/zentinelproxy/sidecar/internal/rawio"
 	"github.com/zentinelproxy/sidecar/protocol"
 	"github.com/zentinelproxy/sidecar/uds"
 )
