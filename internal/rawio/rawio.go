@@ -10,7 +10,11 @@
 // switch. On a non-blocking socket, read(2) and write(2) never block, so
 // they can run as raw calls: the P stays with its thread, the monitor
 // stays asleep, and readiness is still waited for through the runtime's
-// poller (syscall.RawConn), with the connection's deadlines.
+// poller (syscall.RawConn), with the connection's deadlines. Measured on
+// the peer benchmark (the sidecar and a UDS agent on one core): the
+// monitor's wake-ups fell from 2 037/s to 94/s, the context switches of
+// the two from 0.42 to 0.22 per request, their CPU from 47.2 to 41.5 µs
+// per request (docs/performance.md).
 //
 // Conn does that for one connection without allocating per call: the
 // callbacks are bound once, when the connection is wrapped. Built with
@@ -28,7 +32,8 @@ import (
 // Conn is a net.Conn whose Read and Write are raw system calls on its
 // socket. Its other methods (deadlines, Close, addresses) are the
 // wrapped connection's. One Read and one Write may run concurrently, as
-// on any net.Conn.
+// on any net.Conn, except from HoldWrites to the Read that sends what it
+// held.
 type Conn struct {
 	net.Conn
 	rc syscall.RawConn
