@@ -49,6 +49,7 @@ var rows = []rowDef{
 	{key: "sidecar", name: "sidecar, no agent", bins: []string{"sidecar"}, setup: setupSidecar("sidecar", "", false)},
 	{key: "sidecar-uds", name: "sidecar + UDS agent (Go SDK)", bins: []string{"sidecar", "sdkagent"}, agent: true, setup: setupSidecar("sidecar", "sdkagent", false)},
 	{key: "sidecar-uds-json", name: "sidecar + UDS agent, JSON payloads", bins: []string{"sidecar", "sdkagent"}, agent: true, setup: setupSidecar("sidecar", "sdkagent", true)},
+	{key: "sidecar-uds-yield", name: "sidecar + UDS agent, agent under SCHED_BATCH", bins: []string{"sidecar", "sdkagent"}, agent: true, setup: setupSidecar("sidecar", "sdkagent", false, "-sched", "batch")},
 }
 
 // baselineRows are the sidecar rows again, built from another checkout
@@ -424,13 +425,14 @@ logging:
 // binary agentBin ("": no agent); json keeps the agent connection on JSON
 // payloads (payload_encoding: json), as with an agent that does not
 // declare supports_protobuf_payloads.
-func setupSidecar(sidecarBin, agentBin string, json bool) func(*harness, *rowCtx) error {
-	return func(h *harness, rc *rowCtx) error { return sidecarRow(h, rc, sidecarBin, agentBin, json) }
+func setupSidecar(sidecarBin, agentBin string, json bool, agentArgs ...string) func(*harness, *rowCtx) error {
+	return func(h *harness, rc *rowCtx) error { return sidecarRow(h, rc, sidecarBin, agentBin, json, agentArgs) }
 }
 
 // sidecarRow starts the sidecar binary sidecarBin, with the SDK agent
-// binary agentBin unless it is "" (on JSON payloads when json is set).
-func sidecarRow(h *harness, rc *rowCtx, sidecarBin, agentBin string, json bool) error {
+// binary agentBin and its extra arguments agentArgs unless agentBin is ""
+// (on JSON payloads when json is set).
+func sidecarRow(h *harness, rc *rowCtx, sidecarBin, agentBin string, json bool, agentArgs []string) error {
 	agent := agentBin != ""
 	addrs, err := freeAddrs(2)
 	if err != nil {
@@ -441,7 +443,8 @@ func sidecarRow(h *harness, rc *rowCtx, sidecarBin, agentBin string, json bool) 
 		"AgentSock": filepath.Join(rc.dir, "sdkagent.sock"),
 	}
 	if agent {
-		if err := startAgent(h, rc, agentBin, data["AgentSock"].(string), "-socket", data["AgentSock"].(string)); err != nil {
+		args := append([]string{"-socket", data["AgentSock"].(string)}, agentArgs...)
+		if err := startAgent(h, rc, agentBin, data["AgentSock"].(string), args...); err != nil {
 			return err
 		}
 	}

@@ -403,33 +403,6 @@ admin: {address: "127.0.0.1:0"}
 	t.Logf("%d requests, %d on the new route", ok, res.body("two"))
 }
 
-// threadPolicies reads the scheduling policy (field 41 of
-// /proc/<pid>/task/<tid>/stat) of every thread of pid.
-func threadPolicies(t *testing.T, pid int) []int {
-	t.Helper()
-	dir := fmt.Sprintf("/proc/%d/task", pid)
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		t.Skip("no /proc:", err)
-	}
-	var out []int
-	for _, e := range ents {
-		b, err := os.ReadFile(filepath.Join(dir, e.Name(), "stat"))
-		if err != nil {
-			continue // the thread ended
-		}
-		s := string(b)
-		f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-		// Fields after the command name start at field 3 (state).
-		var pol int
-		if _, err := fmt.Sscan(f[41-3], &pol); err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, pol)
-	}
-	return out
-}
-
 // TestRunSchedBatch: `run -sched batch` puts every thread, including those
 // the runtime starts while the sidecar serves, under SCHED_BATCH (3); the
 // default leaves them at SCHED_OTHER (0).
@@ -463,7 +436,7 @@ admin: {address: "127.0.0.1:0"}
 			}()
 		}
 		wg.Wait()
-		pols := threadPolicies(t, p.Cmd.Process.Pid)
+		pols := testutil.ThreadPolicies(t, p.Cmd.Process.Pid)
 		if len(pols) < 2 {
 			t.Fatalf("%v: only %d threads", c.args, len(pols))
 		}

@@ -9,6 +9,7 @@ import (
 	"syscall"
 
 	"github.com/zentinelproxy/sidecar/internal/config"
+	"github.com/zentinelproxy/sidecar/internal/schedpolicy"
 	"github.com/zentinelproxy/sidecar/internal/supervisor"
 )
 
@@ -49,7 +50,7 @@ func runCmd(args []string, stderr io.Writer) error {
 		return err
 	}
 	if *sched == "batch" {
-		if err := setBatchScheduling(); err != nil {
+		if err := schedpolicy.SetBatch(); err != nil {
 			return err
 		}
 		log.Info().Str("policy", "SCHED_BATCH").Msg("scheduling policy set")

@@ -4,8 +4,10 @@
 package testutil
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -44,4 +46,33 @@ func WaitFor(t testing.TB, what string, cond func() bool) {
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
+}
+
+// ThreadPolicies reads the scheduling policy (field 41 of
+// /proc/<pid>/task/<tid>/stat) of every thread of pid
+// (0 SCHED_OTHER, 3 SCHED_BATCH); it skips the test where there is no
+// /proc.
+func ThreadPolicies(t testing.TB, pid int) []int {
+	t.Helper()
+	dir := fmt.Sprintf("/proc/%d/task", pid)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Skip("no /proc:", err)
+	}
+	var out []int
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join(dir, e.Name(), "stat"))
+		if err != nil {
+			continue // the thread ended
+		}
+		s := string(b)
+		f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+		// Fields after the command name start at field 3 (state).
+		var pol int
+		if _, err := fmt.Sscan(f[41-3], &pol); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, pol)
+	}
+	return out
 }

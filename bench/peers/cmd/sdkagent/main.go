@@ -3,7 +3,7 @@
 // handler that blocks /admin (and below it) with 403 and adds the request
 // header X-Agent-Processed: true to everything else.
 //
-//	sdkagent -socket /tmp/sdkagent.sock
+//	sdkagent -socket /tmp/sdkagent.sock [-sched batch]
 package main
 
 import (
@@ -41,7 +41,19 @@ func (agent) OnRequestHeaders(_ context.Context, m *protocol.RequestHeaders, d *
 
 func main() {
 	socket := flag.String("socket", "/tmp/sdkagent.sock", "Unix socket `path` to listen on")
+	sched := flag.String("sched", "normal", "scheduling `policy`: normal, or batch (sdk.SetBatchScheduling)")
 	flag.Parse()
+	switch *sched {
+	case "normal":
+	case "batch":
+		if err := sdk.SetBatchScheduling(); err != nil {
+			fmt.Fprintln(os.Stderr, "sdkagent:", err)
+			os.Exit(1)
+		}
+	default:
+		fmt.Fprintf(os.Stderr, "sdkagent: -sched must be normal or batch, not %q\n", *sched)
+		os.Exit(2)
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

@@ -1,9 +1,10 @@
 //go:build !linux
 
-package main
+package schedpolicy
 
 import "errors"
 
-func setBatchScheduling() error {
+// SetBatch fails: SCHED_BATCH exists on Linux only.
+func SetBatch() error {
 	return errors.New("sched batch: SCHED_BATCH exists on Linux only")
 }

@@ -1,6 +1,6 @@
 //go:build linux
 
-package main
+package schedpolicy
 
 import (
 	"fmt"
@@ -10,14 +10,14 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// setBatchScheduling puts every thread of the process under SCHED_BATCH:
-// a wake-up of the sidecar no longer preempts the task running on its
-// CPU (see docs/operations.md, "Sharing a core with an agent"). Threads
+// SetBatch puts every thread of the process under SCHED_BATCH: a wake-up
+// of the process no longer preempts the task running on its CPU (see
+// docs/operations.md, "Sharing a core with an agent"). Threads
 // created later inherit the policy from the thread that creates them, and
 // all of those are switched here; the task list is walked until a pass
 // finds no thread left to switch, which covers one created meanwhile.
 // Choosing SCHED_BATCH needs no privilege.
-func setBatchScheduling() error {
+func SetBatch() error {
 	done := map[int]bool{}
 	for {
 		ents, err := os.ReadDir("/proc/self/task")
