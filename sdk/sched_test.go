@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -15,14 +16,26 @@ import (
 	"github.com/zentinelproxy/sidecar/sdk"
 )
 
-// TestSetBatchScheduling runs itself as a child process that calls
-// SetBatchScheduling and then starts more threads: every thread of the
-// child, those started later included, is under SCHED_BATCH (3). The
-// child is this test binary, so the policy never touches the other tests.
+// TestSetBatchScheduling runs itself as a child process that sets its
+// nice value to 5, calls SetBatchScheduling and then starts more threads:
+// every thread of the child, those started later included, is under
+// SCHED_BATCH (3), and the nice value is still 5. The child is this test
+// binary, so the policy never touches the other tests.
 func TestSetBatchScheduling(t *testing.T) {
 	if os.Getenv("SDK_SCHED_CHILD") == "1" {
+		// A nice value set before stays: SCHED_BATCH takes it into
+		// account, and an unprivileged process may not lower it. Nice
+		// is per thread on Linux: stay on this one.
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		if err := syscall.Setpriority(syscall.PRIO_PROCESS, 0, 5); err != nil {
+			t.Fatal(err)
+		}
 		if err := sdk.SetBatchScheduling(); err != nil {
 			t.Fatal(err)
+		}
+		if prio, err := syscall.Getpriority(syscall.PRIO_PROCESS, 0); err != nil || 20-prio != 5 {
+			t.Fatalf("nice after SetBatchScheduling = %d (%v); want 5", 20-prio, err)
 		}
 		// Threads created after the call: goroutines locked to their
 		// own threads, alive together.

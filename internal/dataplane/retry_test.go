@@ -4,10 +4,12 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
+	"io"
 	"net"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/internal/udsclient"
@@ -85,5 +87,79 @@ func TestPostNotReplayedAfterPartialSend(t *testing.T) {
 	}
 	if n := posts.Load(); n != 1 {
 		t.Fatalf("the upstream read the POST %d times, want once", n)
+	}
+}
+
+// lingeringUpstream answers GETs with keep-alive; a connection idle for
+// 50ms is half-closed (FIN) and then read and discarded for 3s before it
+// is closed, as Apache closes an expired keep-alive connection (lingering
+// close). It counts the connections it accepted.
+func lingeringUpstream(t *testing.T) (string, *atomic.Int32) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	var conns atomic.Int32
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conns.Add(1)
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for {
+					_ = c.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+					first, err := br.ReadString('\n')
+					if err != nil {
+						if ne, ok := err.(net.Error); ok && ne.Timeout() && first == "" {
+							_ = c.(*net.TCPConn).CloseWrite()
+							_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
+							_, _ = io.Copy(io.Discard, c)
+						}
+						return
+					}
+					_ = c.SetReadDeadline(time.Time{})
+					for {
+						l, err := br.ReadString('\n')
+						if err != nil {
+							return
+						}
+						if l == "\r\n" {
+							break
+						}
+					}
+					fmt.Fprint(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+				}
+			}()
+		}
+	}()
+	return ln.Addr().String(), &conns
+}
+
+// TestHalfClosedKeepAliveIsReplayed: a GET on a pooled connection that
+// the upstream half-closed while it sat idle, and on which it keeps
+// reading without answering, fails at once and is replayed on a new
+// connection; it does not wait for the response timeout (a 504).
+func TestHalfClosedKeepAliveIsReplayed(t *testing.T) {
+	addr, conns := lingeringUpstream(t)
+	cfg := configText(t, oneAgentConfig, map[string]any{"Upstream": addr, "Chain": "", "UpstreamTimeout": "2s"})
+	p := startProxy(t, cfg, nil, nil)
+	for i := range 2 {
+		resp, body := p.do(t, "GET", "/", nil)
+		if resp.StatusCode != 200 || string(body) != "ok" {
+			t.Fatalf("request %d: %d %q; want 200 from a fresh connection", i, resp.StatusCode, body)
+		}
+		if i == 0 {
+			// Long enough for the upstream to half-close the idle
+			// connection and for its FIN to arrive.
+			time.Sleep(300 * time.Millisecond)
+		}
+	}
+	if n := conns.Load(); n != 2 {
+		t.Fatalf("%d upstream connections; want 2 (the half-closed one replaced)", n)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"strconv"
 	"syscall"
+	"time"
 
 	"github.com/valyala/fasthttp"
 
@@ -111,8 +112,9 @@ func (rs *reqState) forward() bool {
 			rs.outcome = "client gone"
 			return false
 		}
-		reused := !cc.LastUseTime().IsZero()
-		err = rs.sendRequest(conn)
+		last := cc.LastUseTime()
+		reused := !last.IsZero()
+		err = rs.sendRequest(conn, reused && time.Since(last) < holdWithin)
 		if err != nil {
 			var ue *upstreamError
 			if errors.As(err, &ue) && !isTimeout(err) && rs.readHead(conn) == nil {
@@ -275,7 +277,7 @@ func (c *sentConn) Write(p []byte) (int, error) {
 }
 
 // sendRequest writes the request head and body.
-func (rs *reqState) sendRequest(conn net.Conn) error {
+func (rs *reqState) sendRequest(conn net.Conn, warm bool) error {
 	up := rs.rt.up
 	hc := rs.upEP.hc
 	extendWrite(conn, up.cfg.IdleTimeout)
@@ -289,7 +291,7 @@ func (rs *reqState) sendRequest(conn net.Conn) error {
 		err = rs.writeBody(bw, conn)
 	}
 	if err == nil {
-		if rs.reqMode == reqBodyNone && rs.idempotent() {
+		if warm && rs.reqMode == reqBodyNone && rs.idempotent() {
 			holdWrites(conn)
 		}
 		if ferr := bw.Flush(); ferr != nil {
@@ -300,13 +302,28 @@ func (rs *reqState) sendRequest(conn net.Conn) error {
 	return err
 }
 
+// holdWithin is how recently a pooled connection must have answered for
+// the next request on it to be held (holdWrites). A held read does not
+// look at the socket before it waits, so it does not see a FIN that came
+// while the connection sat idle: a peer that closed fully answers the
+// held request with a reset, which wakes the read, but one that only
+// half-closed and keeps reading (Apache's lingering close of an expired
+// keep-alive connection) answers nothing, and the request would wait for
+// its response timeout instead of failing at once and being replayed.
+// Servers close idle keep-alive connections after seconds, and say
+// Connection: close when they close after an answer, so a connection that
+// answered within the last few milliseconds has not been closed idle;
+// under load, pooled connections are reused within microseconds to a few
+// milliseconds, which is where the saved read counts.
+const holdWithin = 10 * time.Millisecond
+
 // holdWrites has the request's last write go out with the read of the
 // response (rawio.Conn.HoldWrites): the read that would find nothing yet
 // (EAGAIN) is not made, one system call fewer per request, which costs
 // 1.2–1.5 µs on a paravirtualized guest. Only for a request without a
-// body and a replayable method: a failed write then shows at the read,
-// where staleConn still recognises it and replayable still allows the
-// retry.
+// body and a replayable method, on a connection that answered within
+// holdWithin: a failed write then shows at the read, where staleConn
+// still recognises it and replayable still allows the retry.
 func holdWrites(conn net.Conn) {
 	if uc, ok := conn.(*upConn); ok {
 		if rc, ok := uc.Conn.(*rawio.Conn); ok {

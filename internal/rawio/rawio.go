@@ -26,17 +26,22 @@ package rawio
 import (
 	"io"
 	"net"
+	"os"
+	"sync"
 	"syscall"
 )
 
 // Conn is a net.Conn whose Read and Write are raw system calls on its
 // socket. Its other methods (deadlines, Close, addresses) are the
-// wrapped connection's. One Read and one Write may run concurrently, as
-// on any net.Conn, except from HoldWrites to the Read that sends what it
-// held.
+// wrapped connection's. Reads and Writes may run concurrently, as on any
+// net.Conn, except from HoldWrites to the Read that sends what it held.
 type Conn struct {
 	net.Conn
 	rc syscall.RawConn
+
+	// rmu and wmu serialize Reads and Writes: the callbacks' state below
+	// is per direction, not per call.
+	rmu, wmu sync.Mutex
 
 	readFn  func(uintptr) bool
 	rbuf    []byte
@@ -71,7 +76,7 @@ func Wrap(c net.Conn) net.Conn {
 		return c
 	}
 	rc, err := sc.SyscallConn()
-	if err != nil {
+	if err != nil || !nonblocking(rc) {
 		return c
 	}
 	rw := &Conn{Conn: c, rc: rc}
@@ -80,11 +85,30 @@ func Wrap(c net.Conn) net.Conn {
 	return rw
 }
 
+// nonblocking reports whether the socket is in non-blocking mode, as Go
+// sets every socket it creates. A raw read(2) on a blocking socket (one
+// whose descriptor was taken with File and then Fd, which clears
+// O_NONBLOCK on the open file they share) would
+// block its thread without telling the runtime: such a socket keeps the
+// runtime's calls.
+func nonblocking(rc syscall.RawConn) bool {
+	var flags uintptr
+	var errno syscall.Errno
+	if err := rc.Control(func(fd uintptr) {
+		flags, _, errno = syscall.RawSyscall(syscall.SYS_FCNTL, fd, syscall.F_GETFL, 0)
+	}); err != nil || errno != 0 {
+		return false
+	}
+	return flags&syscall.O_NONBLOCK != 0
+}
+
 // Read implements net.Conn: one read(2) once the socket is readable.
 func (c *Conn) Read(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
+	c.rmu.Lock()
+	defer c.rmu.Unlock()
 	if c.holding {
 		c.holding = false
 		if len(c.pend) > 0 {
@@ -92,8 +116,7 @@ func (c *Conn) Read(p []byte) (int, error) {
 		}
 	}
 	c.rbuf, c.rn, c.rerr = p, 0, 0
-	err := c.rc.Read(c.readFn)
-	return c.readDone(err)
+	return c.readDone(c.rc.Read(c.readFn))
 }
 
 // readDone turns a RawConn.Read's outcome into Read's results.
@@ -104,7 +127,7 @@ func (c *Conn) readDone(err error) (int, error) {
 		return n, opName(err, "read")
 	}
 	if errno != 0 {
-		return n, &net.OpError{Op: "read", Net: c.LocalAddr().Network(), Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: errno}
+		return n, c.opError("read", errno)
 	}
 	if n == 0 {
 		return 0, io.EOF
@@ -129,7 +152,7 @@ func (c *Conn) readAfterHeld(p []byte) (int, error) {
 		return 0, opName(err, "read")
 	case herr != 0:
 		c.rbuf = nil
-		return 0, &net.OpError{Op: "write", Net: c.LocalAddr().Network(), Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: herr}
+		return 0, c.opError("write", herr)
 	case err == nil && sent < len(pend):
 		// The socket had no room for all of it: the rest the usual way,
 		// then an ordinary read.
@@ -137,7 +160,8 @@ func (c *Conn) readAfterHeld(p []byte) (int, error) {
 		if _, werr := c.write(pend[sent:]); werr != nil {
 			return 0, werr
 		}
-		return c.Read(p)
+		c.rbuf, c.rn, c.rerr = p, 0, 0
+		return c.readDone(c.rc.Read(c.readFn))
 	}
 	return c.readDone(err)
 }
@@ -190,6 +214,8 @@ func (c *Conn) Write(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
 	if c.holding {
 		if len(c.pend)+len(p) <= maxHeld {
 			c.pend = append(c.pend, p...)
@@ -217,7 +243,7 @@ func (c *Conn) write(p []byte) (int, error) {
 		return n, opName(err, "write")
 	}
 	if errno != 0 {
-		return n, &net.OpError{Op: "write", Net: c.LocalAddr().Network(), Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: errno}
+		return n, c.opError("write", errno)
 	}
 	return n, nil
 }
@@ -256,6 +282,11 @@ func (c *Conn) writeCB(fd uintptr) bool {
 // write's errno. Close discards held bytes: Read, Write and HoldWrites
 // belong to one goroutine at a time.
 func (c *Conn) HoldWrites() { c.holding = true }
+
+// opError is the error of a failed call, shaped as package net shapes it.
+func (c *Conn) opError(op string, errno syscall.Errno) error {
+	return &net.OpError{Op: op, Net: c.LocalAddr().Network(), Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: os.NewSyscallError(op, errno)}
+}
 
 // opName names the RawConn's error (a closed connection, an expired
 // deadline) as the plain read or write that it is for the caller: logs

@@ -420,3 +420,52 @@ func TestHeldWriteAllocatesNothing(t *testing.T) {
 		t.Fatalf("%v allocations per held exchange; want 0", allocs)
 	}
 }
+
+// TestConcurrentWrites: Writes from several goroutines each go out
+// whole, as on any net.Conn.
+func TestConcurrentWrites(t *testing.T) {
+	c, s := tcpPair(t)
+	const writers, each, size = 4, 500, 100
+	got := make(chan int, 1)
+	go func() {
+		n, _ := io.Copy(io.Discard, s)
+		got <- int(n)
+	}()
+	var wg sync.WaitGroup
+	for range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			msg := bytes.Repeat([]byte("x"), size)
+			for range each {
+				if n, err := c.Write(msg); n != size || err != nil {
+					t.Errorf("Write = %d, %v", n, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	_ = c.Close()
+	if n := <-got; n != writers*each*size {
+		t.Fatalf("the peer received %d bytes; want %d", n, writers*each*size)
+	}
+}
+
+// TestBlockingSocketIsLeftAlone: a socket made blocking (os.File.Fd on
+// its File does that, for the descriptor they share) keeps the runtime's
+// calls: a raw read on it would block its thread without the runtime
+// knowing.
+func TestBlockingSocketIsLeftAlone(t *testing.T) {
+	c, _ := tcpPair(t)
+	tc := c.Conn.(*net.TCPConn)
+	f, err := tc.File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	_ = f.Fd()
+	if w := rawio.Wrap(tc); w != net.Conn(tc) {
+		t.Fatalf("Wrap of a blocking socket = %T; want the connection itself", w)
+	}
+}

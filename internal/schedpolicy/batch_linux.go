@@ -30,8 +30,18 @@ func SetBatch() error {
 			if err != nil || done[tid] {
 				continue
 			}
-			attr := unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_BATCH}
-			if err := unix.SchedSetAttr(tid, &attr, 0); err != nil {
+			// Keep the thread's nice value: sched_setattr sets the one it
+			// is given, and an unprivileged process may not lower it.
+			attr, err := unix.SchedGetAttr(tid, 0)
+			if err != nil {
+				if err == unix.ESRCH {
+					continue // the thread ended meanwhile
+				}
+				return fmt.Errorf("sched batch: thread %d: %w", tid, err)
+			}
+			attr.Policy = unix.SCHED_BATCH
+			attr.Flags = 0
+			if err := unix.SchedSetAttr(tid, attr, 0); err != nil {
 				if err == unix.ESRCH {
 					continue // the thread ended meanwhile
 				}
