@@ -11,23 +11,16 @@ import "syscall"
 // would be reported as racing.
 
 // Read is read(2); see the !race build.
-func Read(fd int, p []byte) (int, syscall.Errno) {
-	if len(p) == 0 {
-		return 0, 0
-	}
-	n, err := syscall.Read(fd, p)
-	if err != nil {
-		return 0, err.(syscall.Errno)
-	}
-	return n, 0
-}
+func Read(fd int, p []byte) (int, syscall.Errno) { return call(syscall.Read, fd, p) }
 
 // Write is write(2); see the !race build.
-func Write(fd int, p []byte) (int, syscall.Errno) {
+func Write(fd int, p []byte) (int, syscall.Errno) { return call(syscall.Write, fd, p) }
+
+func call(f func(int, []byte) (int, error), fd int, p []byte) (int, syscall.Errno) {
 	if len(p) == 0 {
 		return 0, 0
 	}
-	n, err := syscall.Write(fd, p)
+	n, err := f(fd, p)
 	if err != nil {
 		return 0, err.(syscall.Errno)
 	}

@@ -175,21 +175,15 @@ func (c *Conn) read(fd uintptr) bool {
 		// bytes wakes the wait below, so there is no point reading
 		// before it.
 		c.sendHeld = false
-		for c.pn < len(c.pend) {
-			n, errno := Write(int(fd), c.pend[c.pn:])
-			switch errno {
-			case 0:
-				c.pn += n
-				continue
-			case syscall.EINTR:
-				continue
-			case syscall.EAGAIN:
-				return true // no room: the rest goes out through Write
-			}
+		switch errno := writeFrom(int(fd), c.pend, &c.pn); errno {
+		case 0:
+			return false
+		case syscall.EAGAIN:
+			return true // no room: the rest goes out through Write
+		default:
 			c.herr = errno
 			return true
 		}
-		return false
 	}
 	for {
 		n, errno := Read(int(fd), c.rbuf)
@@ -223,12 +217,12 @@ func (c *Conn) Write(p []byte) (int, error) {
 		}
 		// Too much to hold: what was held goes first, then p, now.
 		c.holding = false
-		if len(c.pend) > 0 {
-			if _, err := c.write(c.pend); err != nil {
-				c.pend = c.pend[:0]
+		pend := c.pend
+		c.pend = c.pend[:0]
+		if len(pend) > 0 {
+			if _, err := c.write(pend); err != nil {
 				return 0, err
 			}
-			c.pend = c.pend[:0]
 		}
 	}
 	return c.write(p)
@@ -250,21 +244,34 @@ func (c *Conn) write(p []byte) (int, error) {
 
 // writeCB is the RawConn.Write callback.
 func (c *Conn) writeCB(fd uintptr) bool {
-	for c.wn < len(c.wbuf) {
-		n, errno := Write(int(fd), c.wbuf[c.wn:])
-		switch errno {
-		case 0:
-			c.wn += n
-			continue
-		case syscall.EINTR:
-			continue
-		case syscall.EAGAIN:
-			return false
-		}
+	switch errno := writeFrom(int(fd), c.wbuf, &c.wn); errno {
+	case 0:
+		return true
+	case syscall.EAGAIN:
+		return false
+	default:
 		c.werr = errno
 		return true
 	}
-	return true
+}
+
+// writeFrom writes b[*off:], advancing *off, until all of it is written
+// (0), the socket's buffer is full (EAGAIN) or the write fails.
+func writeFrom(fd int, b []byte, off *int) syscall.Errno {
+	for *off < len(b) {
+		n, errno := Write(fd, b[*off:])
+		switch errno {
+		case 0:
+			if n == 0 {
+				return syscall.EAGAIN // nothing taken: wait for room
+			}
+			*off += n
+		case syscall.EINTR:
+		default:
+			return errno
+		}
+	}
+	return 0
 }
 
 // HoldWrites makes the Writes that follow, up to the next Read, keep

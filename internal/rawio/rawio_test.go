@@ -222,28 +222,6 @@ func TestWrapUnixAndOthers(t *testing.T) {
 	}
 }
 
-// TestNoAllocations: a Read and a Write on a warm connection allocate
-// nothing (the callbacks are bound once, in Wrap).
-func TestNoAllocations(t *testing.T) {
-	if raceEnabled {
-		t.Skip("the race detector allocates")
-	}
-	c, s := tcpPair(t)
-	go func() { _, _ = io.Copy(s, s) }()
-	msg := []byte("0123456789")
-	buf := make([]byte, len(msg))
-	allocs := testing.AllocsPerRun(1000, func() {
-		if _, err := c.Write(msg); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := io.ReadFull(c, buf); err != nil {
-			t.Fatal(err)
-		}
-	})
-	if allocs != 0 {
-		t.Fatalf("%v allocations per write and read; want 0", allocs)
-	}
-}
 
 // TestSocketOrdersMemory: what a goroutine wrote before sending bytes is
 // visible to the goroutine that received them. The kernel guarantees it;
@@ -396,28 +374,34 @@ func TestHeldWriteToAResetPeer(t *testing.T) {
 	}
 }
 
-// TestHeldWriteAllocatesNothing: holding copies into a buffer kept with
-// the connection.
-func TestHeldWriteAllocatesNothing(t *testing.T) {
+// TestNoAllocations: a Write and the Read of its echo allocate nothing
+// on a warm connection, plain (the callbacks are bound once, in Wrap) or
+// held (the held bytes are copied into a buffer kept with the
+// connection).
+func TestNoAllocations(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector allocates")
 	}
-	c, s := tcpPair(t)
-	go func() { _, _ = io.Copy(s, s) }()
-	msg := []byte("0123456789")
-	buf := make([]byte, len(msg))
-	exchange := func() {
-		c.HoldWrites()
-		if _, err := c.Write(msg); err != nil {
-			t.Fatal(err)
+	for _, held := range []bool{false, true} {
+		c, s := tcpPair(t)
+		go func() { _, _ = io.Copy(s, s) }()
+		msg := []byte("0123456789")
+		buf := make([]byte, len(msg))
+		exchange := func() {
+			if held {
+				c.HoldWrites()
+			}
+			if _, err := c.Write(msg); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := io.ReadFull(c, buf); err != nil {
+				t.Fatal(err)
+			}
 		}
-		if _, err := io.ReadFull(c, buf); err != nil {
-			t.Fatal(err)
+		exchange()
+		if allocs := testing.AllocsPerRun(1000, exchange); allocs != 0 {
+			t.Fatalf("held %v: %v allocations per exchange; want 0", held, allocs)
 		}
-	}
-	exchange()
-	if allocs := testing.AllocsPerRun(1000, exchange); allocs != 0 {
-		t.Fatalf("%v allocations per held exchange; want 0", allocs)
 	}
 }
 
