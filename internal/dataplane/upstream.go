@@ -114,7 +114,9 @@ func (rs *reqState) forward() bool {
 		}
 		last := cc.LastUseTime()
 		reused := !last.IsZero()
-		err = rs.sendRequest(conn, reused && time.Since(last) < holdWithin)
+		// The clock is read only for a request that could be held.
+		hold := reused && rs.reqMode == reqBodyNone && rs.idempotent() && time.Since(last) < holdWithin
+		err = rs.sendRequest(conn, hold)
 		if err != nil {
 			var ue *upstreamError
 			if errors.As(err, &ue) && !isTimeout(err) && rs.readHead(conn) == nil {
@@ -276,8 +278,9 @@ func (c *sentConn) Write(p []byte) (int, error) {
 	return n, err
 }
 
-// sendRequest writes the request head and body.
-func (rs *reqState) sendRequest(conn net.Conn, warm bool) error {
+// sendRequest writes the request head and body; with hold, the last
+// write goes out with the read of the response (holdWrites).
+func (rs *reqState) sendRequest(conn net.Conn, hold bool) error {
 	up := rs.rt.up
 	hc := rs.upEP.hc
 	extendWrite(conn, up.cfg.IdleTimeout)
@@ -291,7 +294,7 @@ func (rs *reqState) sendRequest(conn net.Conn, warm bool) error {
 		err = rs.writeBody(bw, conn)
 	}
 	if err == nil {
-		if warm && rs.reqMode == reqBodyNone && rs.idempotent() {
+		if hold {
 			holdWrites(conn)
 		}
 		if ferr := bw.Flush(); ferr != nil {
