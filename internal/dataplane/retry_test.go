@@ -16,54 +16,72 @@ import (
 	"github.com/zentinelproxy/sidecar/sdk"
 )
 
-// headFirstUpstream answers a GET and keeps the connection; on a POST it
-// acts as soon as it has read the head (it counts it) and then fails:
-// it closes the connection without an answer and without reading the
-// body, which resets the connection under the rest of a large body.
-func headFirstUpstream(t *testing.T) (string, *atomic.Int64) {
+// serveConns accepts connections on a loopback port until the test ends
+// and hands each to handle in its own goroutine, closing it after.
+func serveConns(t *testing.T, handle func(c net.Conn)) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ln.Close() })
-	var posts atomic.Int64
 	go func() {
 		for {
 			c, err := ln.Accept()
 			if err != nil {
 				return
 			}
-			// A small receive buffer: the body cannot all fit in the
-			// sockets' buffers.
-			_ = c.(*net.TCPConn).SetReadBuffer(64 << 10)
 			go func() {
 				defer c.Close()
-				br := bufio.NewReader(c)
-				for {
-					first, err := br.ReadString('\n')
-					if err != nil {
-						return
-					}
-					for {
-						l, err := br.ReadString('\n')
-						if err != nil {
-							return
-						}
-						if l == "\r\n" {
-							break
-						}
-					}
-					if strings.HasPrefix(first, "POST ") {
-						posts.Add(1)
-						return
-					}
-					fmt.Fprint(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-				}
+				handle(c)
 			}()
 		}
 	}()
-	return ln.Addr().String(), &posts
+	return ln.Addr().String()
+}
+
+// readRequestHead reads a request head from br and returns its request
+// line.
+func readRequestHead(br *bufio.Reader) (string, error) {
+	first, err := br.ReadString('\n')
+	if err != nil {
+		return first, err
+	}
+	for {
+		l, err := br.ReadString('\n')
+		if err != nil {
+			return first, err
+		}
+		if l == "\r\n" {
+			return first, nil
+		}
+	}
+}
+
+// headFirstUpstream answers a GET and keeps the connection; on a POST it
+// acts as soon as it has read the head (it counts it) and then fails:
+// it closes the connection without an answer and without reading the
+// body, which resets the connection under the rest of a large body.
+func headFirstUpstream(t *testing.T) (string, *atomic.Int64) {
+	var posts atomic.Int64
+	addr := serveConns(t, func(c net.Conn) {
+		// A small receive buffer: the body cannot all fit in the
+		// sockets' buffers.
+		_ = c.(*net.TCPConn).SetReadBuffer(64 << 10)
+		br := bufio.NewReader(c)
+		for {
+			first, err := readRequestHead(br)
+			if err != nil {
+				return
+			}
+			if strings.HasPrefix(first, "POST ") {
+				posts.Add(1)
+				return
+			}
+			fmt.Fprint(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		}
+	})
+	return addr, &posts
 }
 
 // TestPostNotReplayedAfterPartialSend: a POST whose body (buffered for
@@ -95,49 +113,27 @@ func TestPostNotReplayedAfterPartialSend(t *testing.T) {
 // is closed, as Apache closes an expired keep-alive connection (lingering
 // close). It counts the connections it accepted.
 func lingeringUpstream(t *testing.T) (string, *atomic.Int32) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
 	var conns atomic.Int32
-	go func() {
+	addr := serveConns(t, func(c net.Conn) {
+		conns.Add(1)
+		br := bufio.NewReader(c)
 		for {
-			c, err := ln.Accept()
+			_ = c.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+			first, err := readRequestHead(br)
+			if ne, ok := err.(net.Error); ok && ne.Timeout() && first == "" {
+				_ = c.(*net.TCPConn).CloseWrite()
+				_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
+				_, _ = io.Copy(io.Discard, c)
+				return
+			}
 			if err != nil {
 				return
 			}
-			conns.Add(1)
-			go func() {
-				defer c.Close()
-				br := bufio.NewReader(c)
-				for {
-					_ = c.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
-					first, err := br.ReadString('\n')
-					if err != nil {
-						if ne, ok := err.(net.Error); ok && ne.Timeout() && first == "" {
-							_ = c.(*net.TCPConn).CloseWrite()
-							_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
-							_, _ = io.Copy(io.Discard, c)
-						}
-						return
-					}
-					_ = c.SetReadDeadline(time.Time{})
-					for {
-						l, err := br.ReadString('\n')
-						if err != nil {
-							return
-						}
-						if l == "\r\n" {
-							break
-						}
-					}
-					fmt.Fprint(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-				}
-			}()
+			_ = c.SetReadDeadline(time.Time{})
+			fmt.Fprint(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 		}
-	}()
-	return ln.Addr().String(), &conns
+	})
+	return addr, &conns
 }
 
 // TestHalfClosedKeepAliveIsReplayed: a GET on a pooled connection that
