@@ -175,7 +175,7 @@ func (c *Conn) read(fd uintptr) bool {
 		// bytes wakes the wait below, so there is no point reading
 		// before it.
 		c.sendHeld = false
-		switch errno := writeFrom(int(fd), c.pend, &c.pn); errno {
+		switch errno := WriteFrom(int(fd), c.pend, &c.pn); errno {
 		case 0:
 			return false
 		case syscall.EAGAIN:
@@ -244,7 +244,7 @@ func (c *Conn) write(p []byte) (int, error) {
 
 // writeCB is the RawConn.Write callback.
 func (c *Conn) writeCB(fd uintptr) bool {
-	switch errno := writeFrom(int(fd), c.wbuf, &c.wn); errno {
+	switch errno := WriteFrom(int(fd), c.wbuf, &c.wn); errno {
 	case 0:
 		return true
 	case syscall.EAGAIN:
@@ -257,7 +257,7 @@ func (c *Conn) writeCB(fd uintptr) bool {
 
 // writeFrom writes b[*off:], advancing *off, until all of it is written
 // (0), the socket's buffer is full (EAGAIN) or the write fails.
-func writeFrom(fd int, b []byte, off *int) syscall.Errno {
+func WriteFrom(fd int, b []byte, off *int) syscall.Errno {
 	for *off < len(b) {
 		n, errno := Write(fd, b[*off:])
 		switch errno {

@@ -222,7 +222,6 @@ func TestWrapUnixAndOthers(t *testing.T) {
 	}
 }
 
-
 // TestSocketOrdersMemory: what a goroutine wrote before sending bytes is
 // visible to the goroutine that received them. The kernel guarantees it;
 // under -race this test also checks that the detector is told so (a

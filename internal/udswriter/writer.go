@@ -402,23 +402,8 @@ func (w *Writer) flush(n int) {
 
 // writeNow writes w.fb without waiting (the RawConn.Write callback).
 func (w *Writer) writeNow(fd uintptr) bool {
-	for w.fn < len(w.fb) {
-		m, err := rawio.Write(int(fd), w.fb[w.fn:])
-		if m > 0 {
-			w.fn += m
-		}
-		if err == syscall.EINTR {
-			continue
-		}
-		if err != 0 {
-			if err != syscall.EAGAIN {
-				w.ferr = err
-			}
-			break
-		}
-		if m <= 0 {
-			break
-		}
+	if errno := rawio.WriteFrom(int(fd), w.fb, &w.fn); errno != 0 && errno != syscall.EAGAIN {
+		w.ferr = errno
 	}
 	return true // never wait for writability: the writer goroutine does
 }
