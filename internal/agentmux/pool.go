@@ -40,10 +40,13 @@ type AgentStatus struct {
 	Protocol    uint64 `json:"protocol_errors"`
 	Completed   uint64 `json:"completed"`
 	// SendWaits and ControlDropped: see Stats.
-	SendWaits      uint64                `json:"send_waits"`
-	ControlDropped uint64                `json:"control_dropped"`
-	Caps           protocol.Capabilities `json:"capabilities"`
-	LastError      string                `json:"last_error,omitempty"`
+	SendWaits      uint64 `json:"send_waits"`
+	ControlDropped uint64 `json:"control_dropped"`
+	// Writes and FramesWritten: see Stats.
+	Writes        uint64                `json:"writes"`
+	FramesWritten uint64                `json:"frames_written"`
+	Caps          protocol.Capabilities `json:"capabilities"`
+	LastError     string                `json:"last_error,omitempty"`
 }
 
 // add adds x's connections, in-flight requests and cumulative counters
@@ -57,6 +60,8 @@ func (st *AgentStatus) add(x *AgentStatus) {
 	st.Completed += x.Completed
 	st.SendWaits += x.SendWaits
 	st.ControlDropped += x.ControlDropped
+	st.Writes += x.Writes
+	st.FramesWritten += x.FramesWritten
 }
 
 // Pool is a set of live sessions to one agent; new exchanges go to the
@@ -132,6 +137,8 @@ func (s *Stats) addCounters(x Stats) {
 	s.Completed += x.Completed
 	s.SendWaits += x.SendWaits
 	s.ControlDropped += x.ControlDropped
+	s.Writes += x.Writes
+	s.FramesWritten += x.FramesWritten
 }
 
 // Sessions returns the live sessions (do not modify the slice).
@@ -217,6 +224,7 @@ func (p *Pool) Snapshot() AgentStatus {
 	}
 	st.Late, st.Timeouts, st.Protocol, st.Completed = tot.Late, tot.Timeouts, tot.Protocol, tot.Completed
 	st.SendWaits, st.ControlDropped = tot.SendWaits, tot.ControlDropped
+	st.Writes, st.FramesWritten = tot.Writes, tot.FramesWritten
 	st.Ready = st.Connections > 0
 	if le := p.lastErr.Load(); le != nil {
 		st.LastError = *le

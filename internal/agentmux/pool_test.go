@@ -106,3 +106,37 @@ func TestDeliverUnknownIsLate(t *testing.T) {
 		t.Fatal("late reply not counted")
 	}
 }
+
+// batchLink reports batched writes, as the UDS and reverse links do.
+type batchLink struct {
+	nopLink
+	writes, frames uint64
+}
+
+func (l *batchLink) Batching() (writes, frames uint64) { return l.writes, l.frames }
+
+// TestPoolSumsBatching: the writes of an agent's connections and the frames
+// they carried add up over its live sessions, the sessions that left, and
+// a Multi's members.
+func TestPoolSumsBatching(t *testing.T) {
+	p := NewPool("a", "uds")
+	s1 := NewSession(&batchLink{writes: 3, frames: 10}, protocol.Capabilities{}, SessionConfig{Name: "a"})
+	s2 := NewSession(&batchLink{writes: 5, frames: 7}, protocol.Capabilities{}, SessionConfig{Name: "a"})
+	s3 := NewSession(&nopLink{}, protocol.Capabilities{}, SessionConfig{Name: "a"}) // reports none
+	p.Add(s1)
+	p.Add(s2)
+	p.Add(s3)
+	if st := s1.Stats(); st.Writes != 3 || st.FramesWritten != 10 {
+		t.Fatalf("session stats %+v", st)
+	}
+	p.Remove(s1)
+	st := p.Snapshot()
+	if st.Writes != 8 || st.FramesWritten != 17 {
+		t.Fatalf("pool: writes %d frames %d, want 8 and 17", st.Writes, st.FramesWritten)
+	}
+	q := NewPool("a", "uds")
+	q.Add(NewSession(&batchLink{writes: 1, frames: 2}, protocol.Capabilities{}, SessionConfig{Name: "a"}))
+	if m := NewMulti("a", "uds", []Agent{p, q}, false).Snapshot(); m.Writes != 9 || m.FramesWritten != 19 {
+		t.Fatalf("multi: writes %d frames %d, want 9 and 19", m.Writes, m.FramesWritten)
+	}
+}

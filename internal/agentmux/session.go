@@ -141,11 +141,21 @@ type Stats struct {
 	// them, see BackpressureReporter).
 	SendWaits      uint64
 	ControlDropped uint64
+	// Writes counts the connection's writes and FramesWritten the frames
+	// they carried (links that report them, see BatchReporter).
+	Writes        uint64
+	FramesWritten uint64
 }
 
 // BackpressureReporter is implemented by links with a bounded send queue.
 type BackpressureReporter interface {
 	Backpressure() (sendWaits, controlDropped uint64)
+}
+
+// BatchReporter is implemented by links that write their frames in
+// batches.
+type BatchReporter interface {
+	Batching() (writes, frames uint64)
 }
 
 // Session multiplexes requests over one agent connection.
@@ -226,6 +236,9 @@ func (s *Session) Stats() Stats {
 	}
 	if br, ok := s.link.(BackpressureReporter); ok {
 		st.SendWaits, st.ControlDropped = br.Backpressure()
+	}
+	if br, ok := s.link.(BatchReporter); ok {
+		st.Writes, st.FramesWritten = br.Batching()
 	}
 	return st
 }

@@ -331,7 +331,7 @@ func TestScrapeTimeAgents(t *testing.T) {
 	m.AgentEvent(0, 0, protocol.PhaseRequest, false, dataplane.OutcomeTimeout, 0)
 	var mu sync.Mutex
 	st := []agentmux.AgentStatus{
-		{Name: "waf", Transport: "uds", Connections: 2, Ready: true, InFlight: 7, Late: 3, Completed: 100},
+		{Name: "waf", Transport: "uds", Connections: 2, Ready: true, InFlight: 7, Late: 3, Completed: 100, Writes: 40, FramesWritten: 110},
 		{Name: "auth", Transport: "grpc", Connections: 0, Ready: false},
 	}
 	m.SetAgents(func() []agentmux.AgentStatus {
@@ -347,6 +347,12 @@ func TestScrapeTimeAgents(t *testing.T) {
 	expect(t, v, `sidecar_agent_ready{agent="waf"}`, 1)
 	expect(t, v, `sidecar_agent_ready{agent="auth"}`, 0)
 	expect(t, v, `sidecar_agent_exchanges_completed_total{agent="waf"}`, 100)
+	expect(t, v, `sidecar_agent_writes_total{agent="waf"}`, 40)
+	expect(t, v, `sidecar_agent_frames_written_total{agent="waf"}`, 110)
+	// A transport that writes no batches (grpc) has no such series.
+	if _, ok := v[`sidecar_agent_writes_total{agent="auth"}`]; ok {
+		t.Error("writes exported for an agent without batched writes")
+	}
 	// late_reply merges into the per-event family.
 	expect(t, v, `sidecar_agent_errors_total{agent="waf",kind="late_reply"}`, 3)
 	expect(t, v, `sidecar_agent_errors_total{agent="waf",kind="timeout"}`, 1)

@@ -46,6 +46,10 @@ var (
 		"Events that waited for room in a connection's pending bytes (max_pending_bytes), per agent.", []string{"agent"}, nil)
 	descCtlDropped = prometheus.NewDesc(Namespace+"_agent_control_frames_dropped_total",
 		"Pings, pongs and cancels dropped because a connection's send queue was full, per agent.", []string{"agent"}, nil)
+	descWrites = prometheus.NewDesc(Namespace+"_agent_writes_total",
+		"Writes of batched frames to an agent's connections, per agent (UDS and reverse transports).", []string{"agent"}, nil)
+	descFramesWritten = prometheus.NewDesc(Namespace+"_agent_frames_written_total",
+		"Frames those writes carried, per agent: frames per write = this / sidecar_agent_writes_total.", []string{"agent"}, nil)
 	descLimits = prometheus.NewDesc(Namespace+"_agent_limits_exceeded_total",
 		"Agent replies over their header limits (operations, bytes, value size, header block); the agent's failure mode applied.", nil, nil)
 	descInline = prometheus.NewDesc(Namespace+"_agent_inline_bodies_total",
@@ -62,7 +66,8 @@ type scrapeCollector struct{ m *Metrics }
 func (c *scrapeCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descAgentConns, descAgentInFlight, descAgentReady, descAgentCompleted,
 		descInFlight, descAborted, descRevAccepted, descRevRejected, descRevConns, descRevDelayed,
-		descRejected, descAbsolute, descAcceptErrors, descClamped, descUpRetries, descUpFlushes, descLimits, descSendWaits, descCtlDropped, descInline} {
+		descRejected, descAbsolute, descAcceptErrors, descClamped, descUpRetries, descUpFlushes, descLimits, descSendWaits, descCtlDropped, descInline,
+		descWrites, descFramesWritten} {
 		ch <- d
 	}
 	for _, d := range tlsTunnelDescs {
@@ -83,6 +88,10 @@ func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(descAgentCompleted, prometheus.CounterValue, float64(st.Completed), st.Name)
 			ch <- prometheus.MustNewConstMetric(descSendWaits, prometheus.CounterValue, float64(st.SendWaits), st.Name)
 			ch <- prometheus.MustNewConstMetric(descCtlDropped, prometheus.CounterValue, float64(st.ControlDropped), st.Name)
+			if st.Writes > 0 {
+				ch <- prometheus.MustNewConstMetric(descWrites, prometheus.CounterValue, float64(st.Writes), st.Name)
+				ch <- prometheus.MustNewConstMetric(descFramesWritten, prometheus.CounterValue, float64(st.FramesWritten), st.Name)
+			}
 		}
 	}
 	if f := c.m.stats.Load(); f != nil {

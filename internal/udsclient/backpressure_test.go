@@ -213,6 +213,11 @@ func TestReadLoopNeverWritesToBackedUpAgent(t *testing.T) {
 	if ss := sess.Stats(); ss.SendWaits == 0 || ss.SendWaits != link.Stats().Writer.Waits || ss.ControlDropped != link.Stats().Writer.ControlDropped {
 		t.Fatalf("session stats %+v, writer %+v", ss, link.Stats().Writer)
 	}
+	// So do the writes and the frames they carried (the flood above
+	// queued many Pongs per write).
+	if ss, w := sess.Stats(), link.Stats().Writer; ss.Writes == 0 || ss.Writes != w.Batches || ss.FramesWritten != w.Frames || ss.FramesWritten <= ss.Writes {
+		t.Fatalf("session writes %d frames %d, writer batches %d frames %d", ss.Writes, ss.FramesWritten, w.Batches, w.Frames)
+	}
 	st = link.Stats()
 	t.Logf("pings %d, frames in %d, pongs sent %d, writer %+v", pingsSent.Load(), st.FramesIn, st.PongsSent, st.Writer)
 }

@@ -147,6 +147,12 @@ func (l *Link) Backpressure() (sendWaits, controlDropped uint64) {
 	return st.Waits, st.ControlDropped
 }
 
+// Batching implements agentmux.BatchReporter.
+func (l *Link) Batching() (writes, frames uint64) {
+	st := l.w.Stats()
+	return st.Batches, st.Frames
+}
+
 // Encoding is the payload encoding of the connection's frames.
 func (l *Link) Encoding() uds.Encoding { return l.cfg.Encoding }
 
