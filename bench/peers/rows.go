@@ -46,6 +46,7 @@ var rows = []rowDef{
 	{key: "fasthttp", name: "fasthttp HostClient proxy, no agent", bins: []string{"fhproxy"}, setup: setupFasthttp},
 	{key: "loop", name: "epoll-loop floor, no agent", bins: []string{"loopproxy"}, setup: setupLoop(false)},
 	{key: "loop-uds", name: "epoll-loop floor + UDS agent (Go SDK)", bins: []string{"loopproxy", "sdkagent"}, agent: true, setup: setupLoop(true)},
+	{key: "loop-uds-yield", name: "epoll-loop floor + UDS agent under SCHED_BATCH", bins: []string{"loopproxy", "sdkagent"}, agent: true, setup: setupLoop(true, "-sched", "batch")},
 	{key: "sidecar", name: "sidecar, no agent", bins: []string{"sidecar"}, setup: setupSidecar("sidecar", "", false)},
 	{key: "sidecar-uds", name: "sidecar + UDS agent (Go SDK)", bins: []string{"sidecar", "sdkagent"}, agent: true, setup: setupSidecar("sidecar", "sdkagent", false)},
 	{key: "sidecar-uds-json", name: "sidecar + UDS agent, JSON payloads", bins: []string{"sidecar", "sdkagent"}, agent: true, setup: setupSidecar("sidecar", "sdkagent", true)},
@@ -369,8 +370,9 @@ func setupFasthttp(h *harness, rc *rowCtx) error {
 	return waitDial(p, "tcp", addrs[0], startTimeout)
 }
 
-// setupLoop starts cmd/loopproxy, with the SDK agent when agent is set.
-func setupLoop(agent bool) func(*harness, *rowCtx) error {
+// setupLoop starts cmd/loopproxy, with the SDK agent (and its extra
+// arguments agentArgs) when agent is set.
+func setupLoop(agent bool, agentArgs ...string) func(*harness, *rowCtx) error {
 	return func(h *harness, rc *rowCtx) error {
 		addrs, err := freeAddrs(1)
 		if err != nil {
@@ -379,7 +381,7 @@ func setupLoop(agent bool) func(*harness, *rowCtx) error {
 		args := []string{h.bin("loopproxy"), "-listen", addrs[0], "-upstream", rc.upstream}
 		if agent {
 			sock := filepath.Join(rc.dir, "sdkagent.sock")
-			if err := startAgent(h, rc, "sdkagent", sock, "-socket", sock); err != nil {
+			if err := startAgent(h, rc, "sdkagent", sock, append([]string{"-socket", sock}, agentArgs...)...); err != nil {
 				return err
 			}
 			args = append(args, "-agent", sock)

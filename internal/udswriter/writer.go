@@ -357,6 +357,13 @@ func (w *Writer) flush(n int) {
 	// Let other runnable senders queue their frames first: they leave in
 	// this write (measured: 64 in flight went from ~180k to ~300k
 	// decisions/s); when nothing else is runnable this returns at once.
+	// Waiting longer, for the runtime's next network poll (an eventfd rung
+	// and waited on, so that the requests that became ready meanwhile
+	// join), was measured on a proxy sharing one core with its agent at
+	// 25k requests/s: the agent woke less than half as often and the
+	// kernel time fell by 2 µs per request, but the user time rose about
+	// as much, and in two runs of five rounds the CPU per request moved
+	// by -3.5% and +2.4%. Not kept.
 	w.mu.Unlock()
 	runtime.Gosched()
 	w.mu.Lock()
