@@ -255,8 +255,9 @@ func (c *Conn) writeCB(fd uintptr) bool {
 	}
 }
 
-// writeFrom writes b[*off:], advancing *off, until all of it is written
-// (0), the socket's buffer is full (EAGAIN) or the write fails.
+// WriteFrom writes b[*off:] to the non-blocking descriptor fd, advancing
+// *off, until all of it is written (0), the socket's buffer is full
+// (EAGAIN) or the write fails (its errno).
 func WriteFrom(fd int, b []byte, off *int) syscall.Errno {
 	for *off < len(b) {
 		n, errno := Write(fd, b[*off:])

@@ -7,46 +7,24 @@ import (
 	"io"
 	"net"
 	"os"
-	"path/filepath"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/zentinelproxy/sidecar/internal/rawio"
+	"github.com/zentinelproxy/sidecar/internal/testutil"
 )
 
 // tcpPair returns a wrapped client connection and the server's end of
 // it, on loopback.
 func tcpPair(t testing.TB) (*rawio.Conn, net.Conn) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	accepted := make(chan net.Conn, 1)
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			close(accepted)
-			return
-		}
-		accepted <- c
-	}()
-	c, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, ok := <-accepted
-	if !ok {
-		t.Fatal("accept failed")
-	}
+	c, s := testutil.ConnPair(t, "tcp")
 	rc, ok := rawio.Wrap(c).(*rawio.Conn)
 	if !ok {
 		t.Fatalf("Wrap(%T) did not wrap a TCP connection", c)
 	}
-	t.Cleanup(func() { rc.Close(); s.Close() })
 	return rc, s
 }
 
@@ -89,7 +67,7 @@ func TestReadDeadline(t *testing.T) {
 	if !errors.As(err, &oe) || oe.Op != "read" {
 		t.Fatalf("error %v: want a net.OpError for a read", err)
 	}
-	// A deadline moved to the future makes the connection usable again.
+	// Write deadlines reach the poller the same way.
 	_ = c.SetReadDeadline(time.Time{})
 	_ = c.SetWriteDeadline(time.Now().Add(-time.Second))
 	if _, err := c.Write([]byte("x")); !errors.Is(err, os.ErrDeadlineExceeded) {
@@ -184,25 +162,10 @@ func TestErrorsOfAClosedOrResetConnection(t *testing.T) {
 }
 
 func TestWrapUnixAndOthers(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "s.sock")
-	ln, err := net.Listen("unix", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		c, err := ln.Accept()
-		if err == nil {
-			_, _ = c.Write([]byte("hello"))
-			c.Close()
-		}
-	}()
-	uc, err := net.Dial("unix", path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	uc, srv := testutil.ConnPair(t, "unix")
+	_, _ = srv.Write([]byte("hello"))
+	srv.Close()
 	c := rawio.Wrap(uc)
-	defer c.Close()
 	if _, ok := c.(*rawio.Conn); !ok {
 		t.Fatalf("Wrap(%T) did not wrap a Unix socket", uc)
 	}

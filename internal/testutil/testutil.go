@@ -5,6 +5,7 @@ package testutil
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -34,6 +35,37 @@ func SocketDir(t testing.TB) string {
 func SocketPath(t testing.TB) string {
 	t.Helper()
 	return filepath.Join(SocketDir(t), "a.sock")
+}
+
+// ConnPair returns both ends of a real connection, closed when the test
+// ends: network "tcp" on loopback, or "unix" at a SocketPath. dialed is
+// the end net.Dial returned, accepted the listener's.
+func ConnPair(t testing.TB, network string) (dialed, accepted net.Conn) {
+	t.Helper()
+	addr := "127.0.0.1:0"
+	if network == "unix" {
+		addr = SocketPath(t)
+	}
+	ln, err := net.Listen(network, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	acc := make(chan net.Conn, 1)
+	go func() {
+		c, _ := ln.Accept()
+		acc <- c
+	}()
+	dialed, err = net.Dial(network, ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if accepted = <-acc; accepted == nil {
+		dialed.Close()
+		t.Fatal("accept failed")
+	}
+	t.Cleanup(func() { dialed.Close(); accepted.Close() })
+	return dialed, accepted
 }
 
 // WaitFor polls cond until it holds, failing the test after LongWait.

@@ -181,29 +181,7 @@ func waitCond(t testing.TB, what string, cond func() bool) {
 }
 
 // connPair is both ends of a real Unix socket connection.
-func connPair(t testing.TB) (a, b net.Conn) {
-	t.Helper()
-	ln, err := net.Listen("unix", testutil.SocketPath(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	acc := make(chan net.Conn, 1)
-	go func() {
-		nc, _ := ln.Accept()
-		acc <- nc
-	}()
-	a, err = net.Dial("unix", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	b = <-acc
-	if b == nil {
-		t.Fatal("accept failed")
-	}
-	t.Cleanup(func() { a.Close(); b.Close() })
-	return a, b
-}
+func connPair(t testing.TB) (a, b net.Conn) { return testutil.ConnPair(t, "unix") }
 
 // nextAsync runs fr.Next in a goroutine, so that a reader that never
 // returns fails the test instead of hanging it.

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"net"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -23,33 +21,10 @@ const hangGuard = 10 * time.Second
 // peer that does not read blocks it after a few KiB.
 func socketPair(t *testing.T) (w, r net.Conn) {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "uw")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	ln, err := net.Listen("unix", filepath.Join(dir, "s"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	accepted := make(chan net.Conn, 1)
-	go func() {
-		c, _ := ln.Accept()
-		accepted <- c
-	}()
-	w, err = net.Dial("unix", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	r = <-accepted
-	if r == nil {
-		t.Fatal("accept failed")
-	}
+	w, r = testutil.ConnPair(t, "unix")
 	if err := w.(*net.UnixConn).SetWriteBuffer(4096); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { w.Close(); r.Close() })
 	return w, r
 }
 
