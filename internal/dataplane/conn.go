@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"runtime"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -25,6 +26,8 @@ import (
 // feed (lineRun), for reads into fasthttp's header buffer (at most hdrBuf
 // bytes). When a request head does not fit that buffer, a run as long as
 // the buffer means the request line itself never ended: 414, not 431.
+//
+// And a read that follows a write yields first (see Read).
 type eofConn struct {
 	net.Conn
 	eof     bool
@@ -37,6 +40,19 @@ type eofConn struct {
 	lt     *listenerTLS
 	hsDone bool
 	facts  *tlsFacts
+
+	// wrote is set by Write and taken by the next Read. Atomic because a
+	// tunnelled connection (upgrade.go) is read and written at once.
+	wrote atomic.Bool
+}
+
+// yieldRead is runtime.Gosched; tests count its calls.
+var yieldRead = runtime.Gosched
+
+// Write implements net.Conn, noting that a write happened.
+func (c *eofConn) Write(p []byte) (int, error) {
+	c.wrote.Store(true)
+	return c.Conn.Write(p)
 }
 
 var errNoSyscallConn = errors.New("dataplane: connection has no socket")
@@ -46,6 +62,17 @@ func (c *eofConn) Read(p []byte) (int, error) {
 		if err := c.handshake(); err != nil {
 			return 0, err
 		}
+	}
+	if c.wrote.Load() {
+		// A read right after a response waits for the client's next
+		// request, which has rarely arrived yet: read at once, it meets
+		// EAGAIN and the goroutine parks in the poller, a wasted system
+		// call and a second wake-up. Yielding once lets the goroutines
+		// already runnable go first; under load the request has usually
+		// arrived by then, and with nothing else runnable the yield
+		// returns at once.
+		c.wrote.Store(false)
+		yieldRead()
 	}
 	n, err := c.Conn.Read(p)
 	if err == io.EOF || (err == io.ErrUnexpectedEOF && c.tls != nil) {

@@ -1,0 +1,119 @@
+package dataplane
+
+import (
+	"io"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/zentinelproxy/sidecar/internal/rawio"
+	"github.com/zentinelproxy/sidecar/internal/testutil"
+)
+
+// countYields replaces yieldRead for the test and returns the count.
+func countYields(t *testing.T) *atomic.Int64 {
+	var n atomic.Int64
+	old := yieldRead
+	yieldRead = func() { n.Add(1) }
+	t.Cleanup(func() { yieldRead = old })
+	return &n
+}
+
+// TestReadAfterWriteYields: the read that follows a write on a client
+// connection (waiting for the next request after a response) yields once
+// before it reads; other reads do not.
+func TestReadAfterWriteYields(t *testing.T) {
+	yields := countYields(t)
+	peer, a := testutil.ConnPair(t, "tcp")
+	c := &eofConn{Conn: rawio.Wrap(a)}
+	buf := make([]byte, 64)
+	exchange := func(send string) {
+		t.Helper()
+		if _, err := peer.Write([]byte(send)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(c, buf[:len(send)]); err != nil {
+			t.Fatal(err)
+		}
+		if got := string(buf[:len(send)]); got != send {
+			t.Fatalf("read %q, want %q", got, send)
+		}
+	}
+
+	exchange("GET / HTTP/1.1\r\n\r\n")
+	if n := yields.Load(); n != 0 {
+		t.Fatalf("a first read yielded %d times", n)
+	}
+	if _, err := c.Write([]byte("HTTP/1.1 200 OK\r\n\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(peer, buf[:19]); err != nil {
+		t.Fatal(err)
+	}
+	exchange("GET /2 HTTP/1.1\r\n\r\n")
+	if n := yields.Load(); n != 1 {
+		t.Fatalf("the read after a write yielded %d times, want 1", n)
+	}
+	exchange("x")
+	if n := yields.Load(); n != 1 {
+		t.Fatalf("a second read without a write between yielded: %d yields, want 1", n)
+	}
+}
+
+// TestTunnelReadsAndWritesAtOnce: a tunnelled client connection is read
+// and written by two goroutines at once; the write mark must not race
+// (run with -race) and nothing is lost either way.
+func TestTunnelReadsAndWritesAtOnce(t *testing.T) {
+	peer, a := testutil.ConnPair(t, "tcp")
+	c := &eofConn{Conn: rawio.Wrap(a)}
+	const n = 2000
+	var wg sync.WaitGroup
+	wg.Add(4)
+	go func() { // c → peer
+		defer wg.Done()
+		for i := 0; i < n; i++ {
+			if _, err := c.Write([]byte{byte(i)}); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		got := make([]byte, n)
+		if _, err := io.ReadFull(peer, got); err != nil {
+			t.Error(err)
+			return
+		}
+		for i := range got {
+			if got[i] != byte(i) {
+				t.Errorf("byte %d: %d", i, got[i])
+				return
+			}
+		}
+	}()
+	go func() { // peer → c
+		defer wg.Done()
+		for i := 0; i < n; i++ {
+			if _, err := peer.Write([]byte{byte(i)}); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		got := make([]byte, n)
+		if _, err := io.ReadFull(c, got); err != nil {
+			t.Error(err)
+			return
+		}
+		for i := range got {
+			if got[i] != byte(i) {
+				t.Errorf("byte %d: %d", i, got[i])
+				return
+			}
+		}
+	}()
+	wg.Wait()
+}
