@@ -22,6 +22,15 @@ type Sender interface {
 	SendError(requestID uint64, reason string) error
 }
 
+// queuer is an optional interface of a Sender that can queue a reply
+// without writing it: the read loop's own handler runs use it while more
+// events are buffered, since the write that Send may make at once would
+// carry that single reply, where queued replies leave together. It has
+// Send's contract otherwise.
+type queuer interface {
+	queue(ctx context.Context, m protocol.Message) error
+}
+
 // Event is one decoded proxy → agent event. Transports acquire one from
 // the Dispatcher, decode into the field matching Type, and Dispatch it.
 type Event struct {
@@ -149,6 +158,8 @@ type Dispatcher struct {
 	unhook func() bool // stops the CancelAll registered on base
 	// onCancel is h as a CancelObserver (cancel.go), or nil.
 	onCancel CancelObserver
+	// q is out as a queuer, or nil.
+	q queuer
 
 	mu      sync.Mutex
 	reqs    map[uint64]*reqState
@@ -162,6 +173,7 @@ func NewDispatcher(parent context.Context, h Handler, out Sender) *Dispatcher {
 	ctx, cancel := context.WithCancel(parent)
 	d := &Dispatcher{h: h, out: out, base: ctx, stop: cancel, reqs: make(map[uint64]*reqState), workers: sharedWorkers}
 	d.onCancel, _ = h.(CancelObserver)
+	d.q, _ = out.(queuer)
 	// A request context is done when the connection's is.
 	d.unhook = context.AfterFunc(ctx, d.CancelAll)
 	return d
@@ -199,8 +211,8 @@ func (d *Dispatcher) dispatch(ev *Event, r *reader) (reading bool) {
 	d.running++
 	// Handling it right here saves the hand-off to a worker (a goroutine
 	// wake-up, often a thread wake-up): when nothing else is in progress,
-	// or, on a busy connection, when nothing more is buffered and the
-	// handlers run here lately were quick.
+	// or, on a busy connection, when the handlers run here lately were
+	// quick (see Serve).
 	here := r != nil && r.mayHandle(len(d.reqs) == 1)
 	d.mu.Unlock()
 	if here {
@@ -210,9 +222,11 @@ func (d *Dispatcher) dispatch(ev *Event, r *reader) (reading bool) {
 	return true
 }
 
-func (d *Dispatcher) run(id uint64, st *reqState, ev *Event) {
+// run handles ev and the events of request id queued behind it. queue:
+// the replies may only be queued (see queuer).
+func (d *Dispatcher) run(id uint64, st *reqState, ev *Event, queue bool) {
 	for ev != nil {
-		d.handle(st, ev)
+		d.handle(st, ev, queue)
 		ReleaseEvent(ev)
 		d.mu.Lock()
 		ev = st.head
@@ -238,7 +252,15 @@ func (d *Dispatcher) run(id uint64, st *reqState, ev *Event) {
 	}
 }
 
-func (d *Dispatcher) handle(ctx context.Context, ev *Event) {
+// send sends a reply, queued only if queue and out can.
+func (d *Dispatcher) send(ctx context.Context, m protocol.Message, queue bool) error {
+	if queue && d.q != nil {
+		return d.q.queue(ctx, m)
+	}
+	return d.out.Send(ctx, m)
+}
+
+func (d *Dispatcher) handle(ctx context.Context, ev *Event, queue bool) {
 	id := ev.RequestID()
 	var err error
 	switch ev.Type {
@@ -255,7 +277,7 @@ func (d *Dispatcher) handle(ctx context.Context, ev *Event) {
 		}
 		if err == nil && ctx.Err() == nil {
 			ev.decision.RequestID = id
-			err = d.out.Send(ctx, &ev.decision)
+			err = d.send(ctx, &ev.decision, queue)
 		}
 	case protocol.TypeRequestBodyChunk, protocol.TypeResponseBodyChunk:
 		r := &ev.body
@@ -275,10 +297,10 @@ func (d *Dispatcher) handle(ctx context.Context, ev *Event) {
 				if ev.Type == protocol.TypeResponseBodyChunk {
 					r.Mutation.Phase = protocol.PhaseResponse
 				}
-				err = d.out.Send(ctx, &r.Mutation)
+				err = d.send(ctx, &r.Mutation, queue)
 			} else {
 				r.Decision.RequestID = id
-				err = d.out.Send(ctx, &r.Decision)
+				err = d.send(ctx, &r.Decision, queue)
 			}
 		}
 	}

@@ -205,9 +205,10 @@ func TestServeEndCancelsHandlerRunByReader(t *testing.T) {
 	d.Close()
 }
 
-// TestServeBusyEventsGoToWorkers: with more input buffered, events go to
-// workers, so requests of a busy connection run concurrently: two
-// handlers that each wait for the other both finish.
+// TestServeBusyEventsGoToWorkers: requests of a busy connection run
+// concurrently: two handlers that each wait for the other both finish
+// (the reading goroutine runs the first, with more input buffered, until
+// another goroutine takes over reading and hands the second to a worker).
 func TestServeBusyEventsGoToWorkers(t *testing.T) {
 	var wg sync.WaitGroup
 	wg.Add(2)
@@ -245,5 +246,78 @@ func TestAllocsServe(t *testing.T) {
 	allocs := allocsPerEvent(t, payload, func(ev *Event) { f.ch <- ev }, out.sent)
 	if allocs != 1 {
 		t.Fatalf("%.2f allocations per event, want exactly 1 (the handler's context)", allocs)
+	}
+}
+
+// queueSender is a recordSender that is also a queuer, and records which
+// requests' replies were queued.
+type queueSender struct {
+	recordSender
+	queued sync.Map // request id → true
+}
+
+func (s *queueSender) queue(ctx context.Context, m protocol.Message) error {
+	if d, ok := m.(*protocol.Decision); ok {
+		s.queued.Store(d.RequestID, true)
+	}
+	return s.recordSender.Send(ctx, m)
+}
+
+// TestServeQueuesBurstReplies: the replies of handlers that the reading
+// goroutine runs while more events are buffered are only queued (they
+// leave with the next write), and the reply to the last event of a burst,
+// with nothing more buffered, is sent the ordinary way, which writes it.
+func TestServeQueuesBurstReplies(t *testing.T) {
+	out := &queueSender{recordSender: recordSender{got: make(chan uint64, 4)}}
+	d := NewDispatcher(context.Background(), &funcHandler{}, out)
+	defer d.Close()
+	f := &feed{ch: make(chan *Event, 3), end: errors.New("end")}
+	for id := uint64(1); id <= 3; id++ {
+		f.ch <- headersEvent(id)
+	}
+	go func() { _ = d.Serve(f.next, func() int { return len(f.ch) }) }()
+	for i := 0; i < 3; i++ {
+		waitReply(t, &out.recordSender)
+	}
+	close(f.ch)
+	// The first is always run by the reading goroutine; the second may go
+	// to a worker if the hand-off timer fired in between (a slow machine).
+	if _, ok := out.queued.Load(uint64(1)); !ok {
+		t.Error("the reply to the first event of a burst was not queued")
+	}
+	if _, ok := out.queued.Load(uint64(3)); ok {
+		t.Error("the reply to the last event of a burst was only queued")
+	}
+}
+
+// TestServeBurstEndsWhenTimerFires: the hand-off timer of a burst that
+// fires between two runs (here while the next event is being read) ends
+// the burst: the reading goroutine runs no further handler without a
+// timer armed, the next event goes to a worker.
+func TestServeBurstEndsWhenTimerFires(t *testing.T) {
+	out := &queueSender{recordSender: recordSender{got: make(chan uint64, 4)}}
+	d := NewDispatcher(context.Background(), &funcHandler{}, out)
+	defer d.Close()
+	f := &feed{ch: make(chan *Event, 3), end: errors.New("end")}
+	for id := uint64(1); id <= 3; id++ {
+		f.ch <- headersEvent(id)
+	}
+	reads := 0
+	next := func() (*Event, error) {
+		if reads++; reads == 2 {
+			time.Sleep(20 * HandOffAfter) // the timer armed for event 1 fires
+		}
+		return f.next()
+	}
+	go func() { _ = d.Serve(next, func() int { return len(f.ch) }) }()
+	for i := 0; i < 3; i++ {
+		waitReply(t, &out.recordSender)
+	}
+	close(f.ch)
+	if _, ok := out.queued.Load(uint64(1)); !ok {
+		t.Error("the reply to the first event of a burst was not queued")
+	}
+	if _, ok := out.queued.Load(uint64(2)); ok {
+		t.Error("the reading goroutine ran a handler after the burst's timer fired")
 	}
 }
