@@ -198,16 +198,12 @@ func (s udsSender) Send(ctx context.Context, m protocol.Message) error {
 // queue is Send for a reply made by the read loop while more of the
 // proxy's frames are buffered (see queuer): the reply joins the pending
 // batch for the writer goroutine instead of being written at once, so the
-// replies to a burst of events leave together. It takes that way only
-// while the connection has ample room (under half its cap pending, no
-// reply waiting for room), which keeps replies within the data frames'
-// share of the cap; otherwise, or if the frame still does not fit, it is
+// replies to a burst of events leave together. When the connection is
+// backed up (replies waiting for room, or no room for this one) it is
 // Send, which waits for room.
 func (s udsSender) queue(ctx context.Context, m protocol.Message) error {
-	if st := s.w.Stats(); st.Waiting == 0 && st.Pending < st.Limit/2 {
-		if err := s.w.Send(m); !errors.Is(err, udswriter.ErrBackedUp) {
-			return err
-		}
+	if err := s.w.Queue(m); !errors.Is(err, udswriter.ErrBackedUp) {
+		return err
 	}
 	return s.w.SendContext(ctx, m)
 }

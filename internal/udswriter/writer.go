@@ -323,6 +323,42 @@ func (w *Writer) sendData(m protocol.Message, ctx context.Context, deadline time
 	}
 }
 
+// Queue queues a data frame for the writer goroutine without ever waiting
+// and without writing it itself: for a sender that has more frames coming
+// at once (an agent answering a burst of events), so that they leave
+// together. When senders wait for room, or the frame does not fit in the
+// data frames' share of the cap, it is not queued and Queue fails with
+// ErrBackedUp; the caller then sends it with SendContext or SendWait,
+// which wait for room.
+func (w *Writer) Queue(m protocol.Message) error {
+	w.mu.Lock()
+	if w.err != nil {
+		err := w.err
+		w.mu.Unlock()
+		return err
+	}
+	if w.waiting > 0 {
+		w.mu.Unlock()
+		return ErrBackedUp
+	}
+	start := len(w.buf)
+	b, err := uds.AppendFrameAs(w.buf, m, w.enc)
+	w.buf = b
+	if err != nil {
+		w.buf = w.buf[:start]
+		w.mu.Unlock()
+		return err
+	}
+	n := len(w.buf) - start
+	if w.pending > 0 && w.pending+n > w.data {
+		w.buf = w.buf[:start]
+		w.mu.Unlock()
+		return ErrBackedUp
+	}
+	w.commit(n)
+	return nil
+}
+
 // scratchPool holds the buffers data frames are encoded into before they
 // are copied into the pending batch.
 var scratchPool = sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b }}

@@ -181,3 +181,84 @@ func TestFrameLargerThanCapGoesAlone(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestQueue: queued data frames never wait and are written by the writer
+// goroutine, in order with the others; on a connection backed up past the
+// data frames' share, or with a sender waiting for room, Queue refuses
+// with ErrBackedUp without counting a dropped control frame, and the
+// frames it took all arrive once the peer reads.
+func TestQueue(t *testing.T) {
+	const limit = 32 << 10
+	nc, peer := socketPair(t)
+	w := NewWriter(nc, Config{MaxPendingBytes: limit}, nil)
+	defer w.Close()
+
+	// The peer does not read yet: frames pile up to the data share.
+	queued := 0
+	for {
+		err := w.Queue(chunk(queued))
+		if errors.Is(err, ErrBackedUp) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if queued++; queued > limit {
+			t.Fatal("Queue never refused on a backed-up connection")
+		}
+	}
+	st := w.Stats()
+	if queued == 0 || st.Pending > limit-limit/8 || st.ControlDropped != 0 || st.Waits != 0 {
+		t.Fatalf("%d frames queued; stats %+v", queued, st)
+	}
+	// The reserve for control frames is still there.
+	if err := w.Send(&protocol.Ping{Sequence: 1}); err != nil {
+		t.Fatalf("a ping after Queue filled the data share: %v", err)
+	}
+	// A sender waiting for room: Queue does not overtake it.
+	waited := make(chan error, 1)
+	go func() { waited <- w.SendWait(chunk(queued), time.Time{}, nil) }()
+	testutil.WaitFor(t, "a data frame waiting for room", func() bool { return w.Stats().Waiting == 1 })
+	if err := w.Queue(chunk(-1)); !errors.Is(err, ErrBackedUp) {
+		t.Fatalf("Queue with a sender waiting: %v, want ErrBackedUp", err)
+	}
+
+	// The peer reads: everything queued arrives in order, the ping among
+	// the chunks, then the waiting sender's frame.
+	fr := uds.NewFrameReader(peer)
+	var next uint32
+	pings := 0
+	for int(next) < queued+1 {
+		_ = peer.SetReadDeadline(time.Now().Add(hangGuard))
+		typ, p, err := fr.Next()
+		if err != nil {
+			t.Fatalf("after %d chunks: %v", next, err)
+		}
+		switch typ {
+		case protocol.TypePing:
+			pings++
+		case protocol.TypeRequestBodyChunk:
+			var c protocol.BodyChunk
+			if err := c.Decode(p); err != nil || c.ChunkIndex != next {
+				t.Fatalf("chunk %d: index %d, %v", next, c.ChunkIndex, err)
+			}
+			next++
+		default:
+			t.Fatalf("unexpected frame %v", typ)
+		}
+	}
+	if pings != 1 {
+		t.Fatalf("%d pings arrived, want 1", pings)
+	}
+	select {
+	case err := <-waited:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(hangGuard):
+		t.Fatal("the waiting sender was not released")
+	}
+	if st := w.Stats(); st.ControlDropped != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+}
