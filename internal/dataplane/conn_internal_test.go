@@ -10,12 +10,12 @@ import (
 	"github.com/zentinelproxy/sidecar/internal/testutil"
 )
 
-// countYields replaces yieldRead for the test and returns the count.
+// countYields counts the yields of Read for the rest of the test.
 func countYields(t *testing.T) *atomic.Int64 {
 	var n atomic.Int64
-	old := yieldRead
-	yieldRead = func() { n.Add(1) }
-	t.Cleanup(func() { yieldRead = old })
+	f := func() { n.Add(1) }
+	yieldHook.Store(&f)
+	t.Cleanup(func() { yieldHook.Store(nil) })
 	return &n
 }
 
