@@ -170,6 +170,10 @@ const quickRun = 20 * time.Microsecond
 // bounds it for certain at HandOffAfter.
 const burstBudget = 100 * time.Microsecond
 
+// expiredMark in reader.handling: the burst's hand-off timer fired between
+// two runs, so the next run must arm it again.
+const expiredMark = ^uint64(0)
+
 // reader is the state of one Serve loop.
 type reader struct {
 	d        *Dispatcher
@@ -178,7 +182,7 @@ type reader struct {
 	done     chan error // the end of the loop, when a takeover goroutine saw it
 
 	// handling is the number of the handler run in progress in the reading
-	// goroutine (0: none); a hand-off takes it to 0 and starts a new
+	// goroutine (0: none; expiredMark: none, and the burst's timer fired); a hand-off takes it to 0 and starts a new
 	// reading goroutine, so the handler's goroutine learns it no longer
 	// reads when its compare-and-swap fails.
 	handling  atomic.Uint64
@@ -188,7 +192,6 @@ type reader struct {
 	armed     bool         // timer armed by the reading goroutine (handOff clears it when it takes over)
 	more      bool         // more input was buffered when the current event was read
 	burstN    int64        // handlers run since the timer was armed
-	expired   atomic.Bool  // the armed timer fired between two runs: the burst is over
 	slowUntil atomic.Int64 // unix ns until which events go to workers; 0: none
 }
 
@@ -223,7 +226,7 @@ func (r *reader) mayHandle(idle bool) bool {
 	if !idle && (r.buffered == nil || r.avg >= int64(quickRun)) {
 		return false
 	}
-	if r.armed && (r.expired.Load() || r.burstN*r.avg >= int64(burstBudget)) {
+	if r.armed && (r.handling.Load() == expiredMark || r.burstN*r.avg >= int64(burstBudget)) {
 		return false
 	}
 	u := r.slowUntil.Load()
@@ -245,6 +248,9 @@ func (r *reader) mayHandle(idle bool) bool {
 func (r *reader) handle(id uint64, st *reqState, ev *Event) (reading bool) {
 	r.runs++
 	n := r.runs
+	// Read before the run is claimed: once it is, a hand-off may let
+	// another reader change it.
+	queue := r.more
 	var start time.Time
 	// Timing every run would cost two clock reads per event (about 80 ns
 	// each where measured, a VM).
@@ -252,15 +258,18 @@ func (r *reader) handle(id uint64, st *reqState, ev *Event) (reading bool) {
 	if sample {
 		start = time.Now()
 	}
+	r.burstN++ // before the run is claimed, like every field a new reader reads
+	if r.armed && !r.handling.CompareAndSwap(0, n) {
+		// The burst's timer fired since mayHandle looked (handling holds
+		// expiredMark): nothing bounds this run yet, so arm it afresh.
+		r.armed = false
+	}
 	if !r.armed {
 		r.armed = true
-		r.burstN = 0
-		r.expired.Store(false)
+		r.burstN = 1
+		r.handling.Store(n) // before the timer runs, so that a firing finds the run
 		r.timer.Reset(HandOffAfter)
 	}
-	r.burstN++
-	queue := r.more // read before a hand-off may let another reader change it
-	r.handling.Store(n)
 	r.d.run(id, st, ev, queue)
 	if !r.handling.CompareAndSwap(n, 0) {
 		return false // taken over: the timer is the new reader's now
@@ -276,12 +285,24 @@ func (r *reader) handle(id uint64, st *reqState, ev *Event) (reading bool) {
 func (r *reader) handOff() {
 	// A firing that comes late, for a run that has just ended, may hand
 	// off the next run early: harmless, the new reader reads just as well.
-	n := r.handling.Load()
-	if n == 0 || !r.handling.CompareAndSwap(n, 0) {
-		// The handler returned meanwhile. In a burst the reading goroutine
-		// would run the next without a timer: it must not.
-		r.expired.Store(true)
-		return
+	for {
+		n := r.handling.Load()
+		if n == expiredMark {
+			return
+		}
+		if n == 0 {
+			// Between two runs of a burst: mark the timer spent, in the
+			// same word the next run claims, so that the reading goroutine
+			// either sees the mark (and arms the timer again) or has
+			// claimed the word first (and this firing takes it over).
+			if r.handling.CompareAndSwap(0, expiredMark) {
+				return
+			}
+			continue
+		}
+		if r.handling.CompareAndSwap(n, 0) {
+			break
+		}
 	}
 	r.slowUntil.Store(time.Now().Add(slowFor).UnixNano())
 	r.armed = false // fired: the new reader arms it afresh

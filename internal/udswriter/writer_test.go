@@ -215,41 +215,57 @@ func TestQueue(t *testing.T) {
 	if err := w.Send(&protocol.Ping{Sequence: 1}); err != nil {
 		t.Fatalf("a ping after Queue filled the data share: %v", err)
 	}
-	// A sender waiting for room: Queue does not overtake it.
+	// A sender waiting for room: Queue does not overtake it. (The kernel
+	// may still take some of what is pending, so the sender goes on until
+	// one of its frames has to wait; sent is how many chunks there are.)
 	waited := make(chan error, 1)
-	go func() { waited <- w.SendWait(chunk(queued), time.Time{}, nil) }()
+	var sent int
+	go func() {
+		for i := queued; ; i++ {
+			before := w.Stats().Waits
+			if err := w.SendWait(chunk(i), time.Time{}, nil); err != nil {
+				waited <- err
+				return
+			}
+			if w.Stats().Waits > before {
+				sent = i + 1
+				waited <- nil
+				return
+			}
+		}
+	}()
 	testutil.WaitFor(t, "a data frame waiting for room", func() bool { return w.Stats().Waiting == 1 })
 	if err := w.Queue(chunk(-1)); !errors.Is(err, ErrBackedUp) {
 		t.Fatalf("Queue with a sender waiting: %v, want ErrBackedUp", err)
 	}
 
 	// The peer reads: everything queued arrives in order, the ping among
-	// the chunks, then the waiting sender's frame.
-	fr := uds.NewFrameReader(peer)
-	var next uint32
-	pings := 0
-	for int(next) < queued+1 {
-		_ = peer.SetReadDeadline(time.Now().Add(hangGuard))
-		typ, p, err := fr.Next()
-		if err != nil {
-			t.Fatalf("after %d chunks: %v", next, err)
-		}
-		switch typ {
-		case protocol.TypePing:
-			pings++
-		case protocol.TypeRequestBodyChunk:
-			var c protocol.BodyChunk
-			if err := c.Decode(p); err != nil || c.ChunkIndex != next {
-				t.Fatalf("chunk %d: index %d, %v", next, c.ChunkIndex, err)
+	// the chunks, then the sender's frames.
+	type frame struct {
+		typ protocol.MsgType
+		idx uint32
+		err error
+	}
+	frames := make(chan frame, 1024)
+	go func() {
+		fr := uds.NewFrameReader(peer)
+		for {
+			_ = peer.SetReadDeadline(time.Now().Add(hangGuard))
+			typ, p, err := fr.Next()
+			if err != nil {
+				frames <- frame{err: err}
+				return
 			}
-			next++
-		default:
-			t.Fatalf("unexpected frame %v", typ)
+			var c protocol.BodyChunk
+			if typ == protocol.TypeRequestBodyChunk {
+				if err := c.Decode(p); err != nil {
+					frames <- frame{err: err}
+					return
+				}
+			}
+			frames <- frame{typ: typ, idx: c.ChunkIndex}
 		}
-	}
-	if pings != 1 {
-		t.Fatalf("%d pings arrived, want 1", pings)
-	}
+	}()
 	select {
 	case err := <-waited:
 		if err != nil {
@@ -257,6 +273,27 @@ func TestQueue(t *testing.T) {
 		}
 	case <-time.After(hangGuard):
 		t.Fatal("the waiting sender was not released")
+	}
+	var next uint32
+	pings := 0
+	for int(next) < sent {
+		f := <-frames
+		switch {
+		case f.err != nil:
+			t.Fatalf("after %d chunks: %v", next, f.err)
+		case f.typ == protocol.TypePing:
+			pings++
+		case f.typ == protocol.TypeRequestBodyChunk:
+			if f.idx != next {
+				t.Fatalf("chunk %d: index %d", next, f.idx)
+			}
+			next++
+		default:
+			t.Fatalf("unexpected frame %v", f.typ)
+		}
+	}
+	if pings != 1 {
+		t.Fatalf("%d pings arrived, want 1", pings)
 	}
 	if st := w.Stats(); st.ControlDropped != 0 {
 		t.Fatalf("stats %+v", st)
