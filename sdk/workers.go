@@ -259,12 +259,11 @@ func (r *reader) handle(id uint64, st *reqState, ev *Event) (reading bool) {
 		start = time.Now()
 	}
 	r.burstN++ // before the run is claimed, like every field a new reader reads
-	if r.armed && !r.handling.CompareAndSwap(0, n) {
-		// The burst's timer fired since mayHandle looked (handling holds
-		// expiredMark): nothing bounds this run yet, so arm it afresh.
-		r.armed = false
-	}
-	if !r.armed {
+	// In a burst the run claims the word its timer marks on firing; if
+	// the timer fired since mayHandle looked (expiredMark), nothing bounds
+	// this run yet, so it is armed afresh. Once claimed, armed is no
+	// longer read: a hand-off may write it.
+	if !(r.armed && r.handling.CompareAndSwap(0, n)) {
 		r.armed = true
 		r.burstN = 1
 		r.handling.Store(n) // before the timer runs, so that a firing finds the run
