@@ -222,16 +222,12 @@ func (w *Writer) sendData(m protocol.Message, ctx context.Context, deadline time
 	// long as nothing is waiting for room and it fits (nearly always).
 	if w.mu.TryLock() {
 		if w.err == nil && w.waiting == 0 {
-			start := len(w.buf)
-			b, err := uds.AppendFrameAs(w.buf, m, w.enc)
-			w.buf = b
+			n, err := w.appendData(m)
 			if err != nil {
-				w.buf = w.buf[:start]
 				w.mu.Unlock()
 				return err
 			}
-			n := len(w.buf) - start
-			if w.pending == 0 || w.pending+n <= w.data {
+			if w.fitsData(n) {
 				if w.raw != nil && w.idle && !w.busy {
 					w.flush(n)
 					return nil
@@ -239,7 +235,7 @@ func (w *Writer) sendData(m protocol.Message, ctx context.Context, deadline time
 				w.commit(n)
 				return nil
 			}
-			w.buf = w.buf[:start] // no room: the slow path below waits
+			w.buf = w.buf[:len(w.buf)-n] // no room: the slow path below waits
 		}
 		w.mu.Unlock()
 	}
@@ -264,7 +260,7 @@ func (w *Writer) sendData(m protocol.Message, ctx context.Context, deadline time
 			return err
 		}
 		// Waiting senders go first: a new frame does not overtake them.
-		if w.pending == 0 || (w.pending+n <= w.data && (w.waiting == 0 || waited)) {
+		if w.pending == 0 || (w.fitsData(n) && (w.waiting == 0 || waited)) {
 			w.buf = append(w.buf, f...)
 			putScratch(sp, f)
 			stopTimer(timer)
@@ -341,23 +337,38 @@ func (w *Writer) Queue(m protocol.Message) error {
 		w.mu.Unlock()
 		return ErrBackedUp
 	}
-	start := len(w.buf)
-	b, err := uds.AppendFrameAs(w.buf, m, w.enc)
-	w.buf = b
+	n, err := w.appendData(m)
 	if err != nil {
-		w.buf = w.buf[:start]
 		w.mu.Unlock()
 		return err
 	}
-	n := len(w.buf) - start
-	if w.pending > 0 && w.pending+n > w.data {
-		w.buf = w.buf[:start]
+	if !w.fitsData(n) {
+		w.buf = w.buf[:len(w.buf)-n]
 		w.mu.Unlock()
 		return ErrBackedUp
 	}
 	w.commit(n)
 	return nil
 }
+
+// appendData encodes the data frame m at the end of the pending batch and
+// returns its length (on an error the batch is left as it was); called
+// with w.mu held.
+func (w *Writer) appendData(m protocol.Message) (int, error) {
+	start := len(w.buf)
+	b, err := uds.AppendFrameAs(w.buf, m, w.enc)
+	if err != nil {
+		w.buf = b[:start]
+		return 0, err
+	}
+	w.buf = b
+	return len(b) - start, nil
+}
+
+// fitsData reports whether a data frame of n bytes may join the pending
+// batch: it fits the data frames' share of the cap, or nothing is pending
+// (a frame larger than the share then goes alone); called with w.mu held.
+func (w *Writer) fitsData(n int) bool { return w.pending == 0 || w.pending+n <= w.data }
 
 // scratchPool holds the buffers data frames are encoded into before they
 // are copied into the pending batch.
