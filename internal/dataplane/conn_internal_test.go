@@ -69,51 +69,34 @@ func TestTunnelReadsAndWritesAtOnce(t *testing.T) {
 	const n = 2000
 	var wg sync.WaitGroup
 	wg.Add(4)
-	go func() { // c → peer
-		defer wg.Done()
-		for i := 0; i < n; i++ {
-			if _, err := c.Write([]byte{byte(i)}); err != nil {
-				t.Error(err)
-				return
-			}
-		}
-	}()
-	go func() {
-		defer wg.Done()
-		got := make([]byte, n)
-		if _, err := io.ReadFull(peer, got); err != nil {
-			t.Error(err)
-			return
-		}
-		for i := range got {
-			if got[i] != byte(i) {
-				t.Errorf("byte %d: %d", i, got[i])
-				return
-			}
-		}
-	}()
-	go func() { // peer → c
-		defer wg.Done()
-		for i := 0; i < n; i++ {
-			if _, err := peer.Write([]byte{byte(i)}); err != nil {
-				t.Error(err)
-				return
-			}
-		}
-	}()
-	go func() {
-		defer wg.Done()
-		got := make([]byte, n)
-		if _, err := io.ReadFull(c, got); err != nil {
-			t.Error(err)
-			return
-		}
-		for i := range got {
-			if got[i] != byte(i) {
-				t.Errorf("byte %d: %d", i, got[i])
-				return
-			}
-		}
-	}()
+	go func() { defer wg.Done(); writeSeq(t, c, n) }() // c → peer
+	go func() { defer wg.Done(); readSeq(t, peer, n) }()
+	go func() { defer wg.Done(); writeSeq(t, peer, n) }() // peer → c
+	go func() { defer wg.Done(); readSeq(t, c, n) }()
 	wg.Wait()
+}
+
+// writeSeq writes the bytes 0, 1, 2, … (mod 256), n of them, one per Write.
+func writeSeq(t *testing.T, w io.Writer, n int) {
+	for i := 0; i < n; i++ {
+		if _, err := w.Write([]byte{byte(i)}); err != nil {
+			t.Error(err)
+			return
+		}
+	}
+}
+
+// readSeq reads n bytes and checks they are writeSeq's.
+func readSeq(t *testing.T, r io.Reader, n int) {
+	got := make([]byte, n)
+	if _, err := io.ReadFull(r, got); err != nil {
+		t.Error(err)
+		return
+	}
+	for i := range got {
+		if got[i] != byte(i) {
+			t.Errorf("byte %d: %d", i, got[i])
+			return
+		}
+	}
 }
