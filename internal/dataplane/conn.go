@@ -15,6 +15,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/zentinelproxy/sidecar/internal/rawio"
+	"github.com/zentinelproxy/sidecar/internal/yield"
 )
 
 // eofConn records that a read on the connection reached the end of the
@@ -44,6 +45,51 @@ type eofConn struct {
 	// wrote is set by Write and taken by the next Read. Atomic because a
 	// tunnelled connection (upgrade.go) is read and written at once.
 	wrote atomic.Bool
+
+	// rw counts the reads that had to wait (the socket itself, under TLS
+	// too); nil when the connection is not a raw socket, and then every
+	// read that follows a write yields. yield is touched by the reading
+	// goroutine only.
+	rw    *rawio.Conn
+	yield yield.Policy
+
+	// The client's address as prepareRequest uses it, worked out on the
+	// connection's first request (net.TCPAddr.AddrPort and the text of
+	// the IP cost about 1% of the proxy's CPU when done per request).
+	// ip's capacity is its length: an append copies.
+	ip       []byte
+	port     int
+	addrDone bool
+}
+
+// clientAddr returns the text of the client's IP (nil when the peer is
+// not TCP) and its port, read-only.
+func (c *eofConn) clientAddr() ([]byte, int) {
+	if !c.addrDone {
+		c.addrDone = true
+		c.ip, c.port = tcpAddrText(nil, c.RemoteAddr())
+	}
+	return c.ip, c.port
+}
+
+// tcpAddrText appends the text of a's IP (IPv4-mapped addresses as IPv4)
+// to dst and returns it (nil when a is not TCP), with a's port.
+func tcpAddrText(dst []byte, a net.Addr) ([]byte, int) {
+	ta, ok := a.(*net.TCPAddr)
+	if !ok {
+		return nil, 0
+	}
+	ap := ta.AddrPort()
+	dst = ap.Addr().Unmap().AppendTo(dst)
+	return dst[:len(dst):len(dst)], int(ap.Port())
+}
+
+// newEOFConn wraps an accepted connection; c is what the requests are
+// read from (the TLS connection on a TLS listener), rw the socket.
+func newEOFConn(c net.Conn, rw net.Conn, hdrBuf int) *eofConn {
+	e := &eofConn{Conn: c, hdrBuf: hdrBuf}
+	e.rw, _ = rw.(*rawio.Conn)
+	return e
 }
 
 // yieldHook, when set, replaces runtime.Gosched in Read (tests count the
@@ -64,22 +110,31 @@ func (c *eofConn) Read(p []byte) (int, error) {
 			return 0, err
 		}
 	}
+	probe, w0 := false, uint32(0)
 	if c.wrote.Load() {
 		// A read right after a response waits for the client's next
 		// request, which has rarely arrived yet: read at once, it meets
 		// EAGAIN and the goroutine parks in the poller, a wasted system
 		// call and a second wake-up. Yielding once lets the goroutines
 		// already runnable go first; under load the request has usually
-		// arrived by then, and with nothing else runnable the yield
-		// returns at once.
+		// arrived by then. Below that load it has not, and the yield is
+		// a cost: c.yield keeps it only while it pays.
 		c.wrote.Store(false)
-		if f := yieldHook.Load(); f != nil {
-			(*f)()
-		} else {
-			runtime.Gosched()
+		if c.rw == nil || c.yield.Before() {
+			if f := yieldHook.Load(); f != nil {
+				(*f)()
+			} else {
+				runtime.Gosched()
+			}
+			if c.rw != nil {
+				probe, w0 = true, c.rw.Waits()
+			}
 		}
 	}
 	n, err := c.Conn.Read(p)
+	if probe {
+		c.yield.After(c.rw.Waits() == w0) // paid: the request was there
+	}
 	if err == io.EOF || (err == io.ErrUnexpectedEOF && c.tls != nil) {
 		// TLS reports a FIN without close_notify as unexpected.
 		c.eof = true
@@ -152,7 +207,8 @@ func (l *eofListener) Accept() (net.Conn, error) {
 			if l.tls != nil {
 				return l.wrapTLS(c), nil
 			}
-			return &eofConn{Conn: rawio.Wrap(c), hdrBuf: l.hdrBuf}, nil
+			rc := rawio.Wrap(c)
+			return newEOFConn(rc, rc, l.hdrBuf), nil
 		}
 		if !acceptRetryable(err) || l.closed.Load() {
 			return nil, err

@@ -2,12 +2,15 @@ package dataplane
 
 import (
 	"io"
+	"net"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/zentinelproxy/sidecar/internal/rawio"
 	"github.com/zentinelproxy/sidecar/internal/testutil"
+	"github.com/zentinelproxy/sidecar/internal/yield"
 )
 
 // countYields counts the yields of Read for the rest of the test.
@@ -25,7 +28,8 @@ func countYields(t *testing.T) *atomic.Int64 {
 func TestReadAfterWriteYields(t *testing.T) {
 	yields := countYields(t)
 	peer, a := testutil.ConnPair(t, "tcp")
-	c := &eofConn{Conn: rawio.Wrap(a)}
+	rc := rawio.Wrap(a)
+	c := newEOFConn(rc, rc, 0)
 	buf := make([]byte, 64)
 	exchange := func(send string) {
 		t.Helper()
@@ -60,12 +64,85 @@ func TestReadAfterWriteYields(t *testing.T) {
 	}
 }
 
+// TestReadAfterWriteStopsYieldingWhenItDoesNotPay: on a real socket, reads
+// after a write whose request arrives only later (so they wait in the
+// poller) stop yielding; a read whose request is already there counts as
+// a yield that paid.
+func TestReadAfterWriteStopsYieldingWhenItDoesNotPay(t *testing.T) {
+	yields := countYields(t)
+	peer, a := testutil.ConnPair(t, "tcp")
+	rc := rawio.Wrap(a)
+	c := newEOFConn(rc, rc, 0)
+	rw := rc.(*rawio.Conn)
+	buf := make([]byte, 64)
+	var ref yield.Policy // fed what the connection saw
+	refYields := 0
+	round := func(late bool) {
+		t.Helper()
+		if _, err := c.Write([]byte("HTTP/1.1 200 OK\r\n\r\n")); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(peer, buf[:19]); err != nil {
+			t.Fatal(err)
+		}
+		req := []byte("GET / HTTP/1.1\r\n\r\n")
+		done := make(chan error, 1)
+		if late {
+			go func() {
+				time.Sleep(30 * time.Millisecond)
+				_, err := peer.Write(req)
+				done <- err
+			}()
+		} else {
+			_, err := peer.Write(req)
+			done <- err
+		}
+		y0, w0 := yields.Load(), rw.Waits()
+		if _, err := io.ReadFull(c, buf[:len(req)]); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if ref.Before() {
+			refYields++
+			ref.After(rw.Waits() == w0)
+		}
+		if got := yields.Load() - y0; got != 0 && got != 1 {
+			t.Fatalf("one read yielded %d times", got)
+		}
+	}
+	const late = 40
+	for i := 0; i < late; i++ {
+		round(true)
+	}
+	if got := int(yields.Load()); got != refYields {
+		t.Fatalf("%d yields, want %d (the policy fed the reads' waits)", got, refYields)
+	}
+	if refYields >= late {
+		t.Fatalf("all %d reads whose request came late yielded", late)
+	}
+	// Requests already there: within one probe period it yields again,
+	// and from then on every time.
+	for i := 0; i < yield.ProbeEvery; i++ {
+		round(false)
+	}
+	y0 := yields.Load()
+	for i := 0; i < 10; i++ {
+		round(false)
+	}
+	if got := yields.Load() - y0; got != 10 {
+		t.Fatalf("requests already there: %d of 10 reads yielded", got)
+	}
+}
+
 // TestTunnelReadsAndWritesAtOnce: a tunnelled client connection is read
 // and written by two goroutines at once; the write mark must not race
 // (run with -race) and nothing is lost either way.
 func TestTunnelReadsAndWritesAtOnce(t *testing.T) {
 	peer, a := testutil.ConnPair(t, "tcp")
-	c := &eofConn{Conn: rawio.Wrap(a)}
+	rc := rawio.Wrap(a)
+	c := newEOFConn(rc, rc, 0)
 	const n = 2000
 	var wg sync.WaitGroup
 	wg.Add(4)
@@ -97,6 +174,43 @@ func readSeq(t *testing.T, r io.Reader, n int) {
 		if got[i] != byte(i) {
 			t.Errorf("byte %d: %d", i, got[i])
 			return
+		}
+	}
+}
+
+// TestClientAddrText: the client address prepareRequest forwards, worked
+// out once per connection: IPv4-mapped addresses as IPv4, nothing for a
+// peer that is not TCP, and a slice an append cannot write through.
+func TestClientAddrText(t *testing.T) {
+	for _, tc := range []struct {
+		addr net.Addr
+		ip   string
+		port int
+	}{
+		{&net.TCPAddr{IP: net.ParseIP("192.0.2.7"), Port: 4321}, "192.0.2.7", 4321},
+		{&net.TCPAddr{IP: net.ParseIP("::ffff:192.0.2.8"), Port: 1}, "192.0.2.8", 1},
+		{&net.TCPAddr{IP: net.ParseIP("2001:db8::1"), Port: 443}, "2001:db8::1", 443},
+		{&net.UnixAddr{Name: "/run/x.sock", Net: "unix"}, "", 0},
+	} {
+		ip, port := tcpAddrText(make([]byte, 0, 64), tc.addr)
+		if string(ip) != tc.ip || port != tc.port {
+			t.Errorf("%v: got %q port %d, want %q port %d", tc.addr, ip, port, tc.ip, tc.port)
+		}
+		if tc.ip == "" && ip != nil {
+			t.Errorf("%v: got %q, want nil", tc.addr, ip)
+		}
+		if cap(ip) != len(ip) {
+			t.Errorf("%v: capacity %d beyond length %d", tc.addr, cap(ip), len(ip))
+		}
+	}
+	peer, a := testutil.ConnPair(t, "tcp")
+	rc := rawio.Wrap(a)
+	c := newEOFConn(rc, rc, 0)
+	want := peer.LocalAddr().(*net.TCPAddr)
+	for i := 0; i < 2; i++ {
+		ip, port := c.clientAddr()
+		if string(ip) != want.IP.String() || port != want.Port {
+			t.Fatalf("call %d: %q port %d, want %v", i, ip, port, want)
 		}
 	}
 }

@@ -2,7 +2,6 @@ package dataplane
 
 import (
 	"bufio"
-	"net"
 	"strconv"
 
 	"github.com/zentinelproxy/sidecar/protocol"
@@ -187,10 +186,10 @@ func (rs *reqState) prepareRequest() bool {
 	eachName(conn, rs.delHdr)
 	rs.scratch = conn[:0]
 	var ip []byte
-	if a, ok := rs.ctx.RemoteAddr().(*net.TCPAddr); ok {
-		ap := a.AddrPort()
-		ip = ap.Addr().Unmap().AppendTo(rs.ipBuf[:0])
-		rs.clientPort = int(ap.Port())
+	if ec, ok := rs.ctx.Conn().(*eofConn); ok {
+		ip, rs.clientPort = ec.clientAddr()
+	} else {
+		ip, rs.clientPort = tcpAddrText(rs.ipBuf[:0], rs.ctx.RemoteAddr())
 	}
 	rs.clientIP = ip
 	if len(ip) > 0 {

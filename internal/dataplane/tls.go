@@ -15,6 +15,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/zentinelproxy/sidecar/internal/config"
+	"github.com/zentinelproxy/sidecar/internal/rawio"
 	"github.com/zentinelproxy/sidecar/protocol"
 )
 
@@ -367,8 +368,11 @@ func (rs *reqState) forwardedProto() []byte {
 
 // wrapTLS starts the server side of TLS on an accepted connection.
 func (l *eofListener) wrapTLS(c net.Conn) net.Conn {
-	tc := tls.Server(c, l.tls.base)
-	return &eofConn{Conn: tc, hdrBuf: l.hdrBuf, raw: c, tls: tc, lt: l.tls}
+	rc := rawio.Wrap(c)
+	tc := tls.Server(rc, l.tls.base)
+	e := newEOFConn(tc, rc, l.hdrBuf)
+	e.raw, e.tls, e.lt = rc, tc, l.tls
+	return e
 }
 
 // reloadTLS re-reads the certificates of the listeners that cfg still

@@ -28,6 +28,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 )
 
@@ -58,6 +59,10 @@ type Conn struct {
 	pend     []byte
 	pn       int
 	herr     syscall.Errno
+
+	// waits counts the reads that found nothing and waited for the
+	// poller (see Waits).
+	waits atomic.Uint32
 }
 
 // maxHeld bounds the bytes HoldWrites keeps: a request head, not a body.
@@ -118,6 +123,12 @@ func (c *Conn) Read(p []byte) (int, error) {
 	c.rbuf, c.rn, c.rerr = p, 0, 0
 	return c.readDone(c.rc.Read(c.readFn))
 }
+
+// Waits counts the read(2) calls that found nothing to read (EAGAIN), each
+// followed by a wait for the poller; it wraps around. A caller compares
+// two counts around its own Read to learn whether the data was already
+// there.
+func (c *Conn) Waits() uint32 { return c.waits.Load() }
 
 // readDone turns a RawConn.Read's outcome into Read's results.
 func (c *Conn) readDone(err error) (int, error) {
@@ -194,6 +205,7 @@ func (c *Conn) read(fd uintptr) bool {
 		case syscall.EINTR:
 			continue
 		case syscall.EAGAIN:
+			c.waits.Add(1)
 			return false
 		}
 		c.rerr = errno

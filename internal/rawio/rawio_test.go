@@ -415,3 +415,31 @@ func TestBlockingSocketIsLeftAlone(t *testing.T) {
 		t.Fatalf("Wrap of a blocking socket = %T; want the connection itself", w)
 	}
 }
+
+// TestWaitsCountsReadsThatWaited: a read whose data is already there does
+// not count; one that finds nothing and waits for the poller does.
+func TestWaitsCountsReadsThatWaited(t *testing.T) {
+	c, s := tcpPair(t)
+	buf := make([]byte, 16)
+	if _, err := s.Write([]byte("now")); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(10 * time.Millisecond) // let it land in c's receive queue
+	w0 := c.Waits()
+	if _, err := io.ReadFull(c, buf[:3]); err != nil {
+		t.Fatal(err)
+	}
+	if got := c.Waits() - w0; got != 0 {
+		t.Fatalf("a read of data already there counted %d waits", got)
+	}
+	go func() {
+		time.Sleep(30 * time.Millisecond)
+		s.Write([]byte("later"))
+	}()
+	if _, err := io.ReadFull(c, buf[:5]); err != nil {
+		t.Fatal(err)
+	}
+	if got := c.Waits() - w0; got < 1 {
+		t.Fatalf("a read that waited 30ms for its data counted %d waits", got)
+	}
+}
