@@ -3,11 +3,14 @@ package udswriter
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/zentinelproxy/sidecar/internal/testutil"
+	"github.com/zentinelproxy/sidecar/internal/yield"
 	"github.com/zentinelproxy/sidecar/protocol"
 	"github.com/zentinelproxy/sidecar/uds"
 )
@@ -297,5 +300,54 @@ func TestQueue(t *testing.T) {
 	}
 	if st := w.Stats(); st.ControlDropped != 0 {
 		t.Fatalf("stats %+v", st)
+	}
+}
+
+// TestFlushYieldsWhileFramesJoin: a sender that writes its own frame
+// yields first so that other runnable senders' frames join the write; it
+// goes on yielding while frames do join, and mostly stops when none do.
+func TestFlushYieldsWhileFramesJoin(t *testing.T) {
+	nc, peer := testutil.ConnPair(t, "unix")
+	go io.Copy(io.Discard, peer)
+	w := NewWriter(nc, Config{}, nil)
+	defer w.Close()
+	var yields, joined atomic.Int64
+	var join atomic.Bool
+	f := func(w *Writer) {
+		yields.Add(1)
+		if join.Load() {
+			// Another sender, runnable, queues its frame meanwhile.
+			if err := w.Queue(chunk(-1)); err != nil {
+				t.Error(err)
+			}
+			joined.Add(1)
+		}
+	}
+	yieldHook.Store(&f)
+	defer yieldHook.Store(nil)
+
+	// send sends n frames one after the other, each flushed by its
+	// sender (the writer goroutine is idle in between), and returns how
+	// many of those flushes yielded.
+	send := func(n int) int64 {
+		y0 := yields.Load()
+		for i := 0; i < n; i++ {
+			if err := w.SendWait(chunk(i), time.Now().Add(hangGuard), nil); err != nil {
+				t.Fatal(err)
+			}
+			testutil.WaitFor(t, "the frame written", func() bool { return w.Stats().Pending == 0 })
+		}
+		return yields.Load() - y0
+	}
+	const n = 320
+	if got := send(n); got == 0 || got > n/yield.ProbeEvery+1 {
+		t.Fatalf("alone: %d of %d flushes yielded, want about one in %d", got, n, yield.ProbeEvery)
+	}
+	join.Store(true)
+	if got := send(n); got < n-yield.ProbeEvery {
+		t.Fatalf("with frames joining: %d of %d flushes yielded", got, n)
+	}
+	if joined.Load() == 0 {
+		t.Fatal("no frame joined")
 	}
 }
