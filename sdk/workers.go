@@ -118,9 +118,11 @@ func (p *workerPool) sweep() {
 // they leave together, as workers' replies do: handing each event of a
 // busy connection to a worker cost a goroutine wake-up and park per
 // event (measured with 64 requests in flight on one connection, proxy
-// and agent in one process on 2 CPUs: 328k decisions/s and 3.95 µs of CPU
-// per decision before, 425k and 2.70 µs with bursts). Everything else
-// goes to workers, so requests run concurrently. Reading waits while the reading goroutine runs handlers,
+// and agent in one process on 2 CPUs, medians of six alternating rounds:
+// 343k decisions/s and 3.56 µs of CPU per decision before, 444k and 2.58
+// µs with bursts; docs/performance.md). Everything else goes to
+// workers, so requests run concurrently. Reading waits while the reading
+// goroutine runs handlers,
 // but never for long: when one handler, or a burst of them, has run for
 // about HandOffAfter, another goroutine takes over reading (and the next
 // events go to workers for a while), so the connection's next events are
