@@ -1,7 +1,9 @@
 package main
 
 import (
+	"errors"
 	"io"
+	"math"
 	"os"
 	"slices"
 	"strings"
@@ -179,5 +181,35 @@ func TestFailedRowsSpanTheTable(t *testing.T) {
 	}
 	if !strings.Contains(row, "FAILED in every round") || strings.Count(row, "|") != strings.Count(head, "|") {
 		t.Errorf("failed row does not span the table:\n%s\n%s", head, row)
+	}
+}
+
+// TestPairedRatios: a row's ratio to HAProxy + SPOE is taken within each
+// round, skipping rounds where either side failed, so that a slow round
+// that slows both leaves the ratio alone.
+func TestPairedRatios(t *testing.T) {
+	failed := errors.New("failed")
+	all := [][]result{
+		{{key: reference, rps: 20000}, {key: "sidecar-uds", rps: 25000}},
+		{{key: "sidecar-uds", rps: 12000}, {key: reference, rps: 10000}}, // a slow round
+		{{key: reference, rps: 20000}, {key: "sidecar-uds", err: failed}},
+		{{key: reference, err: failed}, {key: "sidecar-uds", rps: 30000}},
+		{{key: reference, rps: 20000}, {key: "sidecar-uds", rps: 26000}},
+	}
+	got := pairedRatios("sidecar-uds", all, func(r result) float64 { return r.rps })
+	want := []float64{1.25, 1.2, 1.3}
+	if len(got) != len(want) {
+		t.Fatalf("ratios %v, want %v", got, want)
+	}
+	for i := range want {
+		if math.Abs(got[i]-want[i]) > 1e-9 {
+			t.Fatalf("ratios %v, want %v", got, want)
+		}
+	}
+	if s := fmtRatios(got); s != "1.25× (1.20–1.30)" {
+		t.Fatalf("fmtRatios = %q", s)
+	}
+	if s := fmtRatios(nil); s != "-" {
+		t.Fatalf("fmtRatios(nil) = %q", s)
 	}
 }

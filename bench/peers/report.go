@@ -264,7 +264,7 @@ func medians(key string, all [][]result) med {
 func printMedians(w io.Writer, defs []rowDef, all [][]result) {
 	fmt.Fprintf(w, "## Medians over %d round(s), ratios to HAProxy + SPOE\n\n", len(all))
 	ref := medians(reference, all)
-	head := []string{"row", "req/s", "p50", "p99", "proxy µs/req", "agent µs/req", "proxy+agent µs/req", "of it kernel", "proxy+agent cores", "proxy+agent read/write syscalls/req", "proxy+agent ctx switches/req", "req/s vs HAProxy+SPOE", "CPU/req vs HAProxy+SPOE"}
+	head := []string{"row", "req/s", "p50", "p99", "proxy µs/req", "agent µs/req", "proxy+agent µs/req", "of it kernel", "proxy+agent cores", "proxy+agent read/write syscalls/req", "proxy+agent ctx switches/req", "req/s vs HAProxy+SPOE", "CPU/req vs HAProxy+SPOE", "req/s vs HAProxy+SPOE in its round: median (range)", "CPU/req: median (range)"}
 	var body [][]string
 	for _, d := range defs {
 		m := medians(d.key, all)
@@ -276,23 +276,62 @@ func printMedians(w io.Writer, defs []rowDef, all [][]result) {
 		if m.ok < len(all) {
 			name += fmt.Sprintf(" (%d of %d rounds)", m.ok, len(all))
 		}
-		rr, cr := "-", "-"
+		rr, cr, prr, pcr := "-", "-", "-", "-"
 		if ref.ok > 0 {
 			rr = fmt.Sprintf("%.2f×", m.rps/ref.rps)
+			prr = fmtRatios(pairedRatios(d.key, all, func(r result) float64 { return r.rps }))
 			if hasProxy(d.key) {
 				cr = fmt.Sprintf("%.2f×", m.total/ref.total)
+				pcr = fmtRatios(pairedRatios(d.key, all, func(r result) float64 { return r.totalUS() }))
 			}
 		}
 		body = append(body, []string{
 			name, fmt.Sprintf("%.0f", m.rps), fmtLat(time.Duration(m.p50)), fmtLat(time.Duration(m.p99)),
 			fmtUS(m.proxy, hasProxy(d.key)), fmtUS(m.agent, d.agent), fmtUS(m.total, hasProxy(d.key)),
-			fmtUS(m.kernel, hasProxy(d.key)), fmt.Sprintf("%.2f", m.cores), fmtCount(m.syscalls, hasProxy(d.key)), fmtCount(m.switches, hasProxy(d.key)), rr, cr,
+			fmtUS(m.kernel, hasProxy(d.key)), fmt.Sprintf("%.2f", m.cores), fmtCount(m.syscalls, hasProxy(d.key)), fmtCount(m.switches, hasProxy(d.key)), rr, cr, prr, pcr,
 		})
 	}
 	table(w, head, body)
 	if ref.ok == 0 {
 		fmt.Fprintln(w, "(HAProxy + SPOE did not run: no ratios.)")
 	}
+}
+
+// pairedRatios returns, for each round in which both row key and
+// HAProxy + SPOE completed, f of the row over f of HAProxy + SPOE in that
+// round. The rows of one round run within a minute of each other, so a
+// slow spell of the machine (a shared host's, lasting minutes) moves
+// both sides of a round's ratio, where it moves one row's median and not
+// another's.
+func pairedRatios(key string, all [][]result, f func(result) float64) []float64 {
+	var out []float64
+	for _, round := range all {
+		var row, ref *result
+		for i := range round {
+			r := &round[i]
+			if r.err != nil {
+				continue
+			}
+			switch r.key {
+			case key:
+				row = r
+			case reference:
+				ref = r
+			}
+		}
+		if row != nil && ref != nil && f(*ref) > 0 {
+			out = append(out, f(*row)/f(*ref))
+		}
+	}
+	return out
+}
+
+// fmtRatios shows the median of per-round ratios and their range.
+func fmtRatios(v []float64) string {
+	if len(v) == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f× (%.2f–%.2f)", median(v), slices.Min(v), slices.Max(v))
 }
 
 // fmtCount shows a per-request count, or "-" when it does not apply or is
