@@ -28,6 +28,7 @@ import (
 	"regexp"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -42,10 +43,12 @@ type harness struct {
 	maxOther         float64 // other load (cores) above which a row is measured again
 	maxSteal         float64 // hypervisor steal (cores) above which a row is measured again
 	retries          int
-	loadCPUs         string // wrk and the upstream ("" when not pinned)
-	proxyCPUs        string // proxies and agents ("" when not pinned)
-	sched            string // "normal" or "batch": the scheduling policy of proxies and agents
-	baseline         string // another checkout whose sidecar rows run too ("": none)
+	loadCPUs         string  // wrk and the upstream ("" when not pinned)
+	proxyCPUs        string  // proxies and agents ("" when not pinned)
+	sched            string  // "normal" or "batch": the scheduling policy of proxies and agents
+	baseline         string  // another checkout whose sidecar rows run too ("": none)
+	rate             float64 // > 0: load with cmd/fixedrate at this many requests/s instead of wrk
+	gomaxprocs       int     // GOMAXPROCS of every Go program; 0: the runtime's default
 
 	tmp    string
 	binDir string
@@ -76,6 +79,8 @@ func run() int {
 	flag.StringVar(&h.loadCPUs, "load-cpus", "0", "taskset `list` for wrk and the upstream")
 	flag.StringVar(&h.proxyCPUs, "proxy-cpus", "1", "taskset `list` for the proxy and its agent")
 	flag.StringVar(&h.sched, "sched", "normal", "scheduling `policy` of every proxy and agent: normal, or batch (SCHED_BATCH with chrt -b 0: no wake-up preemption)")
+	flag.Float64Var(&h.rate, "rate", 0, "load below saturation: this many `requests/s` in all, sent at fixed intervals over the -connections by cmd/fixedrate, instead of wrk (0: wrk, as fast as the proxy answers)")
+	flag.IntVar(&h.gomaxprocs, "gomaxprocs", 1, "GOMAXPROCS of every Go program (Caddy, sidecar, agents, auth server, upstream); 0: the Go runtime's default (the CPUs it may use)")
 	match := flag.String("rows", "", "run only rows whose key matches this `regexp` (keys: "+rowKeys()+")")
 	keep := flag.Bool("keep", false, "keep the temporary directory (configurations and logs)")
 	flag.StringVar(&h.baseline, "baseline", "", "another checkout's root `directory` (a git worktree of another commit): its sidecar and SDK agent are measured too, as the rows sidecar-base and sidecar-uds-base, in the same rounds")
@@ -92,6 +97,14 @@ func run() int {
 	if h.rounds < 1 || h.conns < 1 || h.threads < 1 || h.duration < time.Second {
 		fmt.Fprintln(os.Stderr, "peers: -rounds, -connections and -threads must be at least 1, -duration at least 1s")
 		return 2
+	}
+	if h.rate < 0 || h.gomaxprocs < 0 {
+		fmt.Fprintln(os.Stderr, "peers: -rate and -gomaxprocs must not be negative")
+		return 2
+	}
+	goEnv = nil
+	if h.gomaxprocs > 0 {
+		goEnv = []string{"GOMAXPROCS=" + strconv.Itoa(h.gomaxprocs)}
 	}
 	if h.sched != "normal" && h.sched != "batch" {
 		fmt.Fprintln(os.Stderr, "peers: -sched must be normal or batch")
@@ -141,7 +154,7 @@ func run() int {
 			h.tools[t] = p
 		}
 	}
-	if h.tools["wrk"] == "" {
+	if h.tools["wrk"] == "" && h.rate == 0 {
 		fmt.Fprintln(os.Stderr, "peers: wrk is not installed: sudo apt-get update && sudo apt-get install -y wrk haproxy nginx caddy")
 		return 1
 	}
@@ -162,7 +175,7 @@ func run() int {
 	}
 	built := map[string]error{}
 	fmt.Fprintln(os.Stderr, "peers: building the sidecar, the agents, the auth server and the upstream …")
-	progs := []string{"upstream", "authserver", "spoeagent", "sdkagent", "fhproxy", "loopproxy"}
+	progs := []string{"upstream", "authserver", "spoeagent", "sdkagent", "fhproxy", "loopproxy", "fixedrate"}
 	for _, b := range progs {
 		built[b] = h.goBuild(src, b, "./cmd/"+b)
 	}
@@ -191,6 +204,10 @@ func run() int {
 	}
 	if built["upstream"] != nil {
 		fmt.Fprintln(os.Stderr, "peers: building the upstream:", built["upstream"])
+		return 1
+	}
+	if built["fixedrate"] != nil && h.rate > 0 {
+		fmt.Fprintln(os.Stderr, "peers: building the fixed-rate client:", built["fixedrate"])
 		return 1
 	}
 

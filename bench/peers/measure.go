@@ -140,20 +140,25 @@ type wrkOut struct {
 	cpu      time.Duration // wrk's own CPU time
 }
 
-// runWrk runs wrk against url for d, pinned to the load CPUs.
+// runWrk runs wrk against url for d, pinned to the load CPUs; with -rate,
+// cmd/fixedrate instead, which reports in wrk's lines.
 func (h *harness) runWrk(dir, name, url string, d time.Duration) (wrkOut, error) {
 	secs := int((d + time.Second - 1) / time.Second)
 	logPath := filepath.Join(dir, name+".log")
-	p, err := h.procs.start("wrk", h.loadCPUs, logPath, nil,
-		h.tools["wrk"], "-t"+strconv.Itoa(h.threads), "-c"+strconv.Itoa(h.conns),
-		"-d"+strconv.Itoa(secs)+"s", "--latency", url)
+	tool, args := "wrk", []string{h.tools["wrk"], "-t" + strconv.Itoa(h.threads), "-c" + strconv.Itoa(h.conns),
+		"-d" + strconv.Itoa(secs) + "s", "--latency", url}
+	if h.rate > 0 {
+		tool, args = "fixedrate", []string{h.bin("fixedrate"), "-c", strconv.Itoa(h.conns),
+			"-rate", strconv.FormatFloat(h.rate, 'f', -1, 64), "-d", strconv.Itoa(secs) + "s", url}
+	}
+	p, err := h.procs.start(tool, h.loadCPUs, logPath, goEnv, args...)
 	if err != nil {
 		return wrkOut{}, err
 	}
 	<-p.done
 	h.procs.stop(p)
 	if p.err != nil {
-		return wrkOut{}, fmt.Errorf("wrk: %v:\n%s", p.err, p.tail())
+		return wrkOut{}, fmt.Errorf("%s: %v:\n%s", tool, p.err, p.tail())
 	}
 	f, err := os.Open(logPath)
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -15,8 +16,13 @@ import (
 func printHeader(w io.Writer, h *harness) {
 	fmt.Fprintf(w, "# Peer benchmark, %s\n\n", time.Now().Format("2006-01-02 15:04 MST"))
 	fmt.Fprintf(w, "- machine: %d CPUs (nproc), %s, %s\n", runtime.NumCPU(), cpuModel(), kernel())
-	fmt.Fprintf(w, "- load: wrk -t%d -c%d -d%s --latency, after a %s warm-up; %d round(s), row order rotated between rounds\n",
-		h.threads, h.conns, h.duration, h.warmup, h.rounds)
+	if h.rate > 0 {
+		fmt.Fprintf(w, "- load: fixedrate -c %d -rate %g -d %s (below saturation: each connection sends at fixed intervals), after a %s warm-up; %d round(s), row order rotated between rounds\n",
+			h.conns, h.rate, h.duration, h.warmup, h.rounds)
+	} else {
+		fmt.Fprintf(w, "- load: wrk -t%d -c%d -d%s --latency, after a %s warm-up; %d round(s), row order rotated between rounds\n",
+			h.threads, h.conns, h.duration, h.warmup, h.rounds)
+	}
 	if h.proxyCPUs != "" {
 		fmt.Fprintf(w, "- placement: proxy + agent pinned to CPU %s; wrk + upstream pinned to CPU %s (taskset)\n", h.proxyCPUs, h.loadCPUs)
 	} else {
@@ -27,7 +33,11 @@ func printHeader(w io.Writer, h *harness) {
 	} else {
 		fmt.Fprintln(w, "- scheduling: SCHED_OTHER (the default) for every process")
 	}
-	fmt.Fprintln(w, "- core budget: nginx worker_processes 1, HAProxy nbthread 1, every Go program (Caddy, sidecar, agents, auth server, upstream) GOMAXPROCS=1")
+	gmp := "GOMAXPROCS=" + strconv.Itoa(h.gomaxprocs)
+	if h.gomaxprocs == 0 {
+		gmp = "the Go runtime's default GOMAXPROCS"
+	}
+	fmt.Fprintf(w, "- core budget: nginx worker_processes 1, HAProxy nbthread 1, every Go program (Caddy, sidecar, agents, auth server, upstream) %s\n", gmp)
 	var v []string
 	for _, t := range []string{"wrk", "haproxy", "nginx", "caddy"} {
 		if h.tools[t] != "" {

@@ -63,7 +63,8 @@ var baselineRows = []rowDef{
 // reference is the row the ratios divide by.
 const reference = "haproxy-spoe"
 
-// goEnv is the environment of every Go server: one core's worth.
+// goEnv is the environment of every Go program the harness starts: one
+// core's worth unless -gomaxprocs says otherwise (run sets it).
 var goEnv = []string{"GOMAXPROCS=1"}
 
 const startTimeout = 10 * time.Second
