@@ -35,7 +35,8 @@ type eofConn struct {
 	hdrBuf  int
 	lineRun int
 
-	// On TLS listeners (tls.go): Conn is tls, raw the TCP socket under it.
+	// On TLS listeners (tls.go): Conn is tls, raw the TCP socket under it
+	// (a *rawio.Conn, as rw).
 	raw    net.Conn
 	tls    *tls.Conn
 	lt     *listenerTLS
@@ -92,9 +93,11 @@ func newEOFConn(c net.Conn, rw net.Conn, hdrBuf int) *eofConn {
 	return e
 }
 
-// yieldHook, when set, replaces runtime.Gosched in Read (tests count the
-// yields); atomic because connections of other tests may still be read.
-var yieldHook atomic.Pointer[func()]
+// yieldHook, when set, is called in Read instead of runtime.Gosched and
+// reports whether it stood in for it (tests count the yields of their own
+// connection); atomic because connections of other tests may still be
+// read.
+var yieldHook atomic.Pointer[func(*eofConn) bool]
 
 // Write implements net.Conn, noting that a write happened.
 func (c *eofConn) Write(p []byte) (int, error) {
@@ -121,9 +124,7 @@ func (c *eofConn) Read(p []byte) (int, error) {
 		// a cost: c.yield keeps it only while it pays.
 		c.wrote.Store(false)
 		if c.rw == nil || c.yield.Before() {
-			if f := yieldHook.Load(); f != nil {
-				(*f)()
-			} else {
+			if f := yieldHook.Load(); f == nil || !(*f)(c) {
 				runtime.Gosched()
 			}
 			if c.rw != nil {
@@ -133,7 +134,11 @@ func (c *eofConn) Read(p []byte) (int, error) {
 	}
 	n, err := c.Conn.Read(p)
 	if probe {
-		c.yield.After(c.rw.Waits() == w0) // paid: the request was there
+		// Paid: the request was there. Under TLS one Read may take more
+		// than one read(2), and a record split across segments whose
+		// second half had not arrived counts as unpaid: a bias towards
+		// not yielding, the cheaper mistake.
+		c.yield.After(c.rw.Waits() == w0)
 	}
 	if err == io.EOF || (err == io.ErrUnexpectedEOF && c.tls != nil) {
 		// TLS reports a FIN without close_notify as unexpected.

@@ -1,10 +1,12 @@
 package dataplane
 
 import (
+	"crypto/tls"
 	"io"
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -13,23 +15,48 @@ import (
 	"github.com/zentinelproxy/sidecar/internal/yield"
 )
 
-// countYields counts the yields of Read for the rest of the test.
-func countYields(t *testing.T) *atomic.Int64 {
+// countYields counts the yields of c's Reads for the rest of the test
+// (other connections, still read by other tests' servers, yield as usual).
+func countYields(t *testing.T, c *eofConn) *atomic.Int64 {
 	var n atomic.Int64
-	f := func() { n.Add(1) }
+	f := func(e *eofConn) bool {
+		if e != c {
+			return false
+		}
+		n.Add(1)
+		return true
+	}
 	yieldHook.Store(&f)
 	t.Cleanup(func() { yieldHook.Store(nil) })
 	return &n
+}
+
+// waitReadable waits until c's socket has bytes to read, so that the
+// next Read finds them there.
+func waitReadable(t *testing.T, c *rawio.Conn) {
+	t.Helper()
+	sc, err := c.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b [1]byte
+	testutil.WaitFor(t, "bytes to read", func() bool {
+		n := 0
+		_ = sc.Control(func(fd uintptr) {
+			n, _, _ = syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		})
+		return n > 0
+	})
 }
 
 // TestReadAfterWriteYields: the read that follows a write on a client
 // connection (waiting for the next request after a response) yields once
 // before it reads; other reads do not.
 func TestReadAfterWriteYields(t *testing.T) {
-	yields := countYields(t)
 	peer, a := testutil.ConnPair(t, "tcp")
 	rc := rawio.Wrap(a)
 	c := newEOFConn(rc, rc, 0)
+	yields := countYields(t, c)
 	buf := make([]byte, 64)
 	exchange := func(send string) {
 		t.Helper()
@@ -69,11 +96,11 @@ func TestReadAfterWriteYields(t *testing.T) {
 // poller) stop yielding; a read whose request is already there counts as
 // a yield that paid.
 func TestReadAfterWriteStopsYieldingWhenItDoesNotPay(t *testing.T) {
-	yields := countYields(t)
 	peer, a := testutil.ConnPair(t, "tcp")
 	rc := rawio.Wrap(a)
 	c := newEOFConn(rc, rc, 0)
 	rw := rc.(*rawio.Conn)
+	yields := countYields(t, c)
 	buf := make([]byte, 64)
 	var ref yield.Policy // fed what the connection saw
 	refYields := 0
@@ -96,6 +123,7 @@ func TestReadAfterWriteStopsYieldingWhenItDoesNotPay(t *testing.T) {
 		} else {
 			_, err := peer.Write(req)
 			done <- err
+			waitReadable(t, rw)
 		}
 		y0, w0 := yields.Load(), rw.Waits()
 		if _, err := io.ReadFull(c, buf[:len(req)]); err != nil {
@@ -133,6 +161,9 @@ func TestReadAfterWriteStopsYieldingWhenItDoesNotPay(t *testing.T) {
 	}
 	if got := yields.Load() - y0; got != 10 {
 		t.Fatalf("requests already there: %d of 10 reads yielded", got)
+	}
+	if got := int(yields.Load()); got != refYields {
+		t.Fatalf("%d yields in all, want %d (the policy fed the reads' waits)", got, refYields)
 	}
 }
 
@@ -212,5 +243,23 @@ func TestClientAddrText(t *testing.T) {
 		if string(ip) != want.IP.String() || port != want.Port {
 			t.Fatalf("call %d: %q port %d, want %v", i, ip, port, want)
 		}
+	}
+}
+
+// TestTLSConnCountsWaits: a TLS listener's connection reads through a
+// rawio socket too, so that its yield is kept only while it pays, and the
+// disconnect check still reaches the socket.
+func TestTLSConnCountsWaits(t *testing.T) {
+	l := &eofListener{tls: &listenerTLS{base: &tls.Config{}}}
+	_, a := testutil.ConnPair(t, "tcp")
+	c, ok := l.wrapTLS(a).(*eofConn)
+	if !ok {
+		t.Fatalf("wrapTLS returned %T", c)
+	}
+	if c.rw == nil || c.tls == nil {
+		t.Fatalf("TLS connection without its counted socket (rw %v) or TLS state", c.rw)
+	}
+	if _, err := c.SyscallConn(); err != nil {
+		t.Fatalf("SyscallConn: %v", err)
 	}
 }

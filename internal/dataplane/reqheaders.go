@@ -186,6 +186,9 @@ func (rs *reqState) prepareRequest() bool {
 	eachName(conn, rs.delHdr)
 	rs.scratch = conn[:0]
 	var ip []byte
+	// The connection's address, worked out once per connection: a
+	// connection's peer never changes (no PROXY protocol here; one that
+	// came would have to set it per connection too).
 	if ec, ok := rs.ctx.Conn().(*eofConn); ok {
 		ip, rs.clientPort = ec.clientAddr()
 	} else {

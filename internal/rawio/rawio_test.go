@@ -424,7 +424,17 @@ func TestWaitsCountsReadsThatWaited(t *testing.T) {
 	if _, err := s.Write([]byte("now")); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(10 * time.Millisecond) // let it land in c's receive queue
+	sc, err := c.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, "the bytes in c's receive queue", func() bool {
+		n := 0
+		_ = sc.Control(func(fd uintptr) {
+			n, _, _ = syscall.Recvfrom(int(fd), buf[:1], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		})
+		return n > 0
+	})
 	w0 := c.Waits()
 	if _, err := io.ReadFull(c, buf[:3]); err != nil {
 		t.Fatal(err)
@@ -432,14 +442,14 @@ func TestWaitsCountsReadsThatWaited(t *testing.T) {
 	if got := c.Waits() - w0; got != 0 {
 		t.Fatalf("a read of data already there counted %d waits", got)
 	}
-	go func() {
-		time.Sleep(30 * time.Millisecond)
-		s.Write([]byte("later"))
-	}()
-	if _, err := io.ReadFull(c, buf[:5]); err != nil {
+	// Nothing sent: the read waits for the poller until its deadline.
+	if err := c.SetReadDeadline(time.Now().Add(20 * time.Millisecond)); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := c.Read(buf); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("read with nothing sent: %v, want a deadline error", err)
+	}
 	if got := c.Waits() - w0; got < 1 {
-		t.Fatalf("a read that waited 30ms for its data counted %d waits", got)
+		t.Fatalf("a read that waited for the poller counted %d waits", got)
 	}
 }

@@ -394,10 +394,11 @@ func stopTimer(t *time.Timer) {
 	}
 }
 
-// yieldHook, when set, replaces flush's runtime.Gosched (tests count the
+// yieldHook, when set, is called in flush instead of runtime.Gosched and
+// reports whether it stood in for it (tests count their own writer's
 // yields and play the other senders); atomic because writers of other
 // tests may still flush.
-var yieldHook atomic.Pointer[func(*Writer)]
+var yieldHook atomic.Pointer[func(*Writer) bool]
 
 // flush accounts n freshly queued bytes and, nobody writing, writes the
 // pending batch with one non-blocking write: a data sender never waits on
@@ -426,9 +427,7 @@ func (w *Writer) flush(n int) {
 	if w.yield.Before() {
 		frames := w.stats.Frames
 		w.mu.Unlock()
-		if f := yieldHook.Load(); f != nil {
-			(*f)(w)
-		} else {
+		if f := yieldHook.Load(); f == nil || !(*f)(w) {
 			runtime.Gosched()
 		}
 		w.mu.Lock()

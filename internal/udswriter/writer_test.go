@@ -313,7 +313,10 @@ func TestFlushYieldsWhileFramesJoin(t *testing.T) {
 	defer w.Close()
 	var yields, joined atomic.Int64
 	var join atomic.Bool
-	f := func(w *Writer) {
+	f := func(x *Writer) bool {
+		if x != w {
+			return false
+		}
 		yields.Add(1)
 		if join.Load() {
 			// Another sender, runnable, queues its frame meanwhile.
@@ -322,6 +325,7 @@ func TestFlushYieldsWhileFramesJoin(t *testing.T) {
 			}
 			joined.Add(1)
 		}
+		return true
 	}
 	yieldHook.Store(&f)
 	defer yieldHook.Store(nil)

@@ -33,6 +33,13 @@ const (
 	ProbeEvery = 16
 )
 
+// The counters are uint8: the constants must keep them in range (these
+// fail to compile otherwise).
+const (
+	_ = uint8(CreditMax + Credit)
+	_ = uint8(ProbeEvery - 1)
+)
+
 // Before reports whether this call yields; when it does, After must
 // follow with the outcome.
 func (p *Policy) Before() bool {
