@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"bufio"
 	"errors"
 	"io"
 	"net"
@@ -49,6 +50,9 @@ type bodySource struct {
 	ec         *eofConn
 	untilClose bool
 	max        int64 // 0: no limit
+	// buf, when set, is the buffer r drains (an upstream response's): once
+	// it holds the rest of a framed body, reading it needs no deadline.
+	buf *bufio.Reader
 }
 
 // read reads into p: until p is full or the body ends when fill is set,
@@ -67,7 +71,7 @@ func (s *bodySource) read(p []byte, fill bool) (n int, last bool, err error) {
 	}
 	zero := 0
 	for n < len(p) && !s.eof && (fill || n == 0) {
-		s.touch()
+		s.touch(int64(n - pre))
 		m, rerr := s.r.Read(p[n:])
 		n += m
 		switch {
@@ -94,8 +98,18 @@ func (s *bodySource) read(p []byte, fill bool) (n int, last bool, err error) {
 	return n, s.eof && len(s.prefix) == 0, nil
 }
 
-func (s *bodySource) touch() {
+// touch pushes the read deadline before a read; got is what this read
+// call has taken so far (not yet in s.n). A body whose rest is already
+// buffered is read without the socket, so the deadline is left alone:
+// the upstream's response deadline (set for the head, 30 s by default)
+// and the body's idle one (60 s) differ, and moving the deadline from one
+// to the other on every request cost two deadline changes (timer
+// operations in the runtime) per request.
+func (s *bodySource) touch(got int64) {
 	if s.conn == nil || s.idle <= 0 {
+		return
+	}
+	if s.buf != nil && s.want >= 0 && int64(s.buf.Buffered()) >= s.want-(s.n+got) {
 		return
 	}
 	if uc, ok := s.conn.(*upConn); ok {
@@ -542,6 +556,7 @@ func (rs *reqState) responseBody() bool {
 	src.ec = &rs.upWrap
 	src.untilClose = cl == -2
 	src.idle = rs.rt.up.cfg.IdleTimeout
+	src.buf = rs.upBR
 	rs.total[1] = int64(cl)
 	if cl < 0 {
 		rs.total[1] = -1

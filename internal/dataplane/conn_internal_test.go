@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"bufio"
 	"crypto/tls"
 	"io"
 	"net"
@@ -261,5 +262,44 @@ func TestTLSConnCountsWaits(t *testing.T) {
 	}
 	if _, err := c.SyscallConn(); err != nil {
 		t.Fatalf("SyscallConn: %v", err)
+	}
+}
+
+// TestBufferedBodyLeavesTheDeadline: reading the rest of an upstream body
+// that is already in the connection's buffer does not move the read
+// deadline (the head's and the body's timeouts differ, and moving it
+// between them cost two deadline changes per request); a body whose rest
+// is still on the wire pushes it to the idle timeout before reading.
+func TestBufferedBodyLeavesTheDeadline(t *testing.T) {
+	read := func(t *testing.T, body string, want int64, buffered int) (moved bool) {
+		t.Helper()
+		peer, a := testutil.ConnPair(t, "tcp")
+		uc := &upConn{Conn: rawio.Wrap(a)}
+		if _, err := peer.Write([]byte(body[:buffered])); err != nil {
+			t.Fatal(err)
+		}
+		br := bufio.NewReaderSize(uc, 64)
+		if _, err := br.Peek(buffered); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := peer.Write([]byte(body[buffered:])); err != nil {
+			t.Fatal(err)
+		}
+		dl := time.Now().Add(30 * time.Second)
+		if err := uc.SetReadDeadline(dl); err != nil {
+			t.Fatal(err)
+		}
+		s := bodySource{r: io.LimitReader(br, want), conn: uc, idle: time.Minute, want: want, buf: br}
+		p := make([]byte, want)
+		if n, _, err := s.read(p, true); err != nil || int64(n) != want || string(p) != body[:want] {
+			t.Fatalf("read %d bytes %q, %v", n, p[:n], err)
+		}
+		return !uc.readDL.Equal(dl)
+	}
+	if read(t, "hello", 5, 5) {
+		t.Error("a body already buffered moved the read deadline")
+	}
+	if !read(t, "hello, world", 12, 5) {
+		t.Error("a body still on the wire did not push the read deadline")
 	}
 }
