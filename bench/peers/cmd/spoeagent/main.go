@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync"
 	"syscall"
 
 	"github.com/dropmorepackets/haproxy-go/pkg/encoding"
@@ -62,8 +63,48 @@ func main() {
 		os.Exit(1)
 	}
 	a := &spop.Agent{Handler: spop.HandlerFunc(handle), BaseContext: ctx}
-	if err := a.Serve(ln); err != nil && ctx.Err() == nil {
+	if err := a.Serve(frameListener{ln}); err != nil && ctx.Err() == nil {
 		fmt.Fprintln(os.Stderr, "spoeagent:", err)
 		os.Exit(1)
 	}
+}
+
+// frameListener hands the library connections whose frames cannot
+// interleave. spop v0.0.5 writes each frame with two Write calls, its
+// 4-byte length and then the rest, from as many goroutines as there are
+// CPUs and without a lock: with GOMAXPROCS > 1 two frames' writes mix,
+// HAProxy reads a length that is not one and drops the connection
+// ("frame is too big", disconnect code 3), and the requests waiting on it
+// get SPOE's error after its processing timeout. With GOMAXPROCS=1 it
+// happens only when a goroutine is preempted between the two writes.
+type frameListener struct{ net.Listener }
+
+func (l frameListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return &frameConn{Conn: c}, nil
+}
+
+// frameConn holds its lock from a frame's length write to the write of
+// the rest. A length is exactly 4 bytes; the rest of a frame never is (its
+// type, flags and two ids alone take at least 7), so the size tells them
+// apart.
+type frameConn struct {
+	net.Conn
+	mu sync.Mutex
+}
+
+func (c *frameConn) Write(p []byte) (int, error) {
+	if len(p) == 4 {
+		c.mu.Lock()
+		n, err := c.Conn.Write(p)
+		if err != nil {
+			c.mu.Unlock() // the library gives up on the frame
+		}
+		return n, err
+	}
+	defer c.mu.Unlock()
+	return c.Conn.Write(p)
 }
