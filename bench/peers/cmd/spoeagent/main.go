@@ -84,6 +84,12 @@ func (l frameListener) Accept() (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
+	if tcp, ok := c.(*net.TCPConn); ok {
+		// What the library does for a TCP connection it can see (its
+		// buffers, four frames of 64 KiB); it cannot see it wrapped.
+		_ = tcp.SetWriteBuffer(4 * (64<<10 - 1))
+		_ = tcp.SetReadBuffer(4 * (64<<10 - 1))
+	}
 	return &frameConn{Conn: c}, nil
 }
 
