@@ -209,24 +209,6 @@ func TestSocketOrdersMemory(t *testing.T) {
 	}
 }
 
-// peerHasBytes reports whether bytes are waiting in s's receive queue,
-// without waiting: on loopback, a write(2) has queued its bytes at the
-// peer by the time it returns.
-func peerHasBytes(t *testing.T, s net.Conn) bool {
-	t.Helper()
-	raw, err := s.(syscall.Conn).SyscallConn()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var n int
-	var rerr error
-	_ = raw.Control(func(fd uintptr) {
-		var b [1]byte
-		n, _, rerr = syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-	})
-	return rerr == nil && n > 0
-}
-
 // TestHeldWriteGoesOutWithTheRead: after HoldWrites, the request stays
 // in the connection until the Read, which sends it and returns the
 // answer; the connection then behaves as before.
@@ -257,7 +239,7 @@ func TestHeldWriteGoesOutWithTheRead(t *testing.T) {
 		}
 		// The peer is not reading yet: written bytes would wait in its
 		// receive queue. There are none: they are held.
-		if peerHasBytes(t, s) {
+		if testutil.HasBytes(t, s) {
 			t.Fatalf("round %d: the held bytes reached the peer before the Read", round)
 		}
 		serve <- struct{}{}
@@ -276,7 +258,7 @@ func TestHeldWriteGoesOutWithTheRead(t *testing.T) {
 		if _, err := c.Write([]byte("now")); err != nil {
 			t.Fatal(err)
 		}
-		for i := 0; !peerHasBytes(t, s); i++ {
+		for i := 0; !testutil.HasBytes(t, s); i++ {
 			if i == 2000 {
 				t.Fatalf("round %d: an unheld write did not reach the peer", round)
 			}
@@ -424,17 +406,7 @@ func TestWaitsCountsReadsThatWaited(t *testing.T) {
 	if _, err := s.Write([]byte("now")); err != nil {
 		t.Fatal(err)
 	}
-	sc, err := c.SyscallConn()
-	if err != nil {
-		t.Fatal(err)
-	}
-	testutil.WaitFor(t, "the bytes in c's receive queue", func() bool {
-		n := 0
-		_ = sc.Control(func(fd uintptr) {
-			n, _, _ = syscall.Recvfrom(int(fd), buf[:1], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-		})
-		return n > 0
-	})
+	testutil.WaitFor(t, "the bytes in c's receive queue", func() bool { return testutil.HasBytes(t, c) })
 	w0 := c.Waits()
 	if _, err := io.ReadFull(c, buf[:3]); err != nil {
 		t.Fatal(err)

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -107,4 +108,25 @@ func ThreadPolicies(t testing.TB, pid int) []int {
 		out = append(out, pol)
 	}
 	return out
+}
+
+// HasBytes reports whether bytes are waiting in c's receive queue, without
+// taking them (a non-blocking MSG_PEEK on c's socket).
+func HasBytes(t testing.TB, c net.Conn) bool {
+	t.Helper()
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		t.Fatalf("%T has no socket to peek", c)
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	var rerr error
+	_ = raw.Control(func(fd uintptr) {
+		var b [1]byte
+		n, _, rerr = syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+	})
+	return rerr == nil && n > 0
 }
