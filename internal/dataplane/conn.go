@@ -7,7 +7,6 @@ import (
 	"io"
 	"net"
 	"os"
-	"runtime"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -93,12 +92,6 @@ func newEOFConn(c net.Conn, rw net.Conn, hdrBuf int) *eofConn {
 	return e
 }
 
-// yieldHook, when set, is called in Read instead of runtime.Gosched and
-// reports whether it stood in for it (tests count the yields of their own
-// connection); atomic because connections of other tests may still be
-// read.
-var yieldHook atomic.Pointer[func(*eofConn) bool]
-
 // Write implements net.Conn, noting that a write happened.
 func (c *eofConn) Write(p []byte) (int, error) {
 	c.wrote.Store(true)
@@ -124,9 +117,7 @@ func (c *eofConn) Read(p []byte) (int, error) {
 		// a cost: c.yield keeps it only while it pays.
 		c.wrote.Store(false)
 		if c.rw == nil || c.yield.Before() {
-			if f := yieldHook.Load(); f == nil || !(*f)(c) {
-				runtime.Gosched()
-			}
+			yield.Gosched(c)
 			if c.rw != nil {
 				probe, w0 = true, c.rw.Waits()
 			}

@@ -7,7 +7,6 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -20,34 +19,15 @@ import (
 // (other connections, still read by other tests' servers, yield as usual).
 func countYields(t *testing.T, c *eofConn) *atomic.Int64 {
 	var n atomic.Int64
-	f := func(e *eofConn) bool {
-		if e != c {
+	yield.SetHook(func(owner any) bool {
+		if owner != c {
 			return false
 		}
 		n.Add(1)
 		return true
-	}
-	yieldHook.Store(&f)
-	t.Cleanup(func() { yieldHook.Store(nil) })
-	return &n
-}
-
-// waitReadable waits until c's socket has bytes to read, so that the
-// next Read finds them there.
-func waitReadable(t *testing.T, c *rawio.Conn) {
-	t.Helper()
-	sc, err := c.SyscallConn()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var b [1]byte
-	testutil.WaitFor(t, "bytes to read", func() bool {
-		n := 0
-		_ = sc.Control(func(fd uintptr) {
-			n, _, _ = syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-		})
-		return n > 0
 	})
+	t.Cleanup(func() { yield.SetHook(nil) })
+	return &n
 }
 
 // TestReadAfterWriteYields: the read that follows a write on a client
@@ -124,7 +104,7 @@ func TestReadAfterWriteStopsYieldingWhenItDoesNotPay(t *testing.T) {
 		} else {
 			_, err := peer.Write(req)
 			done <- err
-			waitReadable(t, rw)
+			testutil.WaitFor(t, "the request readable", func() bool { return testutil.HasBytes(t, rw) })
 		}
 		y0, w0 := yields.Load(), rw.Waits()
 		if _, err := io.ReadFull(c, buf[:len(req)]); err != nil {

@@ -9,7 +9,6 @@ import (
 	"net"
 	"runtime"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -394,12 +393,6 @@ func stopTimer(t *time.Timer) {
 	}
 }
 
-// yieldHook, when set, is called in flush instead of runtime.Gosched and
-// reports whether it stood in for it (tests count their own writer's
-// yields and play the other senders); atomic because writers of other
-// tests may still flush.
-var yieldHook atomic.Pointer[func(*Writer) bool]
-
 // flush accounts n freshly queued bytes and, nobody writing, writes the
 // pending batch with one non-blocking write: a data sender never waits on
 // the socket, and whatever the kernel does not take at once is left, first
@@ -427,9 +420,7 @@ func (w *Writer) flush(n int) {
 	if w.yield.Before() {
 		frames := w.stats.Frames
 		w.mu.Unlock()
-		if f := yieldHook.Load(); f == nil || !(*f)(w) {
-			runtime.Gosched()
-		}
+		yield.Gosched(w)
 		w.mu.Lock()
 		w.yield.After(w.stats.Frames != frames)
 	}

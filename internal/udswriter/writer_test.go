@@ -313,8 +313,8 @@ func TestFlushYieldsWhileFramesJoin(t *testing.T) {
 	defer w.Close()
 	var yields, joined atomic.Int64
 	var join atomic.Bool
-	f := func(x *Writer) bool {
-		if x != w {
+	yield.SetHook(func(owner any) bool {
+		if owner != w {
 			return false
 		}
 		yields.Add(1)
@@ -326,9 +326,8 @@ func TestFlushYieldsWhileFramesJoin(t *testing.T) {
 			joined.Add(1)
 		}
 		return true
-	}
-	yieldHook.Store(&f)
-	defer yieldHook.Store(nil)
+	})
+	defer yield.SetHook(nil)
 
 	// send sends n frames one after the other, each flushed by its
 	// sender (the writer goroutine is idle in between), and returns how

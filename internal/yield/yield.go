@@ -16,6 +16,11 @@
 // the sender's yield added 0.43 context switches per request.
 package yield
 
+import (
+	"runtime"
+	"sync/atomic"
+)
+
 // Policy keeps yielding while it pays: a yield that paid earns Credit
 // more, one that did not spends one, and with no credit left only one
 // call in ProbeEvery yields, to notice when the load comes back. Credit
@@ -62,4 +67,27 @@ func (p *Policy) After(paid bool) {
 	if p.credit == 0 {
 		p.skip = ProbeEvery - 1
 	}
+}
+
+// Gosched yields (runtime.Gosched) on behalf of owner, the connection or
+// writer whose Policy allowed it. A hook set by SetHook may stand in.
+func Gosched(owner any) {
+	if f := hook.Load(); f == nil || !(*f)(owner) {
+		runtime.Gosched()
+	}
+}
+
+// hook, when set, is called by Gosched first; atomic because other tests'
+// connections may still yield meanwhile.
+var hook atomic.Pointer[func(owner any) bool]
+
+// SetHook makes Gosched call f, which reports whether it stood in for the
+// yield (a test counts its own owner's yields and lets the others
+// through); nil removes it. For tests.
+func SetHook(f func(owner any) bool) {
+	if f == nil {
+		hook.Store(nil)
+		return
+	}
+	hook.Store(&f)
 }
