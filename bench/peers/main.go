@@ -28,7 +28,6 @@ import (
 	"regexp"
 	"runtime"
 	"slices"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -101,10 +100,6 @@ func run() int {
 	if h.rate < 0 || h.gomaxprocs < 0 {
 		fmt.Fprintln(os.Stderr, "peers: -rate and -gomaxprocs must not be negative")
 		return 2
-	}
-	goEnv = nil
-	if h.gomaxprocs > 0 {
-		goEnv = []string{"GOMAXPROCS=" + strconv.Itoa(h.gomaxprocs)}
 	}
 	if h.sched != "normal" && h.sched != "batch" {
 		fmt.Fprintln(os.Stderr, "peers: -sched must be normal or batch")

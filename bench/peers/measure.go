@@ -151,7 +151,7 @@ func (h *harness) runWrk(dir, name, url string, d time.Duration) (wrkOut, error)
 		tool, args = "fixedrate", []string{h.bin("fixedrate"), "-c", strconv.Itoa(h.conns),
 			"-rate", strconv.FormatFloat(h.rate, 'f', -1, 64), "-d", strconv.Itoa(secs) + "s", url}
 	}
-	p, err := h.procs.start(tool, h.loadCPUs, logPath, goEnv, args...)
+	p, err := h.procs.start(tool, h.loadCPUs, logPath, h.goEnv(), args...)
 	if err != nil {
 		return wrkOut{}, err
 	}
@@ -255,7 +255,7 @@ func (h *harness) runRow(def rowDef, round int) (res result) {
 		return res
 	}
 	rc.upstream = addrs[0]
-	rc.up, err = h.procs.start("upstream", h.loadCPUs, filepath.Join(rc.dir, "upstream.log"), goEnv,
+	rc.up, err = h.procs.start("upstream", h.loadCPUs, filepath.Join(rc.dir, "upstream.log"), h.goEnv(),
 		h.bin("upstream"), "-addr", rc.upstream)
 	if err == nil {
 		err = waitDial(rc.up, "tcp", rc.upstream, startTimeout)

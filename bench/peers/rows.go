@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"text/template"
 	"time"
@@ -63,9 +64,15 @@ var baselineRows = []rowDef{
 // reference is the row the ratios divide by.
 const reference = "haproxy-spoe"
 
-// goEnv is the environment of every Go program the harness starts: one
-// core's worth unless -gomaxprocs says otherwise (run sets it).
-var goEnv = []string{"GOMAXPROCS=1"}
+// goEnv is the environment of every Go program the harness starts: its
+// GOMAXPROCS (one core's worth by default), or none for the runtime's
+// default.
+func (h *harness) goEnv() []string {
+	if h.gomaxprocs == 0 {
+		return nil
+	}
+	return []string{"GOMAXPROCS=" + strconv.Itoa(h.gomaxprocs)}
+}
 
 const startTimeout = 10 * time.Second
 
@@ -91,7 +98,7 @@ func writeTemplate(dir, name, text string, data any) (string, error) {
 // startAgent starts a harness-built agent (or auth server) on the proxy's
 // CPUs and waits for its Unix socket.
 func startAgent(h *harness, rc *rowCtx, bin, sock string, args ...string) error {
-	p, err := h.startSUT(bin, filepath.Join(rc.dir, bin+".log"), goEnv,
+	p, err := h.startSUT(bin, filepath.Join(rc.dir, bin+".log"), h.goEnv(),
 		append([]string{h.bin(bin)}, args...)...)
 	if err != nil {
 		return err
@@ -346,7 +353,7 @@ func setupCaddy(agent bool) func(*harness, *rowCtx) error {
 		env := append([]string{
 			"XDG_CONFIG_HOME=" + filepath.Join(rc.dir, "caddy-config"),
 			"XDG_DATA_HOME=" + filepath.Join(rc.dir, "caddy-data"),
-		}, goEnv...)
+		}, h.goEnv()...)
 		p, err := h.startSUT("caddy", filepath.Join(rc.dir, "caddy.log"), env,
 			h.tools["caddy"], "run", "--config", cfg, "--adapter", "caddyfile")
 		if err != nil {
@@ -362,7 +369,7 @@ func setupFasthttp(h *harness, rc *rowCtx) error {
 	if err != nil {
 		return err
 	}
-	p, err := h.startSUT("fhproxy", filepath.Join(rc.dir, "fhproxy.log"), goEnv,
+	p, err := h.startSUT("fhproxy", filepath.Join(rc.dir, "fhproxy.log"), h.goEnv(),
 		h.bin("fhproxy"), "-listen", addrs[0], "-upstream", rc.upstream)
 	if err != nil {
 		return err
@@ -387,7 +394,7 @@ func setupLoop(agent bool, agentArgs ...string) func(*harness, *rowCtx) error {
 			}
 			args = append(args, "-agent", sock)
 		}
-		p, err := h.startSUT("loopproxy", filepath.Join(rc.dir, "loopproxy.log"), goEnv, args...)
+		p, err := h.startSUT("loopproxy", filepath.Join(rc.dir, "loopproxy.log"), h.goEnv(), args...)
 		if err != nil {
 			return err
 		}
@@ -455,7 +462,7 @@ func sidecarRow(h *harness, rc *rowCtx, sidecarBin, agentBin string, json bool, 
 	if err != nil {
 		return err
 	}
-	p, err := h.startSUT(sidecarBin, filepath.Join(rc.dir, sidecarBin+".log"), goEnv,
+	p, err := h.startSUT(sidecarBin, filepath.Join(rc.dir, sidecarBin+".log"), h.goEnv(),
 		h.bin(sidecarBin), "run", "-config", cfg)
 	if err != nil {
 		return err
