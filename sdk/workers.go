@@ -122,8 +122,7 @@ func (p *workerPool) sweep() {
 // 343k decisions/s and 3.56 µs of CPU per decision before, 444k and 2.58
 // µs with bursts; docs/performance.md). Everything else goes to
 // workers, so requests run concurrently. Reading waits while the reading
-// goroutine runs handlers,
-// but never for long: when one handler, or a burst of them, has run for
+// goroutine runs handlers, but never for long: when one handler, or a burst of them, has run for
 // about HandOffAfter, another goroutine takes over reading (and the next
 // events go to workers for a while), so the connection's next events are
 // held back by at most the shorter of that run time and that bound. As
@@ -184,9 +183,10 @@ type reader struct {
 	done     chan error // the end of the loop, when a takeover goroutine saw it
 
 	// handling is the number of the handler run in progress in the reading
-	// goroutine (0: none; expiredMark: none, and the burst's timer fired); a hand-off takes it to 0 and starts a new
-	// reading goroutine, so the handler's goroutine learns it no longer
-	// reads when its compare-and-swap fails.
+	// goroutine (0: none; expiredMark: none, and the burst's timer fired);
+	// a hand-off takes it to 0 and starts a new reading goroutine, so the
+	// handler's goroutine learns it no longer reads when its
+	// compare-and-swap fails.
 	handling  atomic.Uint64
 	runs      uint64       // numbers the runs; touched by the reading goroutine only
 	avg       int64        // run time (ns) of every 8th run, averaged; reading goroutine only
