@@ -79,7 +79,7 @@ func run() int {
 	flag.StringVar(&h.proxyCPUs, "proxy-cpus", "1", "taskset `list` for the proxy and its agent")
 	flag.StringVar(&h.sched, "sched", "normal", "scheduling `policy` of every proxy and agent: normal, or batch (SCHED_BATCH with chrt -b 0: no wake-up preemption)")
 	flag.Float64Var(&h.rate, "rate", 0, "load below saturation: this many `requests/s` in all, sent at fixed intervals over the -connections by cmd/fixedrate, instead of wrk (0: wrk, as fast as the proxy answers)")
-	flag.IntVar(&h.gomaxprocs, "gomaxprocs", 1, "GOMAXPROCS of every Go program (Caddy, sidecar, agents, auth server, upstream); 0: the Go runtime's default (the CPUs it may use)")
+	flag.IntVar(&h.gomaxprocs, "gomaxprocs", 1, "GOMAXPROCS of every Go program (Caddy, sidecar, agents, auth server, upstream); 0: none in their environment, so the Go runtime's default (the CPUs it may use), which the sidecar and the SDK agent adapt to their load")
 	match := flag.String("rows", "", "run only rows whose key matches this `regexp` (keys: "+rowKeys()+")")
 	keep := flag.Bool("keep", false, "keep the temporary directory (configurations and logs)")
 	flag.StringVar(&h.baseline, "baseline", "", "another checkout's root `directory` (a git worktree of another commit): its sidecar and SDK agent are measured too, as the rows sidecar-base and sidecar-uds-base, in the same rounds")

@@ -35,7 +35,7 @@ func printHeader(w io.Writer, h *harness) {
 	}
 	gmp := "GOMAXPROCS=" + strconv.Itoa(h.gomaxprocs)
 	if h.gomaxprocs == 0 {
-		gmp = "the Go runtime's default GOMAXPROCS"
+		gmp = "the Go runtime's default GOMAXPROCS (the sidecar and the SDK agent adapt it to their load)"
 	}
 	fmt.Fprintf(w, "- core budget: nginx worker_processes 1, HAProxy nbthread 1, every Go program (Caddy, sidecar, agents, auth server, upstream) %s\n", gmp)
 	var v []string

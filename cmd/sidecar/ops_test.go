@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -457,6 +458,88 @@ admin: {address: "127.0.0.1:0"}
 func TestRunSchedRefusesUnknownPolicy(t *testing.T) {
 	out, err := exec.Command(testutil.BuildBinary(t, "./cmd/sidecar"), "run", "-sched", "fifo", "-config", "x.yaml").CombinedOutput()
 	if err == nil || !strings.Contains(string(out), `-sched must be normal or batch, not "fifo"`) {
+		t.Fatalf("err %v, output:\n%s", err, out)
+	}
+}
+
+// TestRunAdaptsGOMAXPROCS: by default an idle sidecar lowers GOMAXPROCS to
+// 1 and says so in its metrics; -gomaxprocs runtime, or GOMAXPROCS in the
+// environment, leaves the runtime's default alone.
+func TestRunAdaptsGOMAXPROCS(t *testing.T) {
+	if runtime.NumCPU() < 2 {
+		t.Skip("one CPU: nothing to adapt")
+	}
+	dir := testutil.SocketDir(t)
+	up := stest.StartUpstream(t, "one")
+	path := filepath.Join(dir, "sidecar.yaml")
+	stest.WriteConfig(t, path, fmt.Sprintf(`
+listeners: [{address: "127.0.0.1:0"}]
+upstreams: [{name: app, address: %q}]
+routes: [{name: main, upstream: app}]
+admin: {address: "127.0.0.1:0"}
+`, up.Addr))
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "GOMAXPROCS=") {
+			env = append(env, kv)
+		}
+	}
+	start := func(extraEnv []string, args ...string) *proc {
+		cmd := exec.Command(testutil.BuildBinary(t, "./cmd/sidecar"), append([]string{"run", "-config", path}, args...)...)
+		cmd.Env = append(append([]string(nil), env...), extraEnv...)
+		sc := testutil.StartSidecar(t, cmd)
+		return &proc{Sidecar: sc, t: t, data: "http://" + sc.Addr, admin: "http://" + sc.Admin, exited: sc.Exited}
+	}
+
+	p := start(nil)
+	var v map[string]float64
+	testutil.WaitFor(t, "GOMAXPROCS lowered", func() bool {
+		v = stest.Scrape(t, p.admin)
+		return v["go_sched_gomaxprocs_threads"] == 1
+	})
+	if v["sidecar_gomaxprocs_adaptive"] != 1 || v[`sidecar_gomaxprocs_changes_total{direction="down"}`] < 1 {
+		t.Errorf("adaptive %v, lowered %v times", v["sidecar_gomaxprocs_adaptive"], v[`sidecar_gomaxprocs_changes_total{direction="down"}`])
+	}
+	if resp, err := http.Get(p.data + "/"); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("a request with one P: %v %v", resp, err)
+	} else {
+		resp.Body.Close()
+	}
+	p.signal(syscall.SIGTERM)
+	if err := p.wait(); err != nil {
+		t.Errorf("exit: %v", err)
+	}
+
+	cases := []struct {
+		env  []string
+		args []string
+		p    *proc
+	}{{nil, []string{"-gomaxprocs", "runtime"}, nil}, {[]string{"GOMAXPROCS=2"}, nil, nil}}
+	for i := range cases {
+		cases[i].p = start(cases[i].env, cases[i].args...)
+	}
+	// Longer than an adapting sidecar's wait before it lowers (2s).
+	time.Sleep(3 * time.Second)
+	for _, c := range cases {
+		p := c.p
+		v := stest.Scrape(t, p.admin)
+		if v["sidecar_gomaxprocs_adaptive"] != 0 || v["go_sched_gomaxprocs_threads"] < 2 ||
+			v[`sidecar_gomaxprocs_changes_total{direction="down"}`] != 0 {
+			t.Errorf("%v %v: adaptive %v, GOMAXPROCS %v, lowered %v times", c.env, c.args,
+				v["sidecar_gomaxprocs_adaptive"], v["go_sched_gomaxprocs_threads"], v[`sidecar_gomaxprocs_changes_total{direction="down"}`])
+		}
+		if c.env != nil && !strings.Contains(p.log(), "GOMAXPROCS stays as it is") {
+			t.Errorf("%v: the reason is not logged:\n%s", c.env, p.log())
+		}
+		p.signal(syscall.SIGTERM)
+		_ = p.wait()
+	}
+}
+
+// TestRunGOMAXPROCSRefusesUnknownMode: a typo is a usage error.
+func TestRunGOMAXPROCSRefusesUnknownMode(t *testing.T) {
+	out, err := exec.Command(testutil.BuildBinary(t, "./cmd/sidecar"), "run", "-gomaxprocs", "auto", "-config", "x.yaml").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), `-gomaxprocs must be adaptive or runtime, not "auto"`) {
 		t.Fatalf("err %v, output:\n%s", err, out)
 	}
 }

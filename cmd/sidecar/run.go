@@ -9,6 +9,7 @@ import (
 	"syscall"
 
 	"github.com/zentinelproxy/sidecar/internal/config"
+	"github.com/zentinelproxy/sidecar/internal/gomaxprocs"
 	"github.com/zentinelproxy/sidecar/internal/schedpolicy"
 	"github.com/zentinelproxy/sidecar/internal/supervisor"
 )
@@ -19,12 +20,18 @@ func runCmd(args []string, stderr io.Writer) error {
 	level := fs.String("log-level", "", "log `level`: trace, debug, info, warn or error (default: the file's logging.level)")
 	format := fs.String("log-format", "", "log `format`: json or console (default: the file's logging.format)")
 	drain := fs.Duration("drain", supervisor.DefaultDrain, "how long in-flight requests may take to finish on shutdown")
+	procs := fs.String("gomaxprocs", "adaptive", "`mode`: adaptive (GOMAXPROCS follows the load: fewer Ps while the load fits, the Go runtime's default as soon as it does not; see docs/operations.md), or runtime (the Go runtime's default throughout). The GOMAXPROCS environment variable, when set, wins")
 	sched := fs.String("sched", "normal", "scheduling `policy`: normal, or batch (SCHED_BATCH, Linux: a wake-up does not preempt the task running on the CPU; for a sidecar that shares a core with its agents, see docs/operations.md)")
 	if err := parseFlags(fs, args, 0); err != nil {
 		return err
 	}
 	if *sched != "normal" && *sched != "batch" {
 		fmt.Fprintf(stderr, "run: -sched must be normal or batch, not %q\n", *sched)
+		fs.Usage()
+		return errUsage
+	}
+	if *procs != "adaptive" && *procs != "runtime" {
+		fmt.Fprintf(stderr, "run: -gomaxprocs must be adaptive or runtime, not %q\n", *procs)
 		fs.Usage()
 		return errUsage
 	}
@@ -65,6 +72,16 @@ func runCmd(args []string, stderr io.Writer) error {
 	s, err := supervisor.Start(context.Background(), cfg, o)
 	if err != nil {
 		return err
+	}
+	if *procs == "adaptive" {
+		ctx, stop := context.WithCancel(context.Background())
+		done, err := gomaxprocs.Start(ctx, gomaxprocs.DefaultConfig(), log)
+		if err != nil {
+			stop()
+			log.Info().Err(err).Msg("GOMAXPROCS stays as it is")
+		} else {
+			defer func() { stop(); <-done }()
+		}
 	}
 	return s.Run(context.Background(), sigs)
 }

@@ -24,6 +24,7 @@ import (
 
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/internal/dataplane"
+	"github.com/zentinelproxy/sidecar/internal/gomaxprocs"
 	"github.com/zentinelproxy/sidecar/internal/reverse"
 	"github.com/zentinelproxy/sidecar/protocol"
 )
@@ -226,11 +227,36 @@ func New(cfg Config) (*Metrics, error) {
 		version = "unknown"
 	}
 	build.WithLabelValues(version, runtime.Version()).Set(1)
+	// GOMAXPROCS itself is the Go collector's go_sched_gomaxprocs_threads.
+	adaptive := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: Namespace, Name: "gomaxprocs_adaptive",
+		Help: "1 while GOMAXPROCS is adapted to the load (sidecar run -gomaxprocs adaptive), else 0.",
+	}, func() float64 {
+		if gomaxprocs.Adapting() {
+			return 1
+		}
+		return 0
+	})
+	changes := make([]prometheus.Collector, 0, 2)
+	for _, dir := range []string{"up", "down"} {
+		changes = append(changes, prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "gomaxprocs_changes_total",
+			Help:        "Changes of GOMAXPROCS to fit the load, by direction (up, down).",
+			ConstLabels: prometheus.Labels{"direction": dir},
+		}, func() float64 {
+			up, down := gomaxprocs.Changes()
+			if dir == "up" {
+				return float64(up)
+			}
+			return float64(down)
+		}))
+	}
 	m.ups.stats = &m.stats
 	for _, c := range []prometheus.Collector{
 		m.requests, m.duration, m.upstream, m.bodyBytes, m.inspected, m.mutated,
 		m.latency, m.decisions, m.errs, m.failures, m.skipped, m.reloads, m.reloadTime,
-		build, &scrapeCollector{m: m}, &lateCollector{m: m}, &policyCollector{m: m}, &m.ups,
+		build, adaptive, changes[0], changes[1],
+		&scrapeCollector{m: m}, &lateCollector{m: m}, &policyCollector{m: m}, &m.ups,
 	} {
 		if err := reg.Register(c); err != nil {
 			return nil, errors.Join(ErrMetricsRegister, err)

@@ -3,7 +3,7 @@
 // handler that blocks /admin (and below it) with 403 and adds the request
 // header X-Agent-Processed: true to everything else.
 //
-//	sdkagent -socket /tmp/sdkagent.sock [-sched batch]
+//	sdkagent -socket /tmp/sdkagent.sock [-sched batch] [-gomaxprocs runtime]
 package main
 
 import (
@@ -42,7 +42,12 @@ func (agent) OnRequestHeaders(_ context.Context, m *protocol.RequestHeaders, d *
 func main() {
 	socket := flag.String("socket", "/tmp/sdkagent.sock", "Unix socket `path` to listen on")
 	sched := flag.String("sched", "normal", "scheduling `policy`: normal, or batch (sdk.SetBatchScheduling)")
+	procs := flag.String("gomaxprocs", "adaptive", "`mode`: adaptive (sdk.AdaptGOMAXPROCS, as the sidecar does by default), or runtime (the Go runtime's default)")
 	flag.Parse()
+	if *procs != "adaptive" && *procs != "runtime" {
+		fmt.Fprintf(os.Stderr, "sdkagent: -gomaxprocs must be adaptive or runtime, not %q\n", *procs)
+		os.Exit(2)
+	}
 	switch *sched {
 	case "normal":
 	case "batch":
@@ -57,6 +62,11 @@ func main() {
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if *procs == "adaptive" {
+		if err := sdk.AdaptGOMAXPROCS(ctx); err != nil {
+			fmt.Fprintln(os.Stderr, "sdkagent: GOMAXPROCS stays as it is:", err)
+		}
+	}
 	h := agent{sdk.Base{Caps: protocol.Capabilities{HandlesRequestHeaders: true}}}
 	if err := sdk.ServeUDS(ctx, *socket, h, &sdk.Options{Name: "sdkagent"}); err != nil && ctx.Err() == nil {
 		fmt.Fprintln(os.Stderr, "sdkagent:", err)
