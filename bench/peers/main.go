@@ -48,6 +48,7 @@ type harness struct {
 	baseline         string  // another checkout whose sidecar rows run too ("": none)
 	rate             float64 // > 0: load with cmd/fixedrate at this many requests/s instead of wrk
 	gomaxprocs       int     // GOMAXPROCS of every Go program; 0: the runtime's default
+	together         bool    // measure a sidecar row and its baseline at the same time
 
 	tmp    string
 	binDir string
@@ -81,6 +82,7 @@ func run() int {
 	flag.Float64Var(&h.rate, "rate", 0, "load below saturation: this many `requests/s` in all, sent at fixed intervals over the -connections by cmd/fixedrate, instead of wrk (0: wrk, as fast as the proxy answers)")
 	flag.IntVar(&h.gomaxprocs, "gomaxprocs", 1, "GOMAXPROCS of every Go program (Caddy, sidecar, agents, auth server, upstream); 0: none in their environment, so the Go runtime's default (the CPUs it may use), which the sidecar and the SDK agent adapt to their load")
 	match := flag.String("rows", "", "run only rows whose key matches this `regexp` (keys: "+rowKeys()+")")
+	flag.BoolVar(&h.together, "together", false, "with -baseline: measure each sidecar row and its baseline at the same time (each with its own upstream and wrk, on the same CPUs), so that their ratio is free of the machine's drift between measurements")
 	keep := flag.Bool("keep", false, "keep the temporary directory (configurations and logs)")
 	flag.StringVar(&h.baseline, "baseline", "", "another checkout's root `directory` (a git worktree of another commit): its sidecar and SDK agent are measured too, as the rows sidecar-base and sidecar-uds-base, in the same rounds")
 	flag.Parse()
@@ -95,6 +97,10 @@ func run() int {
 	}
 	if h.rounds < 1 || h.conns < 1 || h.threads < 1 || h.duration < time.Second {
 		fmt.Fprintln(os.Stderr, "peers: -rounds, -connections and -threads must be at least 1, -duration at least 1s")
+		return 2
+	}
+	if h.together && h.baseline == "" {
+		fmt.Fprintln(os.Stderr, "peers: -together needs -baseline")
 		return 2
 	}
 	if h.rate < 0 || h.gomaxprocs < 0 {
@@ -250,32 +256,85 @@ func run() int {
 	for round := 1; round <= h.rounds; round++ {
 		order := roundOrder(defs, round, h.rounds)
 		var res []result
-		for _, d := range order {
-			fmt.Fprintf(os.Stderr, "peers: round %d/%d: %s …\n", round, h.rounds, d.name)
-			var r result
+		for _, group := range h.groups(order, defs) {
+			var names []string
+			for _, d := range group {
+				names = append(names, d.name)
+			}
+			fmt.Fprintf(os.Stderr, "peers: round %d/%d: %s …\n", round, h.rounds, strings.Join(names, " with "))
+			var rs []result
 			for try := 0; ; try++ {
-				r = h.runRow(d, round)
+				rs = h.runRows(group, round)
 				if interrupted.Load() {
 					select {} // the signal handler stops everything and exits
 				}
-				if r.err != nil || (r.others <= h.maxOther && r.steal <= h.maxSteal) || try >= h.retries {
+				again := false
+				for _, r := range rs {
+					if r.err == nil && (r.others > h.maxOther || r.steal > h.maxSteal) {
+						again = true
+					}
+				}
+				if !again || try >= h.retries {
 					break
 				}
-				fmt.Fprintf(os.Stderr, "peers:   %.2f cores of other load, %.2f cores stolen by the hypervisor during the window: measuring again\n", r.others, r.steal)
+				fmt.Fprintf(os.Stderr, "peers:   %.2f cores of other load, %.2f cores stolen by the hypervisor during the window: measuring again\n", rs[0].others, rs[0].steal)
 			}
-			if r.err != nil {
-				fmt.Fprintf(os.Stderr, "peers: round %d: %s: FAILED: %v\n", round, d.name, r.err)
-			} else {
-				fmt.Fprintf(os.Stderr, "peers:   %.0f req/s, p50 %s, p99 %s, CPU µs/req proxy %.1f agent %.1f upstream %.1f, proxy+agent cores %.2f, read/write syscalls/req proxy %.2f agent %.2f, ctx switches/req proxy %.2f agent %.2f, other load %.2f cores, steal %.2f cores, upstream saw %d (%d marked), wrk failures %d\n",
-					r.rps, fmtLat(r.p50), fmtLat(r.p99), r.proxyUS, r.agentUS, r.upstreamUS, r.sutCores, r.proxySys, r.agentSys, r.proxyCS, r.agentCS, r.others, r.steal, r.upTotal, r.upMarked, r.failures)
+			for _, r := range rs {
+				if r.err != nil {
+					fmt.Fprintf(os.Stderr, "peers: round %d: %s: FAILED: %v\n", round, r.name, r.err)
+				} else {
+					fmt.Fprintf(os.Stderr, "peers:   %s: %.0f req/s, p50 %s, p99 %s, CPU µs/req proxy %.1f agent %.1f upstream %.1f, proxy+agent cores %.2f, read/write syscalls/req proxy %.2f agent %.2f, ctx switches/req proxy %.2f agent %.2f, other load %.2f cores, steal %.2f cores, upstream saw %d (%d marked), wrk failures %d\n",
+						r.key, r.rps, fmtLat(r.p50), fmtLat(r.p99), r.proxyUS, r.agentUS, r.upstreamUS, r.sutCores, r.proxySys, r.agentSys, r.proxyCS, r.agentCS, r.others, r.steal, r.upTotal, r.upMarked, r.failures)
+				}
 			}
-			res = append(res, r)
+			res = append(res, rs...)
 		}
 		all = append(all, res)
-		printRound(out, defs, order, res, round)
+		printRound(out, defs, orderOf(res, defs), res, round)
 	}
-	printMedians(out, defs, all)
+	printMedians(out, defs, all, h.together)
 	return 0
+}
+
+// groups splits a round's rows into what is measured at once: each row
+// alone or, with -together, a sidecar row with its baseline, in the order
+// the round has them (the order rotates between rounds, so each build
+// starts first in some rounds and second in others).
+func (h *harness) groups(order, defs []rowDef) [][]rowDef {
+	in := map[string]bool{}
+	for _, d := range defs {
+		in[d.key] = true
+	}
+	var out [][]rowDef
+	done := map[string]bool{}
+	for _, d := range order {
+		if done[d.key] {
+			continue
+		}
+		done[d.key] = true
+		g := []rowDef{d}
+		if h.together {
+			other, isBase := strings.CutSuffix(d.key, "-base")
+			if !isBase {
+				other = d.key + "-base"
+			}
+			if in[other] && !done[other] {
+				g = append(g, defOf(defs, other))
+				done[other] = true
+			}
+		}
+		out = append(out, g)
+	}
+	return out
+}
+
+// orderOf is the rows of res in the order they ran.
+func orderOf(res []result, defs []rowDef) []rowDef {
+	out := make([]rowDef, len(res))
+	for i, r := range res {
+		out[i] = defOf(defs, r.key)
+	}
+	return out
 }
 
 func rowKeys() string {

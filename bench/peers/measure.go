@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -235,24 +236,123 @@ func wrkDuration(s string) (time.Duration, error) {
 	return 0, fmt.Errorf("wrk: unknown duration %q", s)
 }
 
-// runRow starts a row, checks it, warms it up, measures it and stops it.
-func (h *harness) runRow(def rowDef, round int) (res result) {
-	res = result{key: def.key, name: def.name, round: round}
-	rc := &rowCtx{dir: filepath.Join(h.tmp, fmt.Sprintf("round%d-%s", round, def.key))}
+// runRow measures one row alone.
+func (h *harness) runRow(def rowDef, round int) result {
+	return h.runRows([]rowDef{def}, round)[0]
+}
+
+// rowRun is one row of runRows: its processes and, as it goes, its result.
+type rowRun struct {
+	def rowDef
+	rc  *rowCtx
+	res result
+
+	proxyPIDs, agentPIDs, upPIDs []int
+	s0                           upstreamStats
+	p0, a0                       cpuTime
+	u0                           time.Duration
+	pw0, aw0                     work
+	errPW0, errAW0               error
+	w                            wrkOut
+}
+
+// runRows starts every row's processes (each row with its own upstream),
+// checks each one's job, and measures the rows that started in one window,
+// each loaded by its own wrk (or cmd/fixedrate) at the same time. One row
+// is the usual measurement; a build and its baseline together (-together)
+// share the CPUs and the machine's state of the moment, so that the ratio
+// of the two is free of the drift between rounds.
+func (h *harness) runRows(defs []rowDef, round int) []result {
+	runs := make([]*rowRun, len(defs))
+	for i, def := range defs {
+		runs[i] = &rowRun{def: def, res: result{key: def.key, name: def.name, round: round}}
+	}
 	defer func() {
 		// Proxy first, then its agent, then the upstream.
-		h.procs.stop(rc.proxy)
-		h.procs.stop(rc.agent)
-		h.procs.stop(rc.up)
+		for _, r := range runs {
+			if r.rc != nil {
+				h.procs.stop(r.rc.proxy)
+				h.procs.stop(r.rc.agent)
+				h.procs.stop(r.rc.up)
+			}
+		}
 	}()
+	var live []*rowRun
+	var names []string
+	for _, r := range runs {
+		if r.res.err = h.startRow(r, round); r.res.err == nil {
+			live = append(live, r)
+			names = append(names, r.def.name)
+		}
+	}
+	if len(live) == 0 {
+		return results(runs)
+	}
+
+	h.waitQuiet(strings.Join(names, " and "))
+	if h.warmup > 0 {
+		h.eachRow(live, func(r *rowRun) error {
+			if _, err := h.runWrk(r.rc.dir, "wrk-warmup", r.rc.target+"/", h.warmup); err != nil {
+				return fmt.Errorf("warm-up: %w", err)
+			}
+			return nil
+		})
+		live = still(live)
+		if len(live) == 0 {
+			return results(runs)
+		}
+	}
+
+	for _, r := range live {
+		var err1, err2, err3, err4 error
+		r.s0, err1 = getStats(r.rc.upstream)
+		r.p0, err2 = cpuSplitOf(r.proxyPIDs)
+		r.a0, err3 = cpuSplitOf(r.agentPIDs)
+		r.u0, err4 = cpuOf(r.upPIDs)
+		r.pw0, r.errPW0 = workOf(r.proxyPIDs)
+		r.aw0, r.errAW0 = workOf(r.agentPIDs)
+		r.res.err = errors.Join(err1, err2, err3, err4)
+	}
+	live = still(live)
+	m0, st0 := machineBusy(), machineSteal()
+	h.eachRow(live, func(r *rowRun) (err error) {
+		r.w, err = h.runWrk(r.rc.dir, "wrk", r.rc.target+"/", h.duration)
+		return err
+	})
+	m1, st1 := machineBusy(), machineSteal()
+
+	// What every row's processes and loads used, to tell other load apart.
+	var ours, window time.Duration
+	for _, r := range still(live) {
+		h.finishRow(r)
+		if r.res.err != nil {
+			continue
+		}
+		n := float64(r.res.requests)
+		us := func(v float64) time.Duration { return time.Duration(v * n * float64(time.Microsecond)) }
+		ours += us(r.res.proxyUS) + us(r.res.agentUS) + us(r.res.upstreamUS) + r.w.cpu
+		window = max(window, r.w.elapsed)
+	}
+	if window > 0 {
+		others := max(0, (m1-m0-ours).Seconds()/window.Seconds())
+		steal := (st1 - st0).Seconds() / window.Seconds()
+		for _, r := range live {
+			r.res.others, r.res.steal = others, steal
+		}
+	}
+	return results(runs)
+}
+
+// startRow starts a row's upstream and processes and checks its job.
+func (h *harness) startRow(r *rowRun, round int) error {
+	rc := &rowCtx{dir: filepath.Join(h.tmp, fmt.Sprintf("round%d-%s", round, r.def.key))}
+	r.rc = rc
 	if err := os.MkdirAll(rc.dir, 0o755); err != nil {
-		res.err = err
-		return res
+		return err
 	}
 	addrs, err := freeAddrs(1)
 	if err != nil {
-		res.err = err
-		return res
+		return err
 	}
 	rc.upstream = addrs[0]
 	rc.up, err = h.procs.start("upstream", h.loadCPUs, filepath.Join(rc.dir, "upstream.log"), h.goEnv(),
@@ -261,91 +361,97 @@ func (h *harness) runRow(def rowDef, round int) (res result) {
 		err = waitDial(rc.up, "tcp", rc.upstream, startTimeout)
 	}
 	if err == nil {
-		err = def.setup(h, rc)
+		err = r.def.setup(h, rc)
 	}
 	if err != nil {
-		res.err = fmt.Errorf("start: %w", err)
-		return res
+		return fmt.Errorf("start: %w", err)
 	}
-	if err := checkJob(rc, def.agent); err != nil {
-		res.err = fmt.Errorf("job check: %w", err)
-		return res
+	if err := checkJob(rc, r.def.agent); err != nil {
+		return fmt.Errorf("job check: %w", err)
 	}
 	if rc.proxy != nil && rc.proxyPIDs == nil {
 		rc.proxyPIDs = []int{rc.proxy.Pid()}
 	}
-	var agentPIDs []int
+	r.proxyPIDs = rc.proxyPIDs
 	if rc.agent != nil {
-		agentPIDs = []int{rc.agent.Pid()}
+		r.agentPIDs = []int{rc.agent.Pid()}
 	}
-	upPIDs := []int{rc.up.Pid()}
+	r.upPIDs = []int{rc.up.Pid()}
+	return nil
+}
 
-	h.waitQuiet(def.name)
-	if h.warmup > 0 {
-		if _, err := h.runWrk(rc.dir, "wrk-warmup", rc.target+"/", h.warmup); err != nil {
-			res.err = fmt.Errorf("warm-up: %w", err)
-			return res
-		}
+// eachRow runs f for every row at the same time and keeps its error.
+func (h *harness) eachRow(rs []*rowRun, f func(*rowRun) error) {
+	var wg sync.WaitGroup
+	for _, r := range rs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.res.err = f(r)
+		}()
 	}
+	wg.Wait()
+}
 
-	s0, err1 := getStats(rc.upstream)
-	p0, err2 := cpuSplitOf(rc.proxyPIDs)
-	a0, err3 := cpuSplitOf(agentPIDs)
-	u0, err4 := cpuOf(upPIDs)
-	m0, st0 := machineBusy(), machineSteal()
-	pw0, errPW0 := workOf(rc.proxyPIDs)
-	aw0, errAW0 := workOf(agentPIDs)
-	if err := errors.Join(err1, err2, err3, err4); err != nil {
-		res.err = err
-		return res
-	}
-	w, err := h.runWrk(rc.dir, "wrk", rc.target+"/", h.duration)
-	if err != nil {
-		res.err = err
-		return res
-	}
-	m1, st1 := machineBusy(), machineSteal()
-	pw1, errPW1 := workOf(rc.proxyPIDs)
-	aw1, errAW1 := workOf(agentPIDs)
-	p1, err2 := cpuSplitOf(rc.proxyPIDs)
-	a1, err3 := cpuSplitOf(agentPIDs)
-	u1, err4 := cpuOf(upPIDs)
+// finishRow reads a row's counters after its load and fills its result.
+func (h *harness) finishRow(r *rowRun) {
+	rc, res, w := r.rc, &r.res, r.w
+	pw1, errPW1 := workOf(r.proxyPIDs)
+	aw1, errAW1 := workOf(r.agentPIDs)
+	p1, err2 := cpuSplitOf(r.proxyPIDs)
+	a1, err3 := cpuSplitOf(r.agentPIDs)
+	u1, err4 := cpuOf(r.upPIDs)
 	s1, err1 := getStats(rc.upstream)
 	if err := errors.Join(err1, err2, err3, err4); err != nil {
 		res.err = err
-		return res
+		return
 	}
 	for _, p := range []*proc{rc.proxy, rc.agent, rc.up} {
 		if p != nil && p.exited() {
 			res.err = fmt.Errorf("%s exited during the load (%v):\n%s", p.name, p.err, p.tail())
-			return res
+			return
 		}
 	}
 
 	res.requests, res.elapsed, res.p50, res.p99, res.failures = w.requests, w.elapsed, w.p50, w.p99, w.failures
 	if w.requests == 0 {
 		res.err = errors.New("wrk completed no request")
-		return res
+		return
 	}
 	n := float64(w.requests)
 	res.rps = n / w.elapsed.Seconds()
 	us := func(d time.Duration) float64 { return float64(d.Microseconds()) / n }
-	res.proxyUS, res.agentUS, res.upstreamUS = us(p1.total()-p0.total()), us(a1.total()-a0.total()), us(u1-u0)
-	res.proxyKernelUS, res.agentKernelUS = us(p1.kernel-p0.kernel), us(a1.kernel-a0.kernel)
-	res.sutCores = (p1.total() - p0.total() + a1.total() - a0.total()).Seconds() / w.elapsed.Seconds()
-	ours := (p1.total() - p0.total()) + (a1.total() - a0.total()) + (u1 - u0) + w.cpu
-	res.others = max(0, (m1-m0-ours).Seconds()/w.elapsed.Seconds())
-	res.steal = (st1 - st0).Seconds() / w.elapsed.Seconds()
-	res.proxySys, res.proxyCS = perRequest(pw0, pw1, errors.Join(errPW0, errPW1), n)
-	res.agentSys, res.agentCS = perRequest(aw0, aw1, errors.Join(errAW0, errAW1), n)
-	res.upTotal, res.upMarked = s1.total-s0.total, s1.marked-s0.marked
-	if s1.admin != s0.admin {
+	res.proxyUS, res.agentUS, res.upstreamUS = us(p1.total()-r.p0.total()), us(a1.total()-r.a0.total()), us(u1-r.u0)
+	res.proxyKernelUS, res.agentKernelUS = us(p1.kernel-r.p0.kernel), us(a1.kernel-r.a0.kernel)
+	res.sutCores = (p1.total() - r.p0.total() + a1.total() - r.a0.total()).Seconds() / w.elapsed.Seconds()
+	res.proxySys, res.proxyCS = perRequest(r.pw0, pw1, errors.Join(r.errPW0, errPW1), n)
+	res.agentSys, res.agentCS = perRequest(r.aw0, aw1, errors.Join(r.errAW0, errAW1), n)
+	res.upTotal, res.upMarked = s1.total-r.s0.total, s1.marked-r.s0.marked
+	if s1.admin != r.s0.admin {
 		res.err = errors.New("the upstream saw /admin during the load")
 	}
-	if def.agent && res.upMarked != res.upTotal {
+	if r.def.agent && res.upMarked != res.upTotal {
 		res.err = fmt.Errorf("only %d of %d upstream requests carried X-Agent-Processed", res.upMarked, res.upTotal)
 	}
-	return res
+}
+
+// still returns the rows without an error so far.
+func still(rs []*rowRun) []*rowRun {
+	var out []*rowRun
+	for _, r := range rs {
+		if r.res.err == nil {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+func results(rs []*rowRun) []result {
+	out := make([]result, len(rs))
+	for i, r := range rs {
+		out[i] = r.res
+	}
+	return out
 }
 
 // quietLoad is the load (cores) under which the machine counts as quiet.

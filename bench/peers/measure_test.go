@@ -143,7 +143,7 @@ func TestKernelMedian(t *testing.T) {
 		t.Errorf("kernel median %.1f, total %.1f; want 26 (of 26, 23, 34) and 40", m.kernel, m.total)
 	}
 	var b strings.Builder
-	printMedians(&b, []rowDef{{key: reference, name: "HAProxy + SPOE agent", agent: true}}, all)
+	printMedians(&b, []rowDef{{key: reference, name: "HAProxy + SPOE agent", agent: true}}, all, false)
 	out := b.String()
 	if !strings.Contains(out, "of it kernel") || !strings.Contains(out, "26.0") {
 		t.Errorf("the medians table lacks the kernel column or its value:\n%s", out)
@@ -169,7 +169,7 @@ func TestRowKeys(t *testing.T) {
 
 func TestFailedRowsSpanTheTable(t *testing.T) {
 	var b strings.Builder
-	printMedians(&b, []rowDef{{key: "sidecar", name: "sidecar, no agent"}}, [][]result{{}})
+	printMedians(&b, []rowDef{{key: "sidecar", name: "sidecar, no agent"}}, [][]result{{}}, false)
 	var head, row string
 	for _, l := range strings.Split(b.String(), "\n") {
 		switch {
@@ -211,5 +211,53 @@ func TestPairedRatios(t *testing.T) {
 	}
 	if s := fmtRatios(nil); s != "-" {
 		t.Fatalf("fmtRatios(nil) = %q", s)
+	}
+}
+
+// TestTogetherGroups: with -together each sidecar row is measured with
+// its baseline, in the round's order, and every other row alone; without
+// it every row is alone.
+func TestTogetherGroups(t *testing.T) {
+	defs := []rowDef{defOf(rows, reference), defOf(rows, "sidecar-uds"), defOf(baselineRows, "sidecar-uds-base"), defOf(rows, "sidecar")}
+	order := []rowDef{defs[2], defs[0], defs[3], defs[1]}
+	keys := func(gs [][]rowDef) string {
+		var parts []string
+		for _, g := range gs {
+			var k []string
+			for _, d := range g {
+				k = append(k, d.key)
+			}
+			parts = append(parts, strings.Join(k, "+"))
+		}
+		return strings.Join(parts, " ")
+	}
+	h := &harness{together: true}
+	if got, want := keys(h.groups(order, defs)), "sidecar-uds-base+sidecar-uds haproxy-spoe sidecar"; got != want {
+		t.Errorf("together: %s, want %s", got, want)
+	}
+	h.together = false
+	if got, want := keys(h.groups(order, defs)), "sidecar-uds-base haproxy-spoe sidecar sidecar-uds"; got != want {
+		t.Errorf("alone: %s, want %s", got, want)
+	}
+}
+
+// TestBaselineRatios: the build's row over its baseline's, round by round.
+func TestBaselineRatios(t *testing.T) {
+	defs := []rowDef{defOf(rows, "sidecar-uds"), defOf(baselineRows, "sidecar-uds-base")}
+	all := [][]result{
+		{{key: "sidecar-uds", proxyUS: 29, agentUS: 3, rps: 30000}, {key: "sidecar-uds-base", proxyUS: 31, agentUS: 2, rps: 29000}},
+		{{key: "sidecar-uds", proxyUS: 40, agentUS: 4, rps: 20000}, {key: "sidecar-uds-base", proxyUS: 40, agentUS: 4, rps: 20000}},
+	}
+	var b strings.Builder
+	printBaselineRatios(&b, defs, all, true)
+	out := b.String()
+	if !strings.Contains(out, "at the same time") || !strings.Contains(out, "| sidecar + UDS agent (Go SDK) |") ||
+		!strings.Contains(out, "0.98× (0.97–1.00)") || !strings.Contains(out, "1.02× (1.00–1.03)") {
+		t.Errorf("baseline ratios:\n%s", out)
+	}
+	b.Reset()
+	printBaselineRatios(&b, defs[:1], all, false)
+	if b.Len() != 0 {
+		t.Errorf("a table without a baseline row:\n%s", b.String())
 	}
 }

@@ -271,7 +271,7 @@ func medians(key string, all [][]result) med {
 	return m
 }
 
-func printMedians(w io.Writer, defs []rowDef, all [][]result) {
+func printMedians(w io.Writer, defs []rowDef, all [][]result, together bool) {
 	fmt.Fprintf(w, "## Medians over %d round(s), ratios to HAProxy + SPOE\n\n", len(all))
 	ref := medians(reference, all)
 	head := []string{"row", "req/s", "p50", "p99", "proxy µs/req", "agent µs/req", "proxy+agent µs/req", "of it kernel", "proxy+agent cores", "proxy+agent read/write syscalls/req", "proxy+agent ctx switches/req", "req/s vs HAProxy+SPOE", "CPU/req vs HAProxy+SPOE", "req/s vs HAProxy+SPOE in its round: median (range)", "CPU/req: median (range)"}
@@ -305,6 +305,32 @@ func printMedians(w io.Writer, defs []rowDef, all [][]result) {
 	if ref.ok == 0 {
 		fmt.Fprintln(w, "(HAProxy + SPOE did not run: no ratios.)")
 	}
+	printBaselineRatios(w, defs, all, together)
+}
+
+// printBaselineRatios compares each sidecar row with its baseline, round
+// by round: measured at the same time with -together, one after the other
+// without.
+func printBaselineRatios(w io.Writer, defs []rowDef, all [][]result, together bool) {
+	var body [][]string
+	for _, d := range defs {
+		base := d.key + "-base"
+		if defOf(defs, base).key == "" {
+			continue
+		}
+		cpu := ratiosTo(d.key, base, all, func(r result) float64 { return r.totalUS() })
+		rps := ratiosTo(d.key, base, all, func(r result) float64 { return r.rps })
+		body = append(body, []string{d.name, fmt.Sprint(len(cpu)), fmtRatios(cpu), fmtRatios(rps)})
+	}
+	if len(body) == 0 {
+		return
+	}
+	how := "measured one after the other in each round"
+	if together {
+		how = "measured at the same time (-together)"
+	}
+	fmt.Fprintf(w, "\n## This build against the baseline, %s\n\n", how)
+	table(w, []string{"row", "rounds", "proxy+agent CPU/req: median (range)", "req/s: median (range)"}, body)
 }
 
 // pairedRatios returns, for each round in which both row key and
@@ -314,9 +340,15 @@ func printMedians(w io.Writer, defs []rowDef, all [][]result) {
 // both sides of a round's ratio, where it moves one row's median and not
 // another's.
 func pairedRatios(key string, all [][]result, f func(result) float64) []float64 {
+	return ratiosTo(key, reference, all, f)
+}
+
+// ratiosTo returns, for each round in which rows key and ref both
+// completed, f of key over f of ref in that round.
+func ratiosTo(key, ref string, all [][]result, f func(result) float64) []float64 {
 	var out []float64
 	for _, round := range all {
-		var row, ref *result
+		var a, b *result
 		for i := range round {
 			r := &round[i]
 			if r.err != nil {
@@ -324,13 +356,13 @@ func pairedRatios(key string, all [][]result, f func(result) float64) []float64 
 			}
 			switch r.key {
 			case key:
-				row = r
-			case reference:
-				ref = r
+				a = r
+			case ref:
+				b = r
 			}
 		}
-		if row != nil && ref != nil && f(*ref) > 0 {
-			out = append(out, f(*row)/f(*ref))
+		if a != nil && b != nil && f(*b) > 0 {
+			out = append(out, f(*a)/f(*b))
 		}
 	}
 	return out
