@@ -9,9 +9,12 @@ import (
 )
 
 // AdaptGOMAXPROCS sizes the agent process's GOMAXPROCS to its load until
-// ctx ends: fewer Ps while the CPU the process uses fits in them, the Go
-// runtime's default as soon as it does not (raised within 100ms, lowered
-// after 2s of lighter load); then the default again. It returns at once.
+// ctx ends: fewer Ps while the CPU the process uses fits in them, more as
+// soon as it does not (read every 100ms, at least doubling at each
+// reading, up to the Go runtime's default; lowered after 2s of lighter
+// load); then the default again, and the returned channel closes. It
+// returns at once. It starts from the runtime's default, replacing a
+// GOMAXPROCS the program set in code.
 // The sidecar does the same for itself by default (sidecar run
 // -gomaxprocs).
 //
@@ -25,9 +28,8 @@ import (
 // the GOMAXPROCS environment variable is set, when the runtime's default
 // is already 1, when the process's CPU time cannot be read (systems other
 // than Unix), or when it is already adapting.
-func AdaptGOMAXPROCS(ctx context.Context) error {
-	_, err := gomaxprocs.Start(ctx, gomaxprocs.DefaultConfig(), zerolog.Nop())
-	return err
+func AdaptGOMAXPROCS(ctx context.Context) (done <-chan struct{}, err error) {
+	return gomaxprocs.Start(ctx, gomaxprocs.DefaultConfig(), zerolog.Nop())
 }
 
 // ErrNotAdapting is wrapped by AdaptGOMAXPROCS's error when it leaves

@@ -20,7 +20,7 @@ func runCmd(args []string, stderr io.Writer) error {
 	level := fs.String("log-level", "", "log `level`: trace, debug, info, warn or error (default: the file's logging.level)")
 	format := fs.String("log-format", "", "log `format`: json or console (default: the file's logging.format)")
 	drain := fs.Duration("drain", supervisor.DefaultDrain, "how long in-flight requests may take to finish on shutdown")
-	procs := fs.String("gomaxprocs", "adaptive", "`mode`: adaptive (GOMAXPROCS follows the load: fewer Ps while the load fits, the Go runtime's default as soon as it does not; see docs/operations.md), or runtime (the Go runtime's default throughout). The GOMAXPROCS environment variable, when set, wins")
+	procs := fs.String("gomaxprocs", "adaptive", "`mode`: adaptive (GOMAXPROCS follows the load: fewer Ps while the load fits in them, more at the next reading, every 100ms, when it does not, up to the Go runtime's default; see docs/operations.md), or runtime (the Go runtime's default throughout). The GOMAXPROCS environment variable, when set, wins")
 	sched := fs.String("sched", "normal", "scheduling `policy`: normal, or batch (SCHED_BATCH, Linux: a wake-up does not preempt the task running on the CPU; for a sidecar that shares a core with its agents, see docs/operations.md)")
 	if err := parseFlags(fs, args, 0); err != nil {
 		return err

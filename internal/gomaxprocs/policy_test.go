@@ -1,6 +1,8 @@
 package gomaxprocs
 
 import (
+	"math"
+	"slices"
 	"testing"
 	"time"
 )
@@ -12,7 +14,7 @@ const tick = 100 * time.Millisecond
 func load(p *Policy, u float64, n int) []int {
 	out := make([]int, n)
 	for i := range out {
-		out[i] = p.Next(time.Duration(u*float64(tick)), tick)
+		out[i] = p.Next(time.Duration(u*float64(tick)), tick, false)
 	}
 	return out
 }
@@ -35,7 +37,7 @@ func TestPolicyLowersOnlyAfterASteadySpell(t *testing.T) {
 	// A busier interval in the middle of a spell starts it again.
 	p = newPolicy(2)
 	load(p, 0.3, 9)
-	if n := p.Next(time.Duration(0.9*float64(tick)), tick); n != 2 {
+	if n := p.Next(time.Duration(0.9*float64(tick)), tick, false); n != 2 {
 		t.Fatalf("a load that needs 2 Ps: %d", n)
 	}
 	if got := load(p, 0.3, 9); got[8] != 2 {
@@ -50,10 +52,10 @@ func TestPolicyRaisesAtOnce(t *testing.T) {
 		t.Fatalf("not lowered: %d", p.Procs)
 	}
 	// 0.75 of one P is still below the threshold; 0.8 is above it.
-	if n := p.Next(time.Duration(0.75*float64(tick)), tick); n != 1 {
+	if n := p.Next(750*time.Millisecond, time.Second, false); n != 1 {
 		t.Fatalf("0.75 cores on 1 P raised to %d", n)
 	}
-	if n := p.Next(time.Duration(0.8*float64(tick)), tick); n != 2 {
+	if n := p.Next(time.Duration(0.8*float64(tick)), tick, false); n != 2 {
 		t.Fatalf("0.8 cores on 1 P: %d Ps, want 2", n)
 	}
 }
@@ -76,22 +78,22 @@ func TestPolicyManyCPUs(t *testing.T) {
 	// Saturated on 3 Ps: at least double, and enough for the load at
 	// LowerTo.
 	p = &Policy{Max: 16, Procs: 3, LowerAfter: time.Second}
-	if n := p.Next(3*tick, tick); n != 6 {
+	if n := p.Next(3*tick, tick, false); n != 6 {
 		t.Fatalf("3 busy Ps raised to %d, want 6", n)
 	}
-	if n := p.Next(6*tick, tick); n != 12 {
+	if n := p.Next(6*tick, tick, false); n != 12 {
 		t.Fatalf("6 busy Ps raised to %d, want 12", n)
 	}
-	if n := p.Next(12*tick, tick); n != 16 {
+	if n := p.Next(12*tick, tick, false); n != 16 {
 		t.Fatalf("12 busy Ps raised to %d, want Max 16", n)
 	}
 	// Past double: 1 P that used 2.5 cores (threads outside the Ps, in
 	// system calls) needs ceil(2.5/0.6) = 5.
 	p = &Policy{Max: 16, Procs: 1, LowerAfter: time.Second}
-	if n := p.Next(25*tick/10, tick); n != 5 {
+	if n := p.Next(25*tick/10, tick, false); n != 5 {
 		t.Fatalf("2.5 cores on 1 P raised to %d, want 5", n)
 	}
-	if n := p.Next(16*tick, tick); n != 16 {
+	if n := p.Next(16*tick, tick, false); n != 16 {
 		t.Fatalf("at Max: %d", n)
 	}
 }
@@ -100,7 +102,7 @@ func TestPolicyBacksOffAfterBounces(t *testing.T) {
 	p := newPolicy(2)
 	lowerAt := func() int { // intervals of 0.3 cores until it lowers
 		for i := 1; i <= 1000; i++ {
-			if p.Next(time.Duration(0.3*float64(tick)), tick) == 1 {
+			if p.Next(time.Duration(0.3*float64(tick)), tick, false) == 1 {
 				return i
 			}
 		}
@@ -112,7 +114,7 @@ func TestPolicyBacksOffAfterBounces(t *testing.T) {
 	}
 	// Bounces: raised in the interval after each lowering.
 	for i, want := range []int{20, 40, 80, 160, 320, 640, 640} {
-		if p.Next(tick, tick) != 2 {
+		if p.Next(tick, tick, false) != 2 {
 			t.Fatal("a busy interval did not raise")
 		}
 		if n := lowerAt(); n != want {
@@ -120,8 +122,9 @@ func TestPolicyBacksOffAfterBounces(t *testing.T) {
 		}
 	}
 	// A lowering that holds for the whole wait resets it.
+	// (The wait is at its most now: 64 times LowerAfter.)
 	load(p, 0.3, 640)
-	if p.Next(tick, tick) != 2 {
+	if p.Next(tick, tick, false) != 2 {
 		t.Fatal("a busy interval did not raise")
 	}
 	if n := lowerAt(); n != 10 {
@@ -136,7 +139,7 @@ func TestPolicyOneCPU(t *testing.T) {
 			t.Fatalf("Max 1, %.1f cores: %v", u, got)
 		}
 	}
-	if n := p.Next(time.Second, 0); n != 1 {
+	if n := p.Next(time.Second, 0, false); n != 1 {
 		t.Fatalf("no elapsed time: %d", n)
 	}
 }
@@ -154,5 +157,64 @@ func TestConfigValidate(t *testing.T) {
 		if err := c.Validate(); err == nil {
 			t.Errorf("%+v: accepted", c)
 		}
+	}
+}
+
+// TestPolicyBounceInSteps: on 8 Ps a bounce that takes two raises to get
+// back (1 → 2 → 4) is one bounce: the back-off doubles once, and the
+// second raise does not reset it.
+func TestPolicyBounceInSteps(t *testing.T) {
+	p := newPolicy(8)
+	spells := []int{}
+	for range 4 {
+		n := 0
+		for p.Procs != 1 {
+			p.Next(time.Duration(0.3*float64(tick)), tick, false)
+			n++
+		}
+		spells = append(spells, n)
+		if got := p.Next(tick, tick, false); got != 2 {
+			t.Fatalf("1 busy P raised to %d, want 2", got)
+		}
+		if got := p.Next(2*tick, tick, false); got != 4 {
+			t.Fatalf("2 busy Ps raised to %d, want 4", got)
+		}
+	}
+	// Each lowering from 4 Ps goes straight to 1 (0.3 cores): the first
+	// after 10 intervals, then 20, 40, 80.
+	if want := []int{10, 20, 40, 80}; !slices.Equal(spells, want) {
+		t.Fatalf("lowered after %v intervals, want %v", spells, want)
+	}
+}
+
+// TestPolicyStarved: goroutines that waited for a P raise the count
+// whatever the CPU time says, and an interval with such waits does not
+// count towards lowering.
+func TestPolicyStarved(t *testing.T) {
+	p := newPolicy(4)
+	load(p, 0.3, 10)
+	if p.Procs != 1 {
+		t.Fatalf("not lowered: %d", p.Procs)
+	}
+	if n := p.Next(time.Duration(0.4*float64(tick)), tick, true); n != 2 {
+		t.Fatalf("starved on 1 P with 0.4 cores: %d Ps, want 2", n)
+	}
+	p = newPolicy(2)
+	load(p, 0.3, 9)
+	if n := p.Next(time.Duration(0.3*float64(tick)), tick, true); n != 2 {
+		t.Fatalf("starved at 2 Ps: %d", n)
+	}
+	if got := load(p, 0.3, 9); got[8] != 2 {
+		t.Fatalf("the starved interval did not restart the spell: %v", got)
+	}
+	if got := load(p, 0.3, 1); got[0] != 1 {
+		t.Fatalf("10 quiet intervals did not lower: %v", got)
+	}
+}
+
+func TestPolicyWaitSaturates(t *testing.T) {
+	p := &Policy{Max: 2, Procs: 2, LowerAfter: time.Duration(math.MaxInt64 / 4), backoff: MaxBackoff}
+	if w := p.Wait(); w != math.MaxInt64 {
+		t.Fatalf("Wait = %v, want the largest duration", w)
 	}
 }

@@ -19,6 +19,7 @@ func needAdaptable(t *testing.T) int {
 	if v, ok := os.LookupEnv("GOMAXPROCS"); ok {
 		t.Skipf("GOMAXPROCS=%s is set in the environment", v)
 	}
+	t.Cleanup(runtime.SetDefaultGOMAXPROCS)
 	runtime.SetDefaultGOMAXPROCS()
 	def := runtime.GOMAXPROCS(0)
 	if def < 2 {
@@ -118,7 +119,7 @@ func TestStartRefuses(t *testing.T) {
 	<-done
 
 	t.Setenv("GOMAXPROCS", "1")
-	runtime.GOMAXPROCS(def)
+	runtime.GOMAXPROCS(def) // as a program that set it in code
 	if _, err := Start(context.Background(), DefaultConfig(), zerolog.Nop()); !errors.Is(err, ErrNotAdapting) {
 		t.Errorf("with GOMAXPROCS set: %v, want ErrNotAdapting", err)
 	}

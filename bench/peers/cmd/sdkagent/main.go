@@ -63,7 +63,7 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if *procs == "adaptive" {
-		if err := sdk.AdaptGOMAXPROCS(ctx); err != nil {
+		if _, err := sdk.AdaptGOMAXPROCS(ctx); err != nil {
 			fmt.Fprintln(os.Stderr, "sdkagent: GOMAXPROCS stays as it is:", err)
 		}
 	}
