@@ -254,6 +254,7 @@ type rowRun struct {
 	pw0, aw0                     work
 	errPW0, errAW0               error
 	w                            wrkOut
+	used                         time.Duration // the row's processes' CPU time over the window
 }
 
 // runRows starts every row's processes (each row with its own upstream),
@@ -325,13 +326,10 @@ func (h *harness) runRows(defs []rowDef, round int) []result {
 	var ours, window time.Duration
 	for _, r := range still(live) {
 		h.finishRow(r)
-		if r.res.err != nil {
-			continue
+		if r.res.err == nil {
+			ours += r.used + r.w.cpu
+			window = max(window, r.w.elapsed)
 		}
-		n := float64(r.res.requests)
-		us := func(v float64) time.Duration { return time.Duration(v * n * float64(time.Microsecond)) }
-		ours += us(r.res.proxyUS) + us(r.res.agentUS) + us(r.res.upstreamUS) + r.w.cpu
-		window = max(window, r.w.elapsed)
 	}
 	if window > 0 {
 		others := max(0, (m1-m0-ours).Seconds()/window.Seconds())
@@ -423,6 +421,7 @@ func (h *harness) finishRow(r *rowRun) {
 	us := func(d time.Duration) float64 { return float64(d.Microseconds()) / n }
 	res.proxyUS, res.agentUS, res.upstreamUS = us(p1.total()-r.p0.total()), us(a1.total()-r.a0.total()), us(u1-r.u0)
 	res.proxyKernelUS, res.agentKernelUS = us(p1.kernel-r.p0.kernel), us(a1.kernel-r.a0.kernel)
+	r.used = p1.total() - r.p0.total() + a1.total() - r.a0.total() + u1 - r.u0
 	res.sutCores = (p1.total() - r.p0.total() + a1.total() - r.a0.total()).Seconds() / w.elapsed.Seconds()
 	res.proxySys, res.proxyCS = perRequest(r.pw0, pw1, errors.Join(r.errPW0, errPW1), n)
 	res.agentSys, res.agentCS = perRequest(r.aw0, aw1, errors.Join(r.errAW0, errAW1), n)
