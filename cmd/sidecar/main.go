@@ -61,6 +61,7 @@ import (
 	"io"
 	"os"
 	"runtime/debug"
+	"slices"
 	"strings"
 )
 
@@ -158,6 +159,17 @@ func newFlagSet(name, synopsis string, stderr io.Writer) *flag.FlagSet {
 		fs.PrintDefaults()
 	}
 	return fs
+}
+
+// oneOf refuses a flag value that is not one of the allowed ones, as a
+// usage error: "<cmd>: -<flag> must be a or b, not "x"".
+func oneOf(fs *flag.FlagSet, flagName, v string, allowed ...string) error {
+	if slices.Contains(allowed, v) {
+		return nil
+	}
+	fmt.Fprintf(fs.Output(), "%s: -%s must be %s, not %q\n", fs.Name(), flagName, strings.Join(allowed, " or "), v)
+	fs.Usage()
+	return errUsage
 }
 
 // parseFlags parses args and rejects extra arguments.

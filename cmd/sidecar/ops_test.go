@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -56,8 +57,32 @@ type proc struct {
 // startProc runs `sidecar run -config path` and waits until it serves.
 func startProc(t *testing.T, path string, args ...string) *proc {
 	t.Helper()
-	sc := testutil.StartSidecar(t, exec.Command(testutil.BuildBinary(t, "./cmd/sidecar"), append([]string{"run", "-config", path}, args...)...))
+	return startProcEnv(t, path, nil, args...)
+}
+
+// startProcEnv is startProc with env as the process's environment (nil:
+// this one's).
+func startProcEnv(t *testing.T, path string, env []string, args ...string) *proc {
+	t.Helper()
+	cmd := exec.Command(testutil.BuildBinary(t, "./cmd/sidecar"), append([]string{"run", "-config", path}, args...)...)
+	cmd.Env = env
+	sc := testutil.StartSidecar(t, cmd)
 	return &proc{Sidecar: sc, t: t, data: "http://" + sc.Addr, admin: "http://" + sc.Admin, exited: sc.Exited}
+}
+
+// oneRouteConfig writes a configuration with one route to a new upstream
+// and an admin listener, and returns its path.
+func oneRouteConfig(t *testing.T) string {
+	t.Helper()
+	up := stest.StartUpstream(t, "one")
+	path := filepath.Join(testutil.SocketDir(t), "sidecar.yaml")
+	stest.WriteConfig(t, path, fmt.Sprintf(`
+listeners: [{address: "127.0.0.1:0"}]
+upstreams: [{name: app, address: %q}]
+routes: [{name: main, upstream: app}]
+admin: {address: "127.0.0.1:0"}
+`, up.Addr))
+	return path
 }
 
 func (p *proc) log() string { return strings.Join(p.Lines(), "\n") }
@@ -408,15 +433,7 @@ admin: {address: "127.0.0.1:0"}
 // the runtime starts while the sidecar serves, under SCHED_BATCH (3); the
 // default leaves them at SCHED_OTHER (0).
 func TestRunSchedBatch(t *testing.T) {
-	dir := testutil.SocketDir(t)
-	up := stest.StartUpstream(t, "one")
-	path := filepath.Join(dir, "sidecar.yaml")
-	stest.WriteConfig(t, path, fmt.Sprintf(`
-listeners: [{address: "127.0.0.1:0"}]
-upstreams: [{name: app, address: %q}]
-routes: [{name: main, upstream: app}]
-admin: {address: "127.0.0.1:0"}
-`, up.Addr))
+	path := oneRouteConfig(t)
 	for _, c := range []struct {
 		args []string
 		want int
@@ -454,11 +471,17 @@ admin: {address: "127.0.0.1:0"}
 	}
 }
 
-// TestRunSchedRefusesUnknownPolicy: a typo is a usage error, not ignored.
-func TestRunSchedRefusesUnknownPolicy(t *testing.T) {
-	out, err := exec.Command(testutil.BuildBinary(t, "./cmd/sidecar"), "run", "-sched", "fifo", "-config", "x.yaml").CombinedOutput()
-	if err == nil || !strings.Contains(string(out), `-sched must be normal or batch, not "fifo"`) {
-		t.Fatalf("err %v, output:\n%s", err, out)
+// TestRunRefusesUnknownModes: a typo in -sched or -gomaxprocs is a usage
+// error, not ignored.
+func TestRunRefusesUnknownModes(t *testing.T) {
+	for _, c := range []struct{ flag, value, want string }{
+		{"-sched", "fifo", `-sched must be normal or batch, not "fifo"`},
+		{"-gomaxprocs", "auto", `-gomaxprocs must be adaptive or runtime, not "auto"`},
+	} {
+		out, err := exec.Command(testutil.BuildBinary(t, "./cmd/sidecar"), "run", c.flag, c.value, "-config", "x.yaml").CombinedOutput()
+		if err == nil || !strings.Contains(string(out), c.want) {
+			t.Fatalf("%s %s: err %v, output:\n%s", c.flag, c.value, err, out)
+		}
 	}
 }
 
@@ -469,26 +492,10 @@ func TestRunAdaptsGOMAXPROCS(t *testing.T) {
 	if runtime.NumCPU() < 2 {
 		t.Skip("one CPU: nothing to adapt")
 	}
-	dir := testutil.SocketDir(t)
-	up := stest.StartUpstream(t, "one")
-	path := filepath.Join(dir, "sidecar.yaml")
-	stest.WriteConfig(t, path, fmt.Sprintf(`
-listeners: [{address: "127.0.0.1:0"}]
-upstreams: [{name: app, address: %q}]
-routes: [{name: main, upstream: app}]
-admin: {address: "127.0.0.1:0"}
-`, up.Addr))
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "GOMAXPROCS=") {
-			env = append(env, kv)
-		}
-	}
+	path := oneRouteConfig(t)
+	env := slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "GOMAXPROCS=") })
 	start := func(extraEnv []string, args ...string) *proc {
-		cmd := exec.Command(testutil.BuildBinary(t, "./cmd/sidecar"), append([]string{"run", "-config", path}, args...)...)
-		cmd.Env = append(append([]string(nil), env...), extraEnv...)
-		sc := testutil.StartSidecar(t, cmd)
-		return &proc{Sidecar: sc, t: t, data: "http://" + sc.Addr, admin: "http://" + sc.Admin, exited: sc.Exited}
+		return startProcEnv(t, path, append(slices.Clip(env), extraEnv...), args...)
 	}
 
 	// Waiting on the log, not on /metrics: scraping in a loop would be the
@@ -535,13 +542,5 @@ admin: {address: "127.0.0.1:0"}
 		}
 		p.signal(syscall.SIGTERM)
 		_ = p.wait()
-	}
-}
-
-// TestRunGOMAXPROCSRefusesUnknownMode: a typo is a usage error.
-func TestRunGOMAXPROCSRefusesUnknownMode(t *testing.T) {
-	out, err := exec.Command(testutil.BuildBinary(t, "./cmd/sidecar"), "run", "-gomaxprocs", "auto", "-config", "x.yaml").CombinedOutput()
-	if err == nil || !strings.Contains(string(out), `-gomaxprocs must be adaptive or runtime, not "auto"`) {
-		t.Fatalf("err %v, output:\n%s", err, out)
 	}
 }

@@ -25,15 +25,11 @@ func runCmd(args []string, stderr io.Writer) error {
 	if err := parseFlags(fs, args, 0); err != nil {
 		return err
 	}
-	if *sched != "normal" && *sched != "batch" {
-		fmt.Fprintf(stderr, "run: -sched must be normal or batch, not %q\n", *sched)
-		fs.Usage()
-		return errUsage
+	if err := oneOf(fs, "sched", *sched, "normal", "batch"); err != nil {
+		return err
 	}
-	if *procs != "adaptive" && *procs != "runtime" {
-		fmt.Fprintf(stderr, "run: -gomaxprocs must be adaptive or runtime, not %q\n", *procs)
-		fs.Usage()
-		return errUsage
+	if err := oneOf(fs, "gomaxprocs", *procs, "adaptive", "runtime"); err != nil {
+		return err
 	}
 	if *path == "" {
 		fmt.Fprintln(stderr, "run: -config is required")
