@@ -200,15 +200,15 @@ func fit(u float64) int {
 // Counters of the changes made, process-wide.
 var raised, lowered atomic.Uint64
 
-// running is 1 while a Start's goroutine adapts GOMAXPROCS.
-var running atomic.Int32
+// running is set while a Start's goroutine adapts GOMAXPROCS.
+var running atomic.Bool
 
 // Changes returns how many times Start's goroutine raised and lowered
 // GOMAXPROCS.
 func Changes() (up, down uint64) { return raised.Load(), lowered.Load() }
 
 // Adapting reports whether a Start's goroutine is adapting GOMAXPROCS now.
-func Adapting() bool { return running.Load() > 0 }
+func Adapting() bool { return running.Load() }
 
 // ErrNotAdapting is returned by Start when it leaves GOMAXPROCS alone.
 var ErrNotAdapting = errors.New("gomaxprocs: not adapting")
@@ -234,7 +234,7 @@ func Start(ctx context.Context, cfg Config, log zerolog.Logger) (<-chan struct{}
 	if _, err := e.cpu(); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrNotAdapting, err)
 	}
-	if !running.CompareAndSwap(0, 1) {
+	if !running.CompareAndSwap(false, true) {
 		return nil, fmt.Errorf("%w: already adapting", ErrNotAdapting)
 	}
 	was := runtime.GOMAXPROCS(0)
@@ -242,14 +242,14 @@ func Start(ctx context.Context, cfg Config, log zerolog.Logger) (<-chan struct{}
 		if was != def {
 			runtime.GOMAXPROCS(was)
 		}
-		running.Store(0)
+		running.Store(false)
 		return nil, fmt.Errorf("%w: the runtime's default GOMAXPROCS is 1", ErrNotAdapting)
 	}
 	t := time.NewTicker(cfg.Interval)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		defer running.Store(0)
+		defer running.Store(false)
 		defer runtime.SetDefaultGOMAXPROCS()
 		defer t.Stop()
 		run(ctx, t.C, e, cfg.LowerAfter, log)

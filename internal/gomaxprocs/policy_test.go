@@ -9,14 +9,30 @@ import (
 
 const tick = 100 * time.Millisecond
 
+// cores is the CPU time of u cores over a tick.
+func cores(u float64) time.Duration { return time.Duration(u * float64(tick)) }
+
 // load feeds p n intervals of tick in which the process used u cores and
 // returns the counts Next returned.
 func load(p *Policy, u float64, n int) []int {
 	out := make([]int, n)
 	for i := range out {
-		out[i] = p.Next(time.Duration(u*float64(tick)), tick, false)
+		out[i] = p.Next(cores(u), tick, false)
 	}
 	return out
+}
+
+// lowerAt feeds p intervals of 0.3 cores until it lowers to 1 P and
+// returns how many it took.
+func lowerAt(t *testing.T, p *Policy) int {
+	t.Helper()
+	for i := 1; i <= 1000; i++ {
+		if p.Next(cores(0.3), tick, false) == 1 {
+			return i
+		}
+	}
+	t.Fatal("never lowered")
+	return 0
 }
 
 func newPolicy(max int) *Policy {
@@ -37,7 +53,7 @@ func TestPolicyLowersOnlyAfterASteadySpell(t *testing.T) {
 	// A busier interval in the middle of a spell starts it again.
 	p = newPolicy(2)
 	load(p, 0.3, 9)
-	if n := p.Next(time.Duration(0.9*float64(tick)), tick, false); n != 2 {
+	if n := p.Next(cores(0.9), tick, false); n != 2 {
 		t.Fatalf("a load that needs 2 Ps: %d", n)
 	}
 	if got := load(p, 0.3, 9); got[8] != 2 {
@@ -55,7 +71,7 @@ func TestPolicyRaisesAtOnce(t *testing.T) {
 	if n := p.Next(750*time.Millisecond, time.Second, false); n != 1 {
 		t.Fatalf("0.75 cores on 1 P raised to %d", n)
 	}
-	if n := p.Next(time.Duration(0.8*float64(tick)), tick, false); n != 2 {
+	if n := p.Next(cores(0.8), tick, false); n != 2 {
 		t.Fatalf("0.8 cores on 1 P: %d Ps, want 2", n)
 	}
 }
@@ -75,41 +91,31 @@ func TestPolicyManyCPUs(t *testing.T) {
 	if p.Procs != 5 {
 		t.Fatalf("a spell that peaked at 2.9 cores lowered to %d, want 5", p.Procs)
 	}
-	// Saturated on 3 Ps: at least double, and enough for the load at
-	// LowerTo.
-	p = &Policy{Max: 16, Procs: 3, LowerAfter: time.Second}
-	if n := p.Next(3*tick, tick, false); n != 6 {
-		t.Fatalf("3 busy Ps raised to %d, want 6", n)
-	}
-	if n := p.Next(6*tick, tick, false); n != 12 {
-		t.Fatalf("6 busy Ps raised to %d, want 12", n)
-	}
-	if n := p.Next(12*tick, tick, false); n != 16 {
-		t.Fatalf("12 busy Ps raised to %d, want Max 16", n)
-	}
-	// Past double: 1 P that used 2.5 cores (threads outside the Ps, in
-	// system calls) needs ceil(2.5/0.6) = 5.
-	p = &Policy{Max: 16, Procs: 1, LowerAfter: time.Second}
-	if n := p.Next(25*tick/10, tick, false); n != 5 {
-		t.Fatalf("2.5 cores on 1 P raised to %d, want 5", n)
-	}
-	if n := p.Next(16*tick, tick, false); n != 16 {
-		t.Fatalf("at Max: %d", n)
+	// Saturated on 3 Ps: at least double, up to Max; past double when
+	// 1 P used 2.5 cores (threads outside the Ps, in system calls), which
+	// needs ceil(2.5/0.6) = 5 at LowerTo.
+	for _, c := range []struct {
+		procs   int
+		used    float64
+		want    int
+		because string
+	}{
+		{3, 3, 6, "3 busy Ps: double"},
+		{6, 6, 12, "6 busy Ps: double"},
+		{12, 12, 16, "12 busy Ps: Max"},
+		{1, 2.5, 5, "2.5 cores on 1 P"},
+		{5, 16, 16, "5 Ps that used 16 cores: Max"},
+	} {
+		p = &Policy{Max: 16, Procs: c.procs, LowerAfter: time.Second}
+		if n := p.Next(cores(c.used), tick, false); n != c.want {
+			t.Fatalf("%s: %d Ps, want %d", c.because, n, c.want)
+		}
 	}
 }
 
 func TestPolicyBacksOffAfterBounces(t *testing.T) {
 	p := newPolicy(2)
-	lowerAt := func() int { // intervals of 0.3 cores until it lowers
-		for i := 1; i <= 1000; i++ {
-			if p.Next(time.Duration(0.3*float64(tick)), tick, false) == 1 {
-				return i
-			}
-		}
-		t.Fatal("never lowered")
-		return 0
-	}
-	if n := lowerAt(); n != 10 {
+	if n := lowerAt(t, p); n != 10 {
 		t.Fatalf("first lowering after %d intervals, want 10", n)
 	}
 	// Bounces: raised in the interval after each lowering.
@@ -117,7 +123,7 @@ func TestPolicyBacksOffAfterBounces(t *testing.T) {
 		if p.Next(tick, tick, false) != 2 {
 			t.Fatal("a busy interval did not raise")
 		}
-		if n := lowerAt(); n != want {
+		if n := lowerAt(t, p); n != want {
 			t.Fatalf("after bounce %d: lowered after %d intervals, want %d", i+1, n, want)
 		}
 	}
@@ -127,7 +133,7 @@ func TestPolicyBacksOffAfterBounces(t *testing.T) {
 	if p.Next(tick, tick, false) != 2 {
 		t.Fatal("a busy interval did not raise")
 	}
-	if n := lowerAt(); n != 10 {
+	if n := lowerAt(t, p); n != 10 {
 		t.Fatalf("after a lowering that held: lowered after %d intervals, want 10", n)
 	}
 }
@@ -167,11 +173,7 @@ func TestPolicyBounceInSteps(t *testing.T) {
 	p := newPolicy(8)
 	spells := []int{}
 	for range 4 {
-		n := 0
-		for p.Procs != 1 {
-			p.Next(time.Duration(0.3*float64(tick)), tick, false)
-			n++
-		}
+		n := lowerAt(t, p)
 		spells = append(spells, n)
 		if got := p.Next(tick, tick, false); got != 2 {
 			t.Fatalf("1 busy P raised to %d, want 2", got)
@@ -196,12 +198,12 @@ func TestPolicyStarved(t *testing.T) {
 	if p.Procs != 1 {
 		t.Fatalf("not lowered: %d", p.Procs)
 	}
-	if n := p.Next(time.Duration(0.4*float64(tick)), tick, true); n != 2 {
+	if n := p.Next(cores(0.4), tick, true); n != 2 {
 		t.Fatalf("starved on 1 P with 0.4 cores: %d Ps, want 2", n)
 	}
 	p = newPolicy(2)
 	load(p, 0.3, 9)
-	if n := p.Next(time.Duration(0.3*float64(tick)), tick, true); n != 2 {
+	if n := p.Next(cores(0.3), tick, true); n != 2 {
 		t.Fatalf("starved at 2 Ps: %d", n)
 	}
 	if got := load(p, 0.3, 9); got[8] != 2 {
