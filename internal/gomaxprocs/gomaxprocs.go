@@ -67,7 +67,10 @@ const (
 	// StarvedShare of the goroutines' waits to run (and StarvedMin of them)
 	// took StarvedWait or more raises GOMAXPROCS, whatever the CPU time.
 	// On one P under a load it carries, a wait is a few goroutines' turns,
-	// tens to hundreds of µs.
+	// tens to hundreds of µs. The runtime records one goroutine transition
+	// in eight, so a proxy's thousands per interval give it enough waits,
+	// while a few CPU-bound goroutines give too few (their CPU time raises
+	// instead).
 	StarvedWait  = time.Millisecond
 	StarvedShare = 0.01
 	StarvedMin   = 10

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"runtime"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -125,5 +126,41 @@ func TestStartRefuses(t *testing.T) {
 	}
 	if Adapting() || runtime.GOMAXPROCS(0) != def {
 		t.Errorf("refused, yet adapting %v, GOMAXPROCS %d", Adapting(), runtime.GOMAXPROCS(0))
+	}
+}
+
+// TestProcessStarved: the runtime's scheduling latencies, read as the
+// controller reads them, show goroutines queued behind each other on one
+// P, and show nothing while the process idles.
+func TestProcessStarved(t *testing.T) {
+	t.Cleanup(runtime.SetDefaultGOMAXPROCS)
+	runtime.GOMAXPROCS(1)
+	pr := newProcess()
+	pr.starved()
+	time.Sleep(50 * time.Millisecond)
+	if pr.starved() {
+		t.Error("an idle process starved")
+	}
+	// 8 goroutines share one P, each running for 0.5ms and then yielding:
+	// each waits about 3.5ms for the others, hundreds of times (the
+	// runtime records one wait in eight).
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for !stop.Load() {
+				for t0 := time.Now(); time.Since(t0) < 500*time.Microsecond; {
+				}
+				runtime.Gosched()
+			}
+		}()
+	}
+	time.Sleep(200 * time.Millisecond)
+	stop.Store(true)
+	wg.Wait()
+	if !pr.starved() {
+		t.Error("8 busy goroutines on one P did not starve")
 	}
 }
