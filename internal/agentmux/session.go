@@ -51,6 +51,13 @@ type Wait struct {
 	// Cancel, once closed, ends the wait with ErrAgentCanceled (nil:
 	// never). A close at or after Deadline counts as the deadline.
 	Cancel <-chan struct{}
+	// Now is the caller's reading of the clock, taken just before the
+	// call (zero: the call reads the clock itself). A caller that reads
+	// the clock anyway to time the call passes it on: one clock read
+	// fewer per event on the hot path. The message deadline is Now plus
+	// MessageTimeout, and the session's timer is armed from Now, so a
+	// reading older than the call delays both by its age.
+	Now time.Time
 }
 
 // WaitFor is the Wait of a context: its deadline and its Done channel. For
@@ -526,7 +533,9 @@ func (e *Exchange) call(w Wait, msg protocol.Message, chunk bool, index uint32) 
 	var dl, now time.Time
 	byMsg := false
 	if s.cfg.MessageTimeout > 0 || !w.Deadline.IsZero() {
-		now = time.Now()
+		if now = w.Now; now.IsZero() {
+			now = time.Now()
+		}
 		dl, byMsg = s.deadline(w, now)
 	}
 	s.mu.Lock()

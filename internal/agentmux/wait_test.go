@@ -167,3 +167,49 @@ func TestSessionTimerMessageTimeout(t *testing.T) {
 		t.Fatalf("stats %+v, want the reply counted late", st)
 	}
 }
+
+// waitLink records the Wait each event is sent with and never answers.
+type waitLink struct{ sent chan Wait }
+
+func (l *waitLink) Send(_ protocol.Message, w Wait) error {
+	l.sent <- w
+	return nil
+}
+func (l *waitLink) SendControl(protocol.Message) error { return nil }
+func (l *waitLink) Close() error                       { return nil }
+
+// TestWaitNowIsTheCallsClock: a call computes its message deadline from
+// the caller's clock reading (Wait.Now) when it is given one, instead of
+// reading the clock again, and from its own reading otherwise.
+func TestWaitNowIsTheCallsClock(t *testing.T) {
+	const timeout = time.Hour
+	l := &waitLink{sent: make(chan Wait, 1)}
+	s := NewSession(l, protocol.Capabilities{}, SessionConfig{Name: "a", MaxInFlight: 1, MessageTimeout: timeout})
+	for _, now := range []time.Time{time.Now().Add(-time.Minute), {}} {
+		e, err := s.Begin(Wait{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		before := time.Now()
+		done := make(chan error, 1)
+		go func() {
+			_, err := e.RequestHeaders(Wait{Now: now}, &protocol.RequestHeaders{RequestID: e.RequestID()})
+			done <- err
+		}()
+		w := <-l.sent
+		switch {
+		case !now.IsZero() && !w.Deadline.Equal(now.Add(timeout)):
+			t.Errorf("Now %v: sent with deadline %v, want Now + %v", now, w.Deadline, timeout)
+		case now.IsZero() && (w.Deadline.Before(before.Add(timeout)) || w.Deadline.After(time.Now().Add(timeout))):
+			t.Errorf("no Now: sent with deadline %v, want the call's own clock + %v", w.Deadline, timeout)
+		}
+		r := new(Reply)
+		r.Type = protocol.TypeDecision
+		r.Decision.RequestID = e.RequestID()
+		s.Deliver(r)
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		e.Finish()
+	}
+}

@@ -45,11 +45,13 @@ func phaseName(p protocol.Phase, body bool) string {
 	return "response_body"
 }
 
-// knownCaps returns the capabilities to plan with: the exchange's once
-// begun, else the agent's (zero while it has no live connection, in which
-// case the caller begins anyway to learn why).
+// knownCaps returns the capabilities to plan with: those of the
+// request's exchange once begun (also after it ended early: a request is
+// planned with one set, and the agent is not asked again per phase),
+// else the agent's (zero while it has no live connection, in which case
+// the caller begins anyway to learn why).
 func (rs *reqState) knownCaps(sl *slot) (protocol.Capabilities, bool) {
-	if sl.ex != nil {
+	if sl.ex != nil || sl.flags&flagCaps != 0 {
 		return sl.caps, true
 	}
 	c := sl.ra.a.agent.Capabilities()
@@ -62,14 +64,14 @@ func (rs *reqState) begin(i int) error {
 	if sl.ex != nil {
 		return nil
 	}
-	w, ok := rs.agentWait(sl)
+	t0 := mono()
+	w, ok := rs.agentWait(sl, t0)
 	if !ok {
 		return errBudget(sl)
 	}
 	if !sl.ra.a.brk.allow() {
 		return fmt.Errorf("%w: %s", ErrCircuitOpen, sl.ra.a.name)
 	}
-	t0 := mono()
 	ex, err := sl.ra.a.agent.Begin(w)
 	d := mono() - t0
 	sl.spent += d
@@ -79,6 +81,7 @@ func (rs *reqState) begin(i int) error {
 	}
 	sl.ex = ex
 	sl.caps = ex.Capabilities()
+	sl.flags |= flagCaps
 	for p := range sl.mode {
 		m := sl.ra.body[p].mode
 		if m == bodyAuto {
@@ -152,12 +155,12 @@ func (rs *reqState) headerEvent(i int, p protocol.Phase) bool {
 	// the budget (Begin's time is already in sl.spent). A fresh exchange
 	// is not refused here: if Begin spent the budget, its deadline is past
 	// and the event fails as timed out.
-	w, ok := rs.agentWait(sl)
+	t0 := mono()
+	w, ok := rs.agentWait(sl, t0)
 	if !fresh && !ok {
 		rs.srv.obs.AgentEvent(rs.rt.idx, sl.ra.a.idx, p, false, OutcomeTimeout, 0)
 		return rs.failure(i, p, false, errBudget(sl))
 	}
-	t0 := mono()
 	var reply *agentmux.Reply
 	var err error
 	if req {

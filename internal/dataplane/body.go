@@ -427,10 +427,11 @@ func (rs *reqState) runChunk(p protocol.Phase, data []byte, last, stream bool) (
 		m.IsLast = last
 		m.TotalSize = rs.total[p]
 		m.Progress = src.n
-		w := rs.streamWait()
+		t0 := mono()
+		w := rs.streamWait(t0)
 		if !stream {
 			var ok bool
-			if w, ok = rs.agentWait(sl); !ok {
+			if w, ok = rs.agentWait(sl, t0); !ok {
 				rs.srv.obs.AgentEvent(rs.rt.idx, sl.ra.a.idx, p, true, OutcomeTimeout, 0)
 				if !rs.failure(i, p, true, errBudget(sl)) {
 					return nil, false
@@ -438,7 +439,6 @@ func (rs *reqState) runChunk(p protocol.Phase, data []byte, last, stream bool) (
 				continue
 			}
 		}
-		t0 := mono()
 		reply, err := sl.ex.BodyChunk(w, p, m)
 		d := mono() - t0
 		if !stream {

@@ -16,7 +16,7 @@ func TestCancelChannelAcrossRequests(t *testing.T) {
 	if rs.cancelCh != first || rs.canceled() {
 		t.Fatal("an unused cancel channel was replaced")
 	}
-	old := rs.streamWait()
+	old := rs.streamWait(mono())
 	rs.cancel()
 	rs.cancel() // idempotent
 	select {
@@ -29,28 +29,30 @@ func TestCancelChannelAcrossRequests(t *testing.T) {
 		t.Fatal("a closed cancel channel was kept for the next request")
 	}
 	select {
-	case <-rs.streamWait().Cancel:
+	case <-rs.streamWait(mono()).Cancel:
 		t.Fatal("the next request starts canceled")
 	default:
 	}
 }
 
 // TestAgentWaitBudget: each call gets the deadline left in the agent's
-// request budget, computed when it is asked for.
+// request budget, computed from the reading it is given, which it also
+// passes on as the call's clock.
 func TestAgentWaitBudget(t *testing.T) {
 	rs := newReqState()
 	ra := &routeAgent{timeout: time.Hour}
 	sl := &slot{ra: ra}
-	w, ok := rs.agentWait(sl)
-	if !ok || w.Cancel == nil || w.Deadline.IsZero() || time.Until(w.Deadline) > time.Hour {
+	now := mono()
+	w, ok := rs.agentWait(sl, now)
+	if !ok || w.Cancel == nil || !w.Deadline.Equal(at(now+time.Hour)) || !w.Now.Equal(at(now)) {
 		t.Fatalf("fresh budget: %+v %v", w, ok)
 	}
 	sl.spent = time.Hour
-	if w, ok = rs.agentWait(sl); ok || w.Deadline.After(time.Now()) {
+	if w, ok = rs.agentWait(sl, mono()); ok || w.Deadline.After(time.Now()) {
 		t.Fatalf("spent budget: %+v %v", w, ok)
 	}
 	ra.timeout = 0
-	if w, ok = rs.agentWait(sl); !ok || !w.Deadline.IsZero() {
+	if w, ok = rs.agentWait(sl, mono()); !ok || !w.Deadline.IsZero() || w.Now.IsZero() {
 		t.Fatalf("no budget: %+v %v", w, ok)
 	}
 }

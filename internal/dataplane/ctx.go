@@ -17,22 +17,27 @@ import (
 // context.Context, so nothing can derive from the pooled request state
 // and outlive the request.
 
-// agentWait is what agent sl's next event may wait for: the rest of its
-// request budget (none when it has no timeout) and the client's cancel.
-// ok is false when the budget is spent; the deadline is then already past.
-func (rs *reqState) agentWait(sl *slot) (w agentmux.Wait, ok bool) {
+// agentWait is what agent sl's next event, about to be sent at now (a
+// mono reading, which the call reuses instead of reading the clock
+// again), may wait for: the rest of its request budget (none when it has
+// no timeout) and the client's cancel. ok is false when the budget is
+// spent; the deadline is then already past.
+func (rs *reqState) agentWait(sl *slot, now time.Duration) (w agentmux.Wait, ok bool) {
 	w.Cancel = rs.cancelCh
+	w.Now = at(now)
 	if sl.ra.timeout <= 0 {
 		return w, true
 	}
 	left := sl.ra.timeout - sl.spent
-	w.Deadline = at(mono() + left)
+	w.Deadline = at(now + left)
 	return w, left > 0
 }
 
-// streamWait is the wait of a streamed chunk: cancellation only (the
-// session's message timeout still bounds each reply).
-func (rs *reqState) streamWait() agentmux.Wait { return agentmux.Wait{Cancel: rs.cancelCh} }
+// streamWait is the wait of a streamed chunk sent at now: cancellation
+// only (the session's message timeout still bounds each reply).
+func (rs *reqState) streamWait(now time.Duration) agentmux.Wait {
+	return agentmux.Wait{Cancel: rs.cancelCh, Now: at(now)}
+}
 
 // cancel closes the request's cancel channel, which ends any agent wait,
 // and aborts the upstream exchange: the client went away (or the server

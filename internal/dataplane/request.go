@@ -29,6 +29,7 @@ const (
 	flagRespBodyDone                    // final decision on the response body
 	flagReqSkip                         // the request body went past its limit
 	flagRespSkip                        // the response body went past its limit
+	flagCaps                            // caps holds the capabilities of this request's exchange
 )
 
 // slot is one route agent's part in one request.
