@@ -318,10 +318,10 @@ func TestHeldWriteToAResetPeer(t *testing.T) {
 	}
 }
 
-// TestNoAllocations: a Write and the Read of its echo allocate nothing
-// on a warm connection, plain (the callbacks are bound once, in Wrap) or
-// held (the held bytes are copied into a buffer kept with the
-// connection).
+// TestNoAllocations: a Write and the Read of its echo, under a fresh
+// read deadline, allocate nothing on a warm connection, plain (the
+// callbacks are bound once, in Wrap) or held (the held bytes are copied
+// into a buffer kept with the connection).
 func TestNoAllocations(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector allocates")
@@ -338,6 +338,7 @@ func TestNoAllocations(t *testing.T) {
 			if _, err := c.Write(msg); err != nil {
 				t.Fatal(err)
 			}
+			_ = c.SetReadDeadline(time.Now().Add(time.Minute))
 			if _, err := io.ReadFull(c, buf); err != nil {
 				t.Fatal(err)
 			}
@@ -424,4 +425,111 @@ func TestWaitsCountsReadsThatWaited(t *testing.T) {
 	if got := c.Waits() - w0; got < 1 {
 		t.Fatalf("a read that waited for the poller counted %d waits", got)
 	}
+}
+
+// TestReadDeadlineContract: the read deadline, though it reaches the
+// poller only when a Read waits, keeps net.Conn's contract.
+func TestReadDeadlineContract(t *testing.T) {
+	buf := make([]byte, 8)
+	isTimeout := func(err error) bool { return errors.Is(err, os.ErrDeadlineExceeded) }
+
+	t.Run("past deadline fails with data waiting", func(t *testing.T) {
+		c, s := tcpPair(t)
+		if _, err := s.Write([]byte("x")); err != nil {
+			t.Fatal(err)
+		}
+		testutil.WaitFor(t, "the byte in c's receive queue", func() bool { return testutil.HasBytes(t, c) })
+		_ = c.SetReadDeadline(time.Now().Add(-time.Second))
+		if n, err := c.Read(buf); !isTimeout(err) {
+			t.Fatalf("Read past the deadline = %d, %v; want a timeout", n, err)
+		}
+		_ = c.SetReadDeadline(time.Time{})
+		if n, err := c.Read(buf); n != 1 || err != nil {
+			t.Fatalf("Read after clearing the deadline = %d, %v", n, err)
+		}
+	})
+
+	t.Run("a lapsed deadline does not outlive a later one", func(t *testing.T) {
+		c, s := tcpPair(t)
+		// The first Read waits, so its deadline reaches the poller.
+		_ = c.SetReadDeadline(time.Now().Add(30 * time.Millisecond))
+		go func() {
+			time.Sleep(5 * time.Millisecond)
+			_, _ = s.Write([]byte("a"))
+		}()
+		if n, err := c.Read(buf); n != 1 || err != nil {
+			t.Fatalf("first Read = %d, %v", n, err)
+		}
+		time.Sleep(60 * time.Millisecond) // the poller's deadline passes, unused
+		_ = c.SetReadDeadline(time.Now().Add(time.Hour))
+		if _, err := s.Write([]byte("b")); err != nil {
+			t.Fatal(err)
+		}
+		if n, err := c.Read(buf); n != 1 || err != nil || buf[0] != 'b' {
+			t.Fatalf("Read under the later deadline = %q, %v", buf[:n], err)
+		}
+		// The same through a held write.
+		time.Sleep(10 * time.Millisecond)
+		_ = c.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
+		go func() {
+			time.Sleep(5 * time.Millisecond)
+			_, _ = s.Write([]byte("c"))
+		}()
+		if n, err := c.Read(buf); n != 1 || err != nil {
+			t.Fatalf("third Read = %d, %v", n, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+		_ = c.SetReadDeadline(time.Now().Add(time.Hour))
+		go func() {
+			b := make([]byte, 4)
+			if _, err := io.ReadFull(s, b); err == nil {
+				_, _ = s.Write([]byte("d"))
+			}
+		}()
+		c.HoldWrites()
+		if _, err := c.Write([]byte("ping")); err != nil {
+			t.Fatal(err)
+		}
+		if n, err := c.Read(buf); n != 1 || err != nil || buf[0] != 'd' {
+			t.Fatalf("held write's Read under the later deadline = %q, %v", buf[:n], err)
+		}
+	})
+
+	for _, tc := range []struct {
+		name string
+		dl   func() time.Time
+	}{
+		{"a deadline set during a wait ends it", time.Now},
+		{"a deadline set during a wait bounds it", func() time.Time { return time.Now().Add(20 * time.Millisecond) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, _ := tcpPair(t)
+			done := make(chan error, 1)
+			go func() {
+				_, err := c.Read(make([]byte, 8))
+				done <- err
+			}()
+			testutil.WaitFor(t, "the Read to wait", func() bool { return c.Waits() > 0 })
+			_ = c.SetReadDeadline(tc.dl())
+			select {
+			case err := <-done:
+				if !isTimeout(err) {
+					t.Fatalf("Read = %v; want a timeout", err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("the waiting Read ignored the deadline")
+			}
+		})
+	}
+
+	t.Run("SetDeadline sets both", func(t *testing.T) {
+		c, _ := tcpPair(t)
+		_ = c.SetDeadline(time.Now().Add(-time.Second))
+		if _, err := c.Read(buf); !isTimeout(err) {
+			t.Fatalf("Read = %v; want a timeout", err)
+		}
+		if _, err := c.Write([]byte("x")); !isTimeout(err) {
+			t.Fatalf("Write = %v; want a timeout", err)
+		}
+	})
 }
