@@ -55,8 +55,9 @@ type Wait struct {
 	// call (zero: the call reads the clock itself). A caller that reads
 	// the clock anyway to time the call passes it on: one clock read
 	// fewer per event on the hot path. The message deadline is Now plus
-	// MessageTimeout, and the session's timer is armed from Now, so a
-	// reading older than the call delays both by its age.
+	// MessageTimeout, so a reading older than the call shortens it by its
+	// age: a Wait with Now is for one call, made at once (a retry takes a
+	// fresh reading).
 	Now time.Time
 }
 
@@ -405,17 +406,20 @@ func (s *Session) Fail(err error) {
 }
 
 // arm makes sure the session's timer fires no later than dl; called with
-// s.mu held when an event with deadline dl starts waiting.
-func (s *Session) arm(dl, now time.Time) {
+// s.mu held when an event with deadline dl starts waiting. The timer is
+// set from the clock read here, not from the caller's reading (which
+// may be a little old, see Wait.Now): armedAt must be when it fires.
+// Most events return early: their deadline is later than the one armed.
+func (s *Session) arm(dl time.Time) {
 	if !s.armedAt.IsZero() && !dl.Before(s.armedAt) {
 		return // it fires earlier already; expire re-arms for the rest
 	}
 	s.armedAt = dl
 	if s.timer == nil {
-		s.timer = time.AfterFunc(dl.Sub(now), s.expire)
+		s.timer = time.AfterFunc(time.Until(dl), s.expire)
 		return
 	}
-	s.timer.Reset(dl.Sub(now))
+	s.timer.Reset(time.Until(dl))
 }
 
 // expire runs when the session's timer fires: it wakes every waiting
@@ -450,7 +454,7 @@ func (s *Session) expire() {
 		}
 	}
 	if !next.IsZero() {
-		s.arm(next, now)
+		s.arm(next)
 	}
 }
 
@@ -549,7 +553,7 @@ func (e *Exchange) call(w Wait, msg protocol.Message, chunk bool, index uint32) 
 	e.dl, e.byMsg = dl, byMsg
 	s.pending[e.id] = e
 	if !dl.IsZero() {
-		s.arm(dl, now)
+		s.arm(dl)
 	}
 	s.mu.Unlock()
 	if err := s.link.Send(msg, Wait{Deadline: dl, Cancel: w.Cancel}); err != nil {

@@ -213,3 +213,30 @@ func TestWaitNowIsTheCallsClock(t *testing.T) {
 		e.Finish()
 	}
 }
+
+// TestSessionTimerHonorsAnOldReading: the message deadline of a call
+// whose Wait.Now is old is that much earlier, and the session's timer
+// fires at it, not a message timeout after the call: here the deadline
+// is 100 ms away while a reply comes after 2 s.
+func TestSessionTimerHonorsAnOldReading(t *testing.T) {
+	l := &silentLink{sent: make(chan uint64, 1)}
+	s := NewSession(l, protocol.Capabilities{}, SessionConfig{Name: "a", MaxInFlight: 1, MessageTimeout: 10*time.Second + 100*time.Millisecond})
+	e, err := s.Begin(Wait{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Finish()
+	go func() {
+		id := <-l.sent
+		time.AfterFunc(2*time.Second, func() {
+			r := new(Reply)
+			r.Type = protocol.TypeDecision
+			r.Decision.RequestID = id
+			s.Deliver(r)
+		})
+	}()
+	_, err = e.RequestHeaders(Wait{Now: time.Now().Add(-10 * time.Second)}, &protocol.RequestHeaders{})
+	if !errors.Is(err, ErrAgentTimeout) {
+		t.Fatalf("got %v; want the message timeout, 100 ms after the call", err)
+	}
+}

@@ -44,6 +44,10 @@ func (rs *reqState) failoverHeaders(i int, w agentmux.Wait, err error) (*agentmu
 	sl.ex.Finish()
 	sl.ex = nil
 	a.fo.retried.Add(1)
+	// w's clock reading is the failed call's, up to a message timeout
+	// old: the retry's own message timeout starts now (its budget
+	// deadline stays what it was).
+	w.Now = at(mono())
 	ex, err := a.agent.Begin(w)
 	if err != nil {
 		return nil, err

@@ -29,11 +29,17 @@ func TestReadDeadlineReachesThePollerOnlyToWait(t *testing.T) {
 	if n := c.rdProgs.Load(); n != 0 {
 		t.Fatalf("%d deadlines reached the poller for reads that found their data", n)
 	}
+	w0 := c.Waits()
+	done := make(chan error, 1)
 	go func() {
-		time.Sleep(10 * time.Millisecond)
-		_, _ = s.Write([]byte("late"))
+		_, err := io.ReadFull(c, buf[:4])
+		done <- err
 	}()
-	if _, err := io.ReadFull(c, buf[:4]); err != nil {
+	testutil.WaitFor(t, "the Read to wait", func() bool { return c.Waits() != w0 })
+	if _, err := s.Write([]byte("late")); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
 	if n := c.rdProgs.Load(); n != 1 {

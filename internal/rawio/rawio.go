@@ -36,9 +36,12 @@ import (
 )
 
 // Conn is a net.Conn whose Read and Write are raw system calls on its
-// socket. Its other methods (deadlines, Close, addresses) are the
-// wrapped connection's. Reads and Writes may run concurrently, as on any
-// net.Conn, except from HoldWrites to the Read that sends what it held.
+// socket. Its read deadline is its own (SetReadDeadline); its other
+// methods (write deadlines, Close, addresses) are the wrapped
+// connection's. Deadlines are set through Conn, not through the embedded
+// net.Conn, whose read deadline Conn would not know about. Reads and
+// Writes may run concurrently, as on any net.Conn, except from
+// HoldWrites to the Read that sends what it held.
 type Conn struct {
 	net.Conn
 	rc syscall.RawConn
@@ -77,7 +80,8 @@ type Conn struct {
 	rdDirty   atomic.Bool  // rdWant may differ from rdSet
 	rdWaiting atomic.Bool  // a Read may be waiting in the poller
 	dmu       sync.Mutex
-	rdSet     int64         // dlTime the poller has (under dmu)
+	rdSet     int64         // dlTime the poller has (under dmu) ...
+	rdKnown   bool          // ... once Conn has given it one (before, unknown)
 	rdProgs   atomic.Uint32 // deadlines given to the poller (tests)
 	rwaited   bool          // this Read set rdWaiting (the reader's, under rmu)
 }
@@ -90,11 +94,30 @@ func toDL(t time.Time) int64 {
 	if t.IsZero() {
 		return 0
 	}
-	d := int64(t.Sub(epoch))
+	var d int64
+	if t == t.Round(0) {
+		// No monotonic reading (time.Unix, t.UTC()): t.Sub(epoch) would
+		// measure it against the wall clock of the process's start. Its
+		// distance from the wall clock now, from the monotonic one now.
+		d = satAdd(int64(time.Until(t)), int64(time.Since(epoch)))
+	} else {
+		d = int64(t.Sub(epoch))
+	}
 	if d >= 0 && d < math.MaxInt64 {
 		d++
 	}
 	return d
+}
+
+// satAdd is a+b, saturated at the int64 range.
+func satAdd(a, b int64) int64 {
+	switch {
+	case b > 0 && a > math.MaxInt64-b:
+		return math.MaxInt64
+	case b < 0 && a < math.MinInt64-b:
+		return math.MinInt64
+	}
+	return a + b
 }
 
 func fromDL(d int64) time.Time {
@@ -180,18 +203,32 @@ func (c *Conn) readRaw(p []byte) (int, error) {
 	if c.rdDirty.Load() {
 		c.deadlineDue()
 	}
-	c.rbuf, c.rn, c.rerr = p, 0, 0
-	err := c.rc.Read(c.readFn)
-	c.endWait()
-	if err != nil && c.rdDirty.Load() && errors.Is(err, os.ErrDeadlineExceeded) {
-		// The poller's deadline lapsed while nobody read, and another
-		// one was asked for since: that one decides.
-		_ = c.giveDeadline()
+	for try := 0; ; try++ {
 		c.rbuf, c.rn, c.rerr = p, 0, 0
-		err = c.rc.Read(c.readFn)
+		err := c.rc.Read(c.readFn)
 		c.endWait()
+		if err == nil || try == maxLapses || !c.lapsed(err) {
+			return c.readDone(err)
+		}
 	}
-	return c.readDone(err)
+}
+
+// maxLapses bounds the retries of a Read after lapsed deadlines: one is
+// the rule, more take a deadline set by another goroutine at that moment.
+const maxLapses = 3
+
+// lapsed reports whether a Read that failed with err is to be tried
+// again: it failed on a deadline the poller had, and the deadline asked
+// for now (handed over first, after any hand-over in flight) is none or
+// still ahead. That is a deadline that lapsed while nobody read, or one
+// replaced while a Read was starting to wait.
+func (c *Conn) lapsed(err error) bool {
+	if !errors.Is(err, os.ErrDeadlineExceeded) {
+		return false
+	}
+	_ = c.giveDeadline()
+	d := c.rdWant.Load()
+	return d == 0 || !dlPassed(d)
 }
 
 // SetReadDeadline implements net.Conn. The deadline reaches the poller
@@ -204,8 +241,9 @@ func (c *Conn) readRaw(p []byte) (int, error) {
 // check of the Read that finds its data). The contract is
 // net.Conn's: a Read at or past the deadline fails, even with data
 // waiting, and a deadline set while a Read waits (from another
-// goroutine) ends or extends that wait. An error of the socket (closed)
-// is the Read's to report.
+// goroutine) ends or extends that wait. It returns an error only when it
+// hands the deadline over at once; a closed connection is reported by
+// the next Read (a keep-alive server ends the connection either way).
 func (c *Conn) SetReadDeadline(t time.Time) error {
 	c.rdWant.Store(toDL(t))
 	c.rdDirty.Store(true)
@@ -231,10 +269,10 @@ func (c *Conn) giveDeadline() error {
 	defer c.dmu.Unlock()
 	c.rdDirty.Store(false) // before the load: a later Set marks it again
 	d := c.rdWant.Load()
-	if d == c.rdSet {
+	if c.rdKnown && d == c.rdSet {
 		return nil
 	}
-	c.rdSet = d
+	c.rdSet, c.rdKnown = d, true
 	c.rdProgs.Add(1)
 	return c.Conn.SetReadDeadline(fromDL(d))
 }
@@ -293,38 +331,43 @@ func (c *Conn) readAfterHeld(p []byte) (int, error) {
 	if c.rdDirty.Load() {
 		c.deadlineDue()
 	}
-	c.sendHeld, c.pn, c.herr = true, 0, 0
-	c.rbuf, c.rn, c.rerr = p, 0, 0
-	err := c.rc.Read(c.readFn)
-	c.endWait()
-	sent, herr := c.pn, c.herr
-	c.sendHeld = false
 	pend := c.pend
-	c.pend, c.pn = c.pend[:0], 0
-	switch {
-	case err != nil && sent == 0 && c.rdDirty.Load() && errors.Is(err, os.ErrDeadlineExceeded):
-		// The poller's deadline lapsed while nobody read, and another
-		// one was asked for since: send the held bytes under that one.
-		_ = c.giveDeadline()
+	for try := 0; ; try++ {
 		c.pend = pend
-		return c.readAfterHeld(p)
-	case err != nil && sent == 0:
-		// Closed, or the deadline passed, before anything went out.
-		c.rbuf = nil
-		return 0, opName(err, "read")
-	case herr != 0:
-		c.rbuf = nil
-		return 0, c.opError("write", herr)
-	case err == nil && sent < len(pend):
-		// The socket had no room for all of it: the rest the usual way,
-		// then an ordinary read.
-		c.rbuf = nil
-		if _, werr := c.write(pend[sent:]); werr != nil {
-			return 0, werr
+		c.sendHeld, c.pn, c.herr = true, 0, 0
+		c.rbuf, c.rn, c.rerr = p, 0, 0
+		err := c.rc.Read(c.readFn)
+		c.endWait()
+		sent, herr := c.pn, c.herr
+		c.sendHeld = false
+		c.pend, c.pn = pend[:0], 0
+		switch {
+		case err != nil && sent == 0 && try < maxLapses && c.lapsed(err):
+			// Nothing went out (the poller refused the wait at once): send
+			// the held bytes under the deadline asked for.
+			continue
+		case err != nil && sent == 0:
+			// Closed, or the deadline passed, before anything went out.
+			c.rbuf = nil
+			return 0, opName(err, "read")
+		case herr != 0:
+			c.rbuf = nil
+			return 0, c.opError("write", herr)
+		case err != nil && sent == len(pend) && c.lapsed(err):
+			// Sent, and the wait for the answer ended on a deadline
+			// replaced as it began: wait again under the one asked for.
+			return c.readRaw(p)
+		case err == nil && sent < len(pend):
+			// The socket had no room for all of it: the rest the usual
+			// way, then an ordinary read.
+			c.rbuf = nil
+			if _, werr := c.write(pend[sent:]); werr != nil {
+				return 0, werr
+			}
+			return c.readRaw(p)
 		}
-		return c.readRaw(p)
+		return c.readDone(err)
 	}
-	return c.readDone(err)
 }
 
 // read is the RawConn.Read callback: false asks the poller to wait for

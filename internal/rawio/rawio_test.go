@@ -451,40 +451,42 @@ func TestReadDeadlineContract(t *testing.T) {
 
 	t.Run("a lapsed deadline does not outlive a later one", func(t *testing.T) {
 		c, s := tcpPair(t)
-		// The first Read waits, so its deadline reaches the poller.
-		_ = c.SetReadDeadline(time.Now().Add(30 * time.Millisecond))
-		go func() {
-			time.Sleep(5 * time.Millisecond)
-			_, _ = s.Write([]byte("a"))
-		}()
-		if n, err := c.Read(buf); n != 1 || err != nil {
-			t.Fatalf("first Read = %d, %v", n, err)
-		}
-		time.Sleep(60 * time.Millisecond) // the poller's deadline passes, unused
-		_ = c.SetReadDeadline(time.Now().Add(time.Hour))
-		if _, err := s.Write([]byte("b")); err != nil {
-			t.Fatal(err)
-		}
-		if n, err := c.Read(buf); n != 1 || err != nil || buf[0] != 'b' {
-			t.Fatalf("Read under the later deadline = %q, %v", buf[:n], err)
-		}
-		// The same through a held write.
-		time.Sleep(10 * time.Millisecond)
-		_ = c.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
-		go func() {
-			time.Sleep(5 * time.Millisecond)
-			_, _ = s.Write([]byte("c"))
-		}()
-		if n, err := c.Read(buf); n != 1 || err != nil {
-			t.Fatalf("third Read = %d, %v", n, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-		_ = c.SetReadDeadline(time.Now().Add(time.Hour))
-		go func() {
-			b := make([]byte, 4)
-			if _, err := io.ReadFull(s, b); err == nil {
-				_, _ = s.Write([]byte("d"))
+		// A Read that waits gives the poller its deadline; the peer
+		// answers once it waits, and the deadline then lapses unused.
+		const lapse = 300 * time.Millisecond
+		answerWhenWaiting := func(b string) {
+			t.Helper()
+			w0 := c.Waits()
+			done := make(chan error, 1)
+			go func() {
+				_, err := io.ReadFull(c, buf[:1])
+				done <- err
+			}()
+			testutil.WaitFor(t, "the Read to wait", func() bool { return c.Waits() != w0 })
+			if _, err := s.Write([]byte(b)); err != nil {
+				t.Fatal(err)
 			}
+			if err := <-done; err != nil || buf[0] != b[0] {
+				t.Fatalf("Read = %q, %v; want %q", buf[:1], err, b)
+			}
+		}
+		_ = c.SetReadDeadline(time.Now().Add(lapse))
+		answerWhenWaiting("a")
+		time.Sleep(lapse + 100*time.Millisecond)
+		_ = c.SetReadDeadline(time.Now().Add(time.Hour))
+		answerWhenWaiting("b")
+		// The same through a held write: nothing goes out until the
+		// later deadline is in force, and the answer is read under it.
+		_ = c.SetReadDeadline(time.Now().Add(lapse))
+		answerWhenWaiting("c")
+		time.Sleep(lapse + 100*time.Millisecond)
+		_ = c.SetReadDeadline(time.Now().Add(time.Hour))
+		got := make(chan []byte, 1)
+		go func() {
+			b := make([]byte, 8)
+			n, _ := io.ReadAtLeast(s, b, 4)
+			got <- b[:n]
+			_, _ = s.Write([]byte("d"))
 		}()
 		c.HoldWrites()
 		if _, err := c.Write([]byte("ping")); err != nil {
@@ -492,6 +494,39 @@ func TestReadDeadlineContract(t *testing.T) {
 		}
 		if n, err := c.Read(buf); n != 1 || err != nil || buf[0] != 'd' {
 			t.Fatalf("held write's Read under the later deadline = %q, %v", buf[:n], err)
+		}
+		if b := <-got; string(b) != "ping" {
+			t.Fatalf("the peer got %q; want the held bytes once", b)
+		}
+	})
+
+	t.Run("a deadline set before Wrap can be cleared", func(t *testing.T) {
+		nc, s := testutil.ConnPair(t, "tcp")
+		_ = nc.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+		c := rawio.Wrap(nc)
+		_ = c.SetReadDeadline(time.Time{})
+		time.Sleep(100 * time.Millisecond)
+		if _, err := s.Write([]byte("x")); err != nil {
+			t.Fatal(err)
+		}
+		if n, err := c.Read(buf); n != 1 || err != nil {
+			t.Fatalf("Read after clearing = %d, %v", n, err)
+		}
+	})
+
+	t.Run("deadlines without a monotonic reading", func(t *testing.T) {
+		c, s := tcpPair(t)
+		if _, err := s.Write([]byte("xy")); err != nil {
+			t.Fatal(err)
+		}
+		testutil.WaitFor(t, "the bytes in c's receive queue", func() bool { return testutil.HasBytes(t, c) })
+		_ = c.SetReadDeadline(time.Now().UTC().Add(time.Hour)) // UTC drops the monotonic reading
+		if n, err := c.Read(buf[:1]); n != 1 || err != nil {
+			t.Fatalf("Read before a wall-clock deadline = %d, %v", n, err)
+		}
+		_ = c.SetReadDeadline(time.Unix(1, 0))
+		if n, err := c.Read(buf); !isTimeout(err) {
+			t.Fatalf("Read past time.Unix(1, 0) = %d, %v; want a timeout", n, err)
 		}
 	})
 
