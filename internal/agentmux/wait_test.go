@@ -86,14 +86,28 @@ func TestCancelAfterDeadlineIsTimeout(t *testing.T) {
 }
 
 // silentLink accepts every event and never answers; sent reports each
-// event's request id.
-type silentLink struct{ sent chan uint64 }
+// event's request id, and waits (when set) the Wait it was sent with.
+type silentLink struct {
+	sent  chan uint64
+	waits chan Wait
+}
 
-func (l *silentLink) Send(m protocol.Message, _ Wait) error {
+func (l *silentLink) Send(m protocol.Message, w Wait) error {
 	if rh, ok := m.(*protocol.RequestHeaders); ok {
 		l.sent <- rh.RequestID
 	}
+	if l.waits != nil {
+		l.waits <- w
+	}
 	return nil
+}
+
+// answer delivers an empty decision for request id, as the agent would.
+func answer(s *Session, id uint64) {
+	r := new(Reply)
+	r.Type = protocol.TypeDecision
+	r.Decision.RequestID = id
+	s.Deliver(r)
 }
 func (l *silentLink) SendControl(protocol.Message) error { return nil }
 func (l *silentLink) Close() error                       { return nil }
@@ -133,10 +147,7 @@ func TestSessionTimerEarliestDeadline(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the earlier deadline did not fire")
 	}
-	r := new(Reply)
-	r.Type = protocol.TypeDecision
-	r.Decision.RequestID = slow
-	s.Deliver(r)
+	answer(s, slow)
 	if r := <-done; r.id != slow || r.err != nil {
 		t.Fatalf("request %d ended with %v; want %d answered", r.id, r.err, slow)
 	}
@@ -159,31 +170,18 @@ func TestSessionTimerMessageTimeout(t *testing.T) {
 	if !errors.Is(err, ErrAgentTimeout) || !strings.Contains(err.Error(), "no reply to RequestHeaders") {
 		t.Fatalf("got %v, want a message timeout", err)
 	}
-	r := new(Reply)
-	r.Type = protocol.TypeDecision
-	r.Decision.RequestID = <-l.sent
-	s.Deliver(r)
+	answer(s, <-l.sent)
 	if st := s.Stats(); st.Late != 1 || st.Timeouts != 1 {
 		t.Fatalf("stats %+v, want the reply counted late", st)
 	}
 }
-
-// waitLink records the Wait each event is sent with and never answers.
-type waitLink struct{ sent chan Wait }
-
-func (l *waitLink) Send(_ protocol.Message, w Wait) error {
-	l.sent <- w
-	return nil
-}
-func (l *waitLink) SendControl(protocol.Message) error { return nil }
-func (l *waitLink) Close() error                       { return nil }
 
 // TestWaitNowIsTheCallsClock: a call computes its message deadline from
 // the caller's clock reading (Wait.Now) when it is given one, instead of
 // reading the clock again, and from its own reading otherwise.
 func TestWaitNowIsTheCallsClock(t *testing.T) {
 	const timeout = time.Hour
-	l := &waitLink{sent: make(chan Wait, 1)}
+	l := &silentLink{sent: make(chan uint64, 1), waits: make(chan Wait, 1)}
 	s := NewSession(l, protocol.Capabilities{}, SessionConfig{Name: "a", MaxInFlight: 1, MessageTimeout: timeout})
 	for _, now := range []time.Time{time.Now().Add(-time.Minute), {}} {
 		e, err := s.Begin(Wait{})
@@ -193,20 +191,17 @@ func TestWaitNowIsTheCallsClock(t *testing.T) {
 		before := time.Now()
 		done := make(chan error, 1)
 		go func() {
-			_, err := e.RequestHeaders(Wait{Now: now}, &protocol.RequestHeaders{RequestID: e.RequestID()})
+			_, err := e.RequestHeaders(Wait{Now: now}, &protocol.RequestHeaders{})
 			done <- err
 		}()
-		w := <-l.sent
+		id, w := <-l.sent, <-l.waits
 		switch {
 		case !now.IsZero() && !w.Deadline.Equal(now.Add(timeout)):
 			t.Errorf("Now %v: sent with deadline %v, want Now + %v", now, w.Deadline, timeout)
 		case now.IsZero() && (w.Deadline.Before(before.Add(timeout)) || w.Deadline.After(time.Now().Add(timeout))):
 			t.Errorf("no Now: sent with deadline %v, want the call's own clock + %v", w.Deadline, timeout)
 		}
-		r := new(Reply)
-		r.Type = protocol.TypeDecision
-		r.Decision.RequestID = e.RequestID()
-		s.Deliver(r)
+		answer(s, id)
 		if err := <-done; err != nil {
 			t.Fatal(err)
 		}
@@ -229,10 +224,7 @@ func TestSessionTimerHonorsAnOldReading(t *testing.T) {
 	go func() {
 		id := <-l.sent
 		time.AfterFunc(2*time.Second, func() {
-			r := new(Reply)
-			r.Type = protocol.TypeDecision
-			r.Decision.RequestID = id
-			s.Deliver(r)
+			answer(s, id)
 		})
 	}()
 	_, err = e.RequestHeaders(Wait{Now: time.Now().Add(-10 * time.Second)}, &protocol.RequestHeaders{})

@@ -46,12 +46,13 @@ func phaseName(p protocol.Phase, body bool) string {
 }
 
 // knownCaps returns the capabilities to plan with: those of the
-// request's exchange once begun (also after it ended early: a request is
-// planned with one set, and the agent is not asked again per phase),
+// request's exchange once begun (flagCaps, which stays after the exchange
+// ends early: a request is planned with one set, and the agent is not
+// asked again per phase),
 // else the agent's (zero while it has no live connection, in which case
 // the caller begins anyway to learn why).
 func (rs *reqState) knownCaps(sl *slot) (protocol.Capabilities, bool) {
-	if sl.ex != nil || sl.flags&flagCaps != 0 {
+	if sl.flags&flagCaps != 0 {
 		return sl.caps, true
 	}
 	c := sl.ra.a.agent.Capabilities()

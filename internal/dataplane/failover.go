@@ -2,6 +2,7 @@ package dataplane
 
 import (
 	"sync/atomic"
+	"time"
 
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
 )
@@ -45,9 +46,9 @@ func (rs *reqState) failoverHeaders(i int, w agentmux.Wait, err error) (*agentmu
 	sl.ex = nil
 	a.fo.retried.Add(1)
 	// w's clock reading is the failed call's, up to a message timeout
-	// old: the retry's own message timeout starts now (its budget
-	// deadline stays what it was).
-	w.Now = at(mono())
+	// old: the retry reads its own, so that its message timeout starts
+	// now (its budget deadline stays what it was).
+	w.Now = time.Time{}
 	ex, err := a.agent.Begin(w)
 	if err != nil {
 		return nil, err
