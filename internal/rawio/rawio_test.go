@@ -427,6 +427,57 @@ func TestWaitsCountsReadsThatWaited(t *testing.T) {
 	}
 }
 
+// readWhenWaiting reads len(msg) bytes from c in a goroutine and has the
+// peer s send msg once that Read waits for the poller (so the Read's
+// deadline has reached it), and checks what the Read got.
+func readWhenWaiting(t *testing.T, c *rawio.Conn, s net.Conn, msg string) {
+	t.Helper()
+	w0 := c.Waits()
+	type got struct {
+		b   []byte
+		err error
+	}
+	done := make(chan got, 1)
+	go func() {
+		b := make([]byte, len(msg))
+		_, err := io.ReadFull(c, b)
+		done <- got{b, err}
+	}()
+	testutil.WaitFor(t, "the Read to wait", func() bool { return c.Waits() != w0 })
+	if _, err := s.Write([]byte(msg)); err != nil {
+		t.Fatal(err)
+	}
+	if g := <-done; g.err != nil || string(g.b) != msg {
+		t.Fatalf("Read = %q, %v; want %q", g.b, g.err, msg)
+	}
+}
+
+// TestReadDeadlineReachesThePollerOnlyToWait: a keep-alive server's two
+// read deadlines per request cost nothing when the request is already
+// there; a Read that waits gives the poller the latest one, once.
+func TestReadDeadlineReachesThePollerOnlyToWait(t *testing.T) {
+	c, s := tcpPair(t)
+	buf := make([]byte, 8)
+	for range 10 {
+		if _, err := s.Write([]byte("req")); err != nil {
+			t.Fatal(err)
+		}
+		testutil.WaitFor(t, "the request in c's receive queue", func() bool { return testutil.HasBytes(t, c) })
+		_ = c.SetReadDeadline(time.Now().Add(time.Minute)) // idle
+		if _, err := io.ReadFull(c, buf[:3]); err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetReadDeadline(time.Now().Add(time.Hour)) // read timeout
+	}
+	if n := rawio.DeadlinesGiven(c); n != 0 {
+		t.Fatalf("%d deadlines reached the poller for reads that found their data", n)
+	}
+	readWhenWaiting(t, c, s, "late")
+	if n := rawio.DeadlinesGiven(c); n != 1 {
+		t.Fatalf("%d deadlines reached the poller for one Read that waited; want 1", n)
+	}
+}
+
 // TestReadDeadlineContract: the read deadline, though it reaches the
 // poller only when a Read waits, keeps net.Conn's contract.
 func TestReadDeadlineContract(t *testing.T) {
@@ -454,31 +505,15 @@ func TestReadDeadlineContract(t *testing.T) {
 		// A Read that waits gives the poller its deadline; the peer
 		// answers once it waits, and the deadline then lapses unused.
 		const lapse = 300 * time.Millisecond
-		answerWhenWaiting := func(b string) {
-			t.Helper()
-			w0 := c.Waits()
-			done := make(chan error, 1)
-			go func() {
-				_, err := io.ReadFull(c, buf[:1])
-				done <- err
-			}()
-			testutil.WaitFor(t, "the Read to wait", func() bool { return c.Waits() != w0 })
-			if _, err := s.Write([]byte(b)); err != nil {
-				t.Fatal(err)
-			}
-			if err := <-done; err != nil || buf[0] != b[0] {
-				t.Fatalf("Read = %q, %v; want %q", buf[:1], err, b)
-			}
-		}
 		_ = c.SetReadDeadline(time.Now().Add(lapse))
-		answerWhenWaiting("a")
+		readWhenWaiting(t, c, s, "a")
 		time.Sleep(lapse + 100*time.Millisecond)
 		_ = c.SetReadDeadline(time.Now().Add(time.Hour))
-		answerWhenWaiting("b")
+		readWhenWaiting(t, c, s, "b")
 		// The same through a held write: nothing goes out until the
 		// later deadline is in force, and the answer is read under it.
 		_ = c.SetReadDeadline(time.Now().Add(lapse))
-		answerWhenWaiting("c")
+		readWhenWaiting(t, c, s, "c")
 		time.Sleep(lapse + 100*time.Millisecond)
 		_ = c.SetReadDeadline(time.Now().Add(time.Hour))
 		got := make(chan []byte, 1)
