@@ -419,10 +419,11 @@ func (h *harness) finishRow(r *rowRun) {
 	n := float64(w.requests)
 	res.rps = n / w.elapsed.Seconds()
 	us := func(d time.Duration) float64 { return float64(d.Microseconds()) / n }
-	res.proxyUS, res.agentUS, res.upstreamUS = us(p1.total()-r.p0.total()), us(a1.total()-r.a0.total()), us(u1-r.u0)
+	proxy, agent, up := p1.total()-r.p0.total(), a1.total()-r.a0.total(), u1-r.u0
+	res.proxyUS, res.agentUS, res.upstreamUS = us(proxy), us(agent), us(up)
 	res.proxyKernelUS, res.agentKernelUS = us(p1.kernel-r.p0.kernel), us(a1.kernel-r.a0.kernel)
-	r.used = p1.total() - r.p0.total() + a1.total() - r.a0.total() + u1 - r.u0
-	res.sutCores = (p1.total() - r.p0.total() + a1.total() - r.a0.total()).Seconds() / w.elapsed.Seconds()
+	r.used = proxy + agent + up
+	res.sutCores = (proxy + agent).Seconds() / w.elapsed.Seconds()
 	res.proxySys, res.proxyCS = perRequest(r.pw0, pw1, errors.Join(r.errPW0, errPW1), n)
 	res.agentSys, res.agentCS = perRequest(r.aw0, aw1, errors.Join(r.errAW0, errAW1), n)
 	res.upTotal, res.upMarked = s1.total-r.s0.total, s1.marked-r.s0.marked
