@@ -29,40 +29,7 @@ func (echoHandler) OnRequestHeaders(_ context.Context, m *protocol.RequestHeader
 // message as a RequestHeaders. The SDK must answer it with a Decision, not
 // with an agent error.
 func TestProtobufEventWithUnknownEnvelopeField(t *testing.T) {
-	path := tempSocket(t)
-	ln, err := net.Listen("unix", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go func() {
-		nc, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		_ = sdk.ServeConn(ctx, nc, echoHandler{sdk.Base{Caps: protocol.Capabilities{HandlesRequestHeaders: true}}}, nil)
-	}()
-	nc, err := net.Dial("unix", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	_ = nc.SetDeadline(time.Now().Add(hangGuard))
-	req := handshake.NewRequestWith("newer-proxy", protocol.FeatureProtobufPayloads)
-	if err := uds.WriteFrame(nc, &req); err != nil {
-		t.Fatal(err)
-	}
-	fr := uds.NewFrameReader(nc)
-	if _, p, err := fr.Next(); err != nil {
-		t.Fatal(err)
-	} else {
-		var resp protocol.HandshakeResponse
-		if err := protocol.DecodeHandshakeResponse(p, &resp); err != nil || !resp.Capabilities.SupportsProtobufPayloads {
-			t.Fatalf("handshake: %+v %v", resp, err)
-		}
-	}
+	nc, fr := serveProtobuf(t, nil)
 	for i, order := range []string{"before", "after"} {
 		id := uint64(100 + i)
 		body, _ := pbwire.AppendMessage(nil, &protocol.RequestHeaders{RequestID: id, Method: []byte("GET"), URI: []byte("/" + order)})
@@ -87,4 +54,49 @@ func TestProtobufEventWithUnknownEnvelopeField(t *testing.T) {
 			t.Errorf("unknown envelope field %s the event: decision %+v", order, d)
 		}
 	}
+}
+
+// serveProtobuf serves one connection with echoHandler and opts, and
+// returns the proxy's end of it and its frame reader, after a handshake
+// that agreed on protobuf payloads. The connection is served until the
+// test ends.
+func serveProtobuf(t *testing.T, opts *sdk.Options) (net.Conn, *uds.FrameReader) {
+	t.Helper()
+	path := tempSocket(t)
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan struct{})
+	t.Cleanup(func() { cancel(); <-served })
+	go func() {
+		defer close(served)
+		nc, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		_ = sdk.ServeConn(ctx, nc, echoHandler{sdk.Base{Caps: protocol.Capabilities{HandlesRequestHeaders: true}}}, opts)
+	}()
+	nc, err := net.Dial("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = nc.Close() })
+	_ = nc.SetDeadline(time.Now().Add(hangGuard))
+	req := handshake.NewRequestWith("newer-proxy", protocol.FeatureProtobufPayloads)
+	if err := uds.WriteFrame(nc, &req); err != nil {
+		t.Fatal(err)
+	}
+	fr := uds.NewFrameReader(nc)
+	_, p, err := fr.Next()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var resp protocol.HandshakeResponse
+	if err := protocol.DecodeHandshakeResponse(p, &resp); err != nil || !resp.Capabilities.SupportsProtobufPayloads {
+		t.Fatalf("handshake: %+v %v", resp, err)
+	}
+	return nc, fr
 }

@@ -21,3 +21,8 @@ import "github.com/zentinelproxy/sidecar/internal/schedpolicy"
 // most) instead of being answered at once. On other systems it returns an
 // error and changes nothing.
 func SetBatchScheduling() error { return schedpolicy.SetBatch() }
+
+// oneCPU reports whether the agent may run on one CPU only, where
+// ServeConn yields on wake-ups (Options.NoYieldOnWake); a variable for
+// tests.
+var oneCPU = schedpolicy.OneCPU

@@ -33,6 +33,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/zentinelproxy/sidecar/internal/yield"
 )
 
 // Conn is a net.Conn whose Read and Write are raw system calls on its
@@ -84,6 +86,12 @@ type Conn struct {
 	rdKnown   bool          // ... once Conn has given it one (before, unknown)
 	rdProgs   atomic.Uint32 // deadlines given to the poller (tests)
 	rwaited   bool          // this Read set rdWaiting (the reader's, under rmu)
+
+	// Yields after a wait (YieldOnWake); the reader's, under rmu.
+	wakeYield bool
+	wy        yield.Policy
+	wyYields  atomic.Uint64
+	wyPaid    atomic.Uint64
 }
 
 // A dlTime is a deadline as nanoseconds from epoch, shifted so that 0
@@ -394,6 +402,9 @@ func (c *Conn) read(fd uintptr) bool {
 		n, errno := Read(int(fd), c.rbuf)
 		switch errno {
 		case 0:
+			if c.rwaited && c.wakeYield && n > 0 && n < len(c.rbuf) {
+				n = c.moreAfterYield(fd, n)
+			}
 			c.rn = n
 			return true
 		case syscall.EINTR:

@@ -326,11 +326,17 @@ func TestNoAllocations(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector allocates")
 	}
-	for _, held := range []bool{false, true} {
+	for _, mode := range []string{"plain", "held", "yield on wake"} {
+		held := mode == "held"
 		c, s := tcpPair(t)
+		if mode == "yield on wake" {
+			c.YieldOnWake()
+		}
 		go func() { _, _ = io.Copy(s, s) }()
 		msg := []byte("0123456789")
-		buf := make([]byte, len(msg))
+		// Room to spare: a Read woken by the echo yields only when its
+		// first read leaves room for a second.
+		buf := make([]byte, 4*len(msg))
 		exchange := func() {
 			if held {
 				c.HoldWrites()
@@ -339,13 +345,16 @@ func TestNoAllocations(t *testing.T) {
 				t.Fatal(err)
 			}
 			_ = c.SetReadDeadline(time.Now().Add(time.Minute))
-			if _, err := io.ReadFull(c, buf); err != nil {
+			if _, err := io.ReadAtLeast(c, buf, len(msg)); err != nil {
 				t.Fatal(err)
 			}
 		}
 		exchange()
 		if allocs := testing.AllocsPerRun(1000, exchange); allocs != 0 {
-			t.Fatalf("held %v: %v allocations per exchange; want 0", held, allocs)
+			t.Fatalf("%s: %v allocations per exchange; want 0", mode, allocs)
+		}
+		if mode == "yield on wake" && c.WakeYields().Yields == 0 {
+			t.Fatalf("%s: no Read yielded; the gate did not run the yield", mode)
 		}
 	}
 }
@@ -427,10 +436,24 @@ func TestWaitsCountsReadsThatWaited(t *testing.T) {
 	}
 }
 
-// readWhenWaiting reads len(msg) bytes from c in a goroutine and has the
-// peer s send msg once that Read waits for the poller (so the Read's
-// deadline has reached it), and checks what the Read got.
+// readWhenWaiting reads len(msg) bytes from c and has the peer s send msg
+// once that Read waits for the poller (so the Read's deadline has reached
+// it), and checks what the Read got.
 func readWhenWaiting(t *testing.T, c *rawio.Conn, s net.Conn, msg string) {
+	t.Helper()
+	got, err := sendWhenWaiting(t, c, s, msg, func() ([]byte, error) {
+		b := make([]byte, len(msg))
+		_, err := io.ReadFull(c, b)
+		return b, err
+	})
+	if err != nil || got != msg {
+		t.Fatalf("Read = %q, %v; want %q", got, err, msg)
+	}
+}
+
+// sendWhenWaiting runs read, a Read of c, in a goroutine, has the peer s
+// send msg once it waits for the poller, and returns what it got.
+func sendWhenWaiting(t *testing.T, c *rawio.Conn, s net.Conn, msg string, read func() ([]byte, error)) (string, error) {
 	t.Helper()
 	w0 := c.Waits()
 	type got struct {
@@ -439,17 +462,15 @@ func readWhenWaiting(t *testing.T, c *rawio.Conn, s net.Conn, msg string) {
 	}
 	done := make(chan got, 1)
 	go func() {
-		b := make([]byte, len(msg))
-		_, err := io.ReadFull(c, b)
+		b, err := read()
 		done <- got{b, err}
 	}()
 	testutil.WaitFor(t, "the Read to wait", func() bool { return c.Waits() != w0 })
 	if _, err := s.Write([]byte(msg)); err != nil {
 		t.Fatal(err)
 	}
-	if g := <-done; g.err != nil || string(g.b) != msg {
-		t.Fatalf("Read = %q, %v; want %q", g.b, g.err, msg)
-	}
+	g := <-done
+	return string(g.b), g.err
 }
 
 // TestReadDeadlineReachesThePollerOnlyToWait: a keep-alive server's two

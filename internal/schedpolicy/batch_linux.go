@@ -55,3 +55,15 @@ func SetBatch() error {
 		}
 	}
 }
+
+// OneCPU reports whether the calling thread may run on one CPU only (its
+// affinity, which the threads of a process pinned with taskset or a
+// one-CPU cpuset share). Such a process shares that CPU with whatever
+// else is placed there and cannot be moved off it.
+func OneCPU() bool {
+	var set unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &set); err != nil {
+		return false
+	}
+	return set.Count() == 1
+}

@@ -8,3 +8,6 @@ import "errors"
 func SetBatch() error {
 	return errors.New("sched batch: SCHED_BATCH exists on Linux only")
 }
+
+// OneCPU reports false: CPU affinity is read on Linux only.
+func OneCPU() bool { return false }

@@ -1,6 +1,7 @@
 // Package schedpolicy sets the Linux scheduling policy of the whole
 // process, for the sidecar (run -sched batch) and for agents on the Go SDK
-// (sdk.SetBatchScheduling).
+// (sdk.SetBatchScheduling), and tells whether the process is confined to
+// one CPU (OneCPU), where an SDK agent yields on wake-ups.
 //
 // SCHED_BATCH takes away wake-up preemption: a process that wakes waits
 // for the running task to block or end its slice instead of preempting
