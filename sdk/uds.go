@@ -57,18 +57,22 @@ type Options struct {
 	// of agent.proto instead: less to encode and decode on both ends.
 	JSONPayloads bool
 	// NoYieldOnWake keeps the CPU when the proxy's events wake a
-	// connection's reader. By default an agent confined to one CPU (its
-	// affinity: pinned with taskset, a one-CPU cpuset), on Linux, reads
-	// what woke it and then yields the CPU once (sched_yield), so that a
-	// proxy sharing that CPU finishes the burst of requests it was
-	// handling and their events join the same read: the agent wakes less
-	// often and stops preempting its proxy mid-burst. The yield is kept
-	// while it pays (more events arrived meanwhile) and tried on one
-	// wake-up in 16 otherwise. An agent that may run on several CPUs never
-	// yields: there a yield only moves threads between CPUs (measured:
-	// one request in flight took 1.5x as long). Set NoYieldOnWake when
-	// the agent's CPU also runs unrelated busy work, to which a yield
-	// would give a slice of the CPU before the agent answers.
+	// connection's reader. By default an agent confined to one CPU (the
+	// affinity of its main thread when a connection starts: pinned with
+	// taskset, a one-CPU cpuset), on Linux, reads what woke it and, when
+	// its buffer has room, yields the CPU once (sched_yield) and reads
+	// again, so that a proxy sharing that CPU finishes the burst of
+	// requests it was handling and their events join the same read: the
+	// agent wakes less often and stops preempting its proxy mid-burst.
+	// Yields go on while about one in nine finds more events, and are
+	// tried on one wake-up in 16 otherwise. An agent that may run on
+	// several CPUs never yields: there a yield moves threads between CPUs
+	// (measured: one request in flight took 1.5x as long). It applies to
+	// the Unix-socket and TCP connections ServeConn serves, not to TLS or
+	// reverse connections. Set NoYieldOnWake when the agent's CPU also
+	// runs unrelated busy work: a yield hands that work the rest of the
+	// agent's time slice, and under load events still arrive meanwhile,
+	// so the yields seem to pay and every batch waits.
 	NoYieldOnWake bool
 	// SocketMode is the socket file's permission (default 0660: the proxy's
 	// user or group only).

@@ -1,6 +1,7 @@
 package sdk_test
 
 import (
+	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -32,8 +33,9 @@ func TestServeConnYieldsOnWake(t *testing.T) {
 			rawio.SetYieldHook(func() { yields.Add(1) })
 			defer rawio.SetYieldHook(nil)
 			serveEvents(t, &sdk.Options{NoYieldOnWake: tc.keep}, 4)
-			if n := yields.Load(); (n > 0) != tc.yields {
-				t.Fatalf("%d yields; want yields: %v", n, tc.yields)
+			want := tc.yields && runtime.GOOS == "linux" // elsewhere nothing yields
+			if n := yields.Load(); (n > 0) != want {
+				t.Fatalf("%d yields; want yields: %v", n, want)
 			}
 		})
 	}

@@ -90,6 +90,7 @@ type Conn struct {
 	// Yields after a wait (YieldOnWake); the reader's, under rmu.
 	wakeYield bool
 	wy        yield.Policy
+	wyErr     syscall.Errno // met by a yield's second read, for the next Read
 	wyYields  atomic.Uint64
 	wyPaid    atomic.Uint64
 }
@@ -397,6 +398,11 @@ func (c *Conn) read(fd uintptr) bool {
 			c.herr = errno
 			return true
 		}
+	}
+	if c.wyErr != 0 {
+		// The error a yield's second read met (see moreAfterYield).
+		c.rerr, c.wyErr = c.wyErr, 0
+		return true
 	}
 	for {
 		n, errno := Read(int(fd), c.rbuf)

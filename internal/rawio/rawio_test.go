@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"runtime"
 	"sync"
 	"syscall"
 	"testing"
@@ -353,7 +354,7 @@ func TestNoAllocations(t *testing.T) {
 		if allocs := testing.AllocsPerRun(1000, exchange); allocs != 0 {
 			t.Fatalf("%s: %v allocations per exchange; want 0", mode, allocs)
 		}
-		if mode == "yield on wake" && c.WakeYields().Yields == 0 {
+		if mode == "yield on wake" && runtime.GOOS == "linux" && c.WakeYields().Yields == 0 {
 			t.Fatalf("%s: no Read yielded; the gate did not run the yield", mode)
 		}
 	}

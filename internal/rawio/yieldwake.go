@@ -22,14 +22,14 @@ import (
 // core, sched_yield returns at once.
 //
 // A yield pays when the second read finds data. A yield.Policy keeps
-// yielding while yields pay and probes once in 16 wake-ups otherwise,
-// so an agent with a core of its own, or under a load of a request at a
-// time, pays a yield and a read that finds nothing on one wake-up in 16.
-// Measured on the peer benchmark's placement (sidecar and SDK agent on
-// one core, 64 connections, 8 alternated rounds of 3 s): the agent's CPU
-// per request fell from 2.3 to 1.2-1.4 µs, the sidecar's preemptions from
-// 0.098 to 0.017 per request, the CPU of the two by 2.7%, and requests/s
-// rose 2.5% (docs/performance.md).
+// yielding while about one yield in nine pays and otherwise probes once
+// in 16 wake-ups, so an agent under a load of a request at a time pays a
+// yield and a read that finds nothing on about one wake-up in 16.
+// Measured on the peer benchmark (sidecar and SDK agent on one core, 5
+// rounds against the commit before): the agent's CPU per request fell
+// from 2.2 to 1.2 µs, the context switches of the two from 0.19 to 0.09
+// per request, their CPU to 0.97x and requests/s rose to 1.03x
+// (docs/performance.md, "The agent yields after a wake-up").
 //
 // The SDK asks for it only when the agent may run on one CPU only. On
 // several, a yield lets the kernel move threads between CPUs: with an
@@ -46,7 +46,8 @@ type WakeStats struct {
 
 // YieldOnWake makes the Reads of c that had to wait for data yield the CPU
 // once after reading what woke them, and read again (see above). It does
-// nothing on systems other than Linux.
+// nothing on systems other than Linux. It waits for a Read in progress:
+// call it before reading.
 func (c *Conn) YieldOnWake() {
 	c.rmu.Lock()
 	c.wakeYield = canYield
@@ -61,8 +62,9 @@ func (c *Conn) WakeYields() WakeStats {
 // moreAfterYield follows a Read's first read after a wait, which got
 // c.rbuf[:n] with room left: when the policy allows, it yields the CPU
 // once and reads again into the rest of the buffer. It returns the bytes
-// read in all. An error or end of stream met by the second read is left
-// to the next Read, which meets it again.
+// read in all. What else the second read meets goes to the next Read: an
+// end of stream, which a read meets again, and an error, which the
+// kernel reports once (a reset) and so is kept in c.wyErr.
 func (c *Conn) moreAfterYield(fd uintptr, n int) int {
 	if !c.wy.Before() {
 		return n
@@ -74,6 +76,9 @@ func (c *Conn) moreAfterYield(fd uintptr, n int) int {
 		osYield()
 	}
 	m, errno := readFD(fd, c.rbuf[n:])
+	if errno != 0 && errno != syscall.EAGAIN {
+		c.wyErr = errno
+	}
 	paid := errno == 0 && m > 0
 	c.wy.After(paid)
 	if !paid {

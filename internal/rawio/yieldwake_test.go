@@ -1,16 +1,47 @@
+//go:build linux
+
 package rawio_test
 
 import (
+	"errors"
 	"io"
 	"net"
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/zentinelproxy/sidecar/internal/rawio"
 	"github.com/zentinelproxy/sidecar/internal/testutil"
 	"github.com/zentinelproxy/sidecar/internal/yield"
 )
+
+// Yielding on wake-ups exists on Linux only (elsewhere YieldOnWake does
+// nothing).
+
+// hookWait polls cond, for a yield hook: the hook runs in the reading
+// goroutine, where a test may not stop, so a cond that never holds is
+// reported with t.Error and false.
+func hookWait(t *testing.T, what string, cond func() bool) bool {
+	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(time.Millisecond) {
+		if cond() {
+			return true
+		}
+	}
+	t.Errorf("in the yield: %s never happened", what)
+	return false
+}
+
+// guard bounds c's Reads, so that a Read that would wait forever fails
+// the test instead of hanging it.
+func guard(t *testing.T, c *rawio.Conn) {
+	t.Helper()
+	if err := c.SetReadDeadline(time.Now().Add(10 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+}
 
 // setYieldHook makes the yields of YieldOnWake call f for the rest of the
 // test.
@@ -36,12 +67,13 @@ func wakeRead(t *testing.T, c *rawio.Conn, s net.Conn, size int, msg string) (st
 func TestYieldOnWakeTakesWhatCameMeanwhile(t *testing.T) {
 	c, s := tcpPair(t)
 	c.YieldOnWake()
+	guard(t, c)
 	setYieldHook(t, func() {
 		if _, err := s.Write([]byte("+second")); err != nil {
 			t.Error(err)
 			return
 		}
-		testutil.WaitFor(t, "the second bytes in c's receive queue", func() bool { return testutil.HasBytes(t, c) })
+		hookWait(t, "the second bytes in c's receive queue", func() bool { return testutil.HasBytes(t, c) })
 	})
 	got, err := wakeRead(t, c, s, 64, "first")
 	if err != nil || got != "first+second" {
@@ -58,6 +90,7 @@ func TestYieldOnWakeTakesWhatCameMeanwhile(t *testing.T) {
 func TestYieldOnWakeOnlyWhenItPays(t *testing.T) {
 	c, s := tcpPair(t)
 	c.YieldOnWake()
+	guard(t, c)
 	var yields atomic.Int64
 	var more atomic.Bool
 	setYieldHook(t, func() {
@@ -67,7 +100,7 @@ func TestYieldOnWakeOnlyWhenItPays(t *testing.T) {
 				t.Error(err)
 				return
 			}
-			testutil.WaitFor(t, "the byte in c's receive queue", func() bool { return testutil.HasBytes(t, c) })
+			hookWait(t, "the byte in c's receive queue", func() bool { return testutil.HasBytes(t, c) })
 		}
 	})
 	const wakes = 2*yield.ProbeEvery + 8
@@ -111,9 +144,10 @@ func TestYieldOnWakeOnlyWhenItPays(t *testing.T) {
 func TestYieldOnWakeLeavesTheEndToTheNextRead(t *testing.T) {
 	c, s := tcpPair(t)
 	c.YieldOnWake()
+	guard(t, c)
 	setYieldHook(t, func() {
 		_ = s.Close()
-		testutil.WaitFor(t, "the FIN", func() bool { return readableEOF(c) })
+		hookWait(t, "the FIN", func() bool { return readableEOF(c) })
 	})
 	got, err := wakeRead(t, c, s, 64, "last")
 	if err != nil || got != "last" {
@@ -133,6 +167,7 @@ func TestNoYieldWithoutAWakeOrRoom(t *testing.T) {
 
 	c, s := tcpPair(t)
 	c.YieldOnWake()
+	guard(t, c)
 	if _, err := s.Write([]byte("ready")); err != nil {
 		t.Fatal(err)
 	}
@@ -145,6 +180,7 @@ func TestNoYieldWithoutAWakeOrRoom(t *testing.T) {
 	}
 
 	plain, ps := tcpPair(t)
+	guard(t, plain)
 	if got, err := wakeRead(t, plain, ps, 64, "plain"); err != nil || got != "plain" {
 		t.Fatalf("Read = %q, %v", got, err)
 	}
@@ -153,18 +189,66 @@ func TestNoYieldWithoutAWakeOrRoom(t *testing.T) {
 	}
 }
 
+// TestYieldOnWakeKeepsAReset: a reset met by the second read, which the
+// kernel reports once, reaches the next Read, as it would without the
+// yield (the Read before it returns what woke it).
+func TestYieldOnWakeKeepsAReset(t *testing.T) {
+	for _, network := range []string{"unix", "tcp"} {
+		t.Run(network, func(t *testing.T) {
+			d, s := testutil.ConnPair(t, network)
+			c := rawio.Wrap(d).(*rawio.Conn)
+			c.YieldOnWake()
+			guard(t, c)
+			setYieldHook(t, func() {
+				// A peer that closes with data unread resets a Unix
+				// socket; a TCP peer with SO_LINGER 0 resets at once.
+				if tc, ok := s.(*net.TCPConn); ok {
+					_ = tc.SetLinger(0)
+				} else if _, err := c.Write([]byte("unread")); err != nil {
+					t.Error(err)
+					return
+				}
+				_ = s.Close()
+				hookWait(t, "the reset", func() bool { return pollErr(c) })
+			})
+			if got, err := wakeRead(t, c, s, 64, "last"); err != nil || got != "last" {
+				t.Fatalf("Read = %q, %v; want \"last\"", got, err)
+			}
+			if _, err := c.Read(make([]byte, 8)); !errors.Is(err, syscall.ECONNRESET) {
+				t.Fatalf("next Read = %v; want ECONNRESET", err)
+			}
+		})
+	}
+}
+
+// pollErr reports whether c's socket has an error or hang-up pending;
+// poll(2) leaves the error for the next read.
+func pollErr(c *rawio.Conn) bool {
+	return onSocket(c, func(fd int) bool {
+		p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		n, _ := unix.Poll(p, 0)
+		return n == 1 && p[0].Revents&(unix.POLLERR|unix.POLLHUP) != 0
+	})
+}
+
 // readableEOF reports whether c's peer has closed: a peek finds the end
 // of the stream.
 func readableEOF(c *rawio.Conn) bool {
+	return onSocket(c, func(fd int) bool {
+		var b [1]byte
+		n, _, err := syscall.Recvfrom(fd, b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		return err == nil && n == 0
+	})
+}
+
+// onSocket runs f on c's descriptor and returns its answer (false when
+// the socket is gone).
+func onSocket(c *rawio.Conn, f func(fd int) bool) bool {
 	raw, err := c.SyscallConn()
 	if err != nil {
 		return false
 	}
-	eof := false
-	_ = raw.Control(func(fd uintptr) {
-		var b [1]byte
-		n, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-		eof = err == nil && n == 0
-	})
-	return eof
+	ok := false
+	_ = raw.Control(func(fd uintptr) { ok = f(int(fd)) })
+	return ok
 }

@@ -56,13 +56,17 @@ func SetBatch() error {
 	}
 }
 
-// OneCPU reports whether the calling thread may run on one CPU only (its
-// affinity, which the threads of a process pinned with taskset or a
-// one-CPU cpuset share). Such a process shares that CPU with whatever
-// else is placed there and cannot be moved off it.
-func OneCPU() bool {
+// OneCPU reports whether the process may run on one CPU only: the
+// affinity of its main thread, which the threads of a process started
+// pinned (taskset, a one-CPU cpuset) share. Such a process shares that
+// CPU with whatever else is placed there and cannot be moved off it.
+func OneCPU() bool { return oneCPUOf(os.Getpid()) }
+
+// oneCPUOf reports whether thread tid (0: the calling thread) may run on
+// one CPU only.
+func oneCPUOf(tid int) bool {
 	var set unix.CPUSet
-	if err := unix.SchedGetaffinity(0, &set); err != nil {
+	if err := unix.SchedGetaffinity(tid, &set); err != nil {
 		return false
 	}
 	return set.Count() == 1

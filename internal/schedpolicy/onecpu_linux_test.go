@@ -1,6 +1,7 @@
 package schedpolicy_test
 
 import (
+	"os"
 	"runtime"
 	"testing"
 
@@ -10,7 +11,8 @@ import (
 )
 
 // TestOneCPU: a thread pinned to one CPU is confined to it; with its
-// affinity back, OneCPU says what that affinity allows.
+// affinity back, it is as confined as its affinity says; the process is
+// as confined as its main thread.
 func TestOneCPU(t *testing.T) {
 	runtime.LockOSThread() // the affinity set here is this thread's
 	defer runtime.UnlockOSThread()
@@ -35,13 +37,20 @@ func TestOneCPU(t *testing.T) {
 	if err := unix.SchedSetaffinity(0, &one); err != nil {
 		t.Fatal(err)
 	}
-	if !schedpolicy.OneCPU() {
-		t.Fatalf("pinned to CPU %d: OneCPU() = false", cpu)
+	if !schedpolicy.OneCPUOf(0) {
+		t.Fatalf("pinned to CPU %d: OneCPUOf(this thread) = false", cpu)
 	}
 	if err := unix.SchedSetaffinity(0, &orig); err != nil {
 		t.Fatal(err)
 	}
-	if got, want := schedpolicy.OneCPU(), orig.Count() == 1; got != want {
-		t.Fatalf("with %d CPUs allowed: OneCPU() = %v", orig.Count(), got)
+	if got, want := schedpolicy.OneCPUOf(0), orig.Count() == 1; got != want {
+		t.Fatalf("with %d CPUs allowed: OneCPUOf(this thread) = %v", orig.Count(), got)
+	}
+	var main unix.CPUSet
+	if err := unix.SchedGetaffinity(os.Getpid(), &main); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := schedpolicy.OneCPU(), main.Count() == 1; got != want {
+		t.Fatalf("main thread allowed %d CPUs: OneCPU() = %v", main.Count(), got)
 	}
 }
