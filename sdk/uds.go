@@ -71,8 +71,9 @@ type Options struct {
 	// the Unix-socket and TCP connections ServeConn serves, not to TLS or
 	// reverse connections. Set NoYieldOnWake when the agent's CPU also
 	// runs unrelated busy work: a yield hands that work the rest of the
-	// agent's time slice, and under load events still arrive meanwhile,
-	// so the yields seem to pay and every batch waits.
+	// agent's time slice. Yields that long (1 ms or more) do not count as
+	// paid, so they fall back to one wake-up in 16, but those still delay
+	// their batch (docs/operations.md, "Sharing a core with an agent").
 	NoYieldOnWake bool
 	// SocketMode is the socket file's permission (default 0660: the proxy's
 	// user or group only).

@@ -84,6 +84,30 @@ func TestYieldOnWakeTakesWhatCameMeanwhile(t *testing.T) {
 	}
 }
 
+// TestLongYieldDoesNotPay: a yield that kept the reader off its CPU for
+// a millisecond or more (unrelated busy work took it) does not count as
+// paid, though what came meanwhile is read all the same.
+func TestLongYieldDoesNotPay(t *testing.T) {
+	c, s := tcpPair(t)
+	c.YieldOnWake()
+	guard(t, c)
+	setYieldHook(t, func() {
+		if _, err := s.Write([]byte("+late")); err != nil {
+			t.Error(err)
+			return
+		}
+		hookWait(t, "the late bytes in c's receive queue", func() bool { return testutil.HasBytes(t, c) })
+		time.Sleep(2 * time.Millisecond) // the yield outlasts maxPaidYield
+	})
+	got, err := wakeRead(t, c, s, 64, "first")
+	if err != nil || got != "first+late" {
+		t.Fatalf("Read = %q, %v; want %q", got, err, "first+late")
+	}
+	if st := c.WakeYields(); st != (rawio.WakeStats{Yields: 1, Paid: 0}) {
+		t.Fatalf("WakeYields = %+v; want 1 yield, not paid", st)
+	}
+}
+
 // TestYieldOnWakeOnlyWhenItPays: yields that find nothing more are kept
 // to one wake-up in yield.ProbeEvery; once one pays, every wake-up
 // yields again.
