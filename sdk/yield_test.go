@@ -8,6 +8,7 @@ import (
 
 	"github.com/zentinelproxy/sidecar/internal/pbwire"
 	"github.com/zentinelproxy/sidecar/internal/rawio"
+	"github.com/zentinelproxy/sidecar/internal/yield"
 	"github.com/zentinelproxy/sidecar/protocol"
 	"github.com/zentinelproxy/sidecar/sdk"
 	"github.com/zentinelproxy/sidecar/uds"
@@ -30,8 +31,14 @@ func TestServeConnYieldsOnWake(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			defer sdk.SetOneCPU(func() bool { return tc.oneCPU })()
 			var yields atomic.Int64
-			rawio.SetYieldHook(func() { yields.Add(1) })
-			defer rawio.SetYieldHook(nil)
+			yield.SetHook(func(owner any) bool {
+				_, agentConn := owner.(*rawio.Conn) // the agent's yields on wake-up
+				if agentConn {
+					yields.Add(1)
+				}
+				return agentConn
+			})
+			defer yield.SetHook(nil)
 			serveEvents(t, &sdk.Options{NoYieldOnWake: tc.keep}, 4)
 			want := tc.yields && runtime.GOOS == "linux" // elsewhere nothing yields
 			if n := yields.Load(); (n > 0) != want {

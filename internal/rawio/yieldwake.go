@@ -1,9 +1,10 @@
 package rawio
 
 import (
-	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/zentinelproxy/sidecar/internal/yield"
 )
 
 // Yielding after a wake-up, for an agent's end of its connection to the
@@ -62,7 +63,7 @@ type WakeStats struct {
 // call it before reading.
 func (c *Conn) YieldOnWake() {
 	c.rmu.Lock()
-	c.wakeYield = canYield
+	c.wakeYield = yield.OSYields
 	c.rmu.Unlock()
 }
 
@@ -83,18 +84,15 @@ func (c *Conn) moreAfterYield(fd uintptr, n int) int {
 	}
 	c.wyYields.Add(1)
 	t0 := time.Now()
-	if f := yieldHook.Load(); f != nil {
-		(*f)()
-	} else {
-		osYield()
-	}
+	yield.OS(c)
 	long := time.Since(t0) >= maxPaidYield
-	m, errno := readFD(fd, c.rbuf[n:])
-	if errno != 0 && errno != syscall.EAGAIN {
-		c.wyErr = errno
-	}
-	if errno != 0 {
-		m = 0
+	m, errno := Read(int(fd), c.rbuf[n:])
+	switch errno {
+	case 0:
+	case syscall.EAGAIN, syscall.EINTR:
+		m = 0 // nothing more (a signal: the next Read reads on)
+	default:
+		m, c.wyErr = 0, errno
 	}
 	paid := m > 0 && !long
 	c.wy.After(paid)
@@ -102,28 +100,4 @@ func (c *Conn) moreAfterYield(fd uintptr, n int) int {
 		c.wyPaid.Add(1)
 	}
 	return n + m
-}
-
-// yieldHook, when set, stands in for sched_yield (SetYieldHook).
-var yieldHook atomic.Pointer[func()]
-
-// SetYieldHook makes the yields of YieldOnWake call f instead of
-// sched_yield (a test decides what the peer sends meanwhile); nil
-// restores sched_yield. For tests.
-func SetYieldHook(f func()) {
-	if f == nil {
-		yieldHook.Store(nil)
-		return
-	}
-	yieldHook.Store(&f)
-}
-
-// readFD is one read(2), repeated when a signal interrupts it.
-func readFD(fd uintptr, p []byte) (int, syscall.Errno) {
-	for {
-		n, errno := Read(int(fd), p)
-		if errno != syscall.EINTR {
-			return n, errno
-		}
-	}
 }

@@ -43,12 +43,29 @@ func guard(t *testing.T, c *rawio.Conn) {
 	}
 }
 
-// setYieldHook makes the yields of YieldOnWake call f for the rest of the
-// test.
-func setYieldHook(t *testing.T, f func()) {
+// setYieldHook makes the OS yields of YieldOnWake call f, with the Conn
+// that yields, instead of sched_yield for the rest of the test (other
+// yields go on as usual).
+func setYieldHook(t *testing.T, f func(c *rawio.Conn)) {
 	t.Helper()
-	rawio.SetYieldHook(f)
-	t.Cleanup(func() { rawio.SetYieldHook(nil) })
+	yield.SetHook(func(owner any) bool {
+		c, ok := owner.(*rawio.Conn)
+		if ok {
+			f(c)
+		}
+		return ok
+	})
+	t.Cleanup(func() { yield.SetHook(nil) })
+}
+
+// sendInYield, called by a yield hook, has the peer s send msg and waits
+// until it is in c's receive queue; false (reported) if it never is.
+func sendInYield(t *testing.T, c *rawio.Conn, s net.Conn, msg string) bool {
+	if _, err := s.Write([]byte(msg)); err != nil {
+		t.Error(err)
+		return false
+	}
+	return hookWait(t, "the bytes sent during the yield in c's receive queue", func() bool { return testutil.HasBytes(t, c) })
 }
 
 // wakeRead has the peer s send msg once a Read of up to size bytes on c
@@ -68,13 +85,7 @@ func TestYieldOnWakeTakesWhatCameMeanwhile(t *testing.T) {
 	c, s := tcpPair(t)
 	c.YieldOnWake()
 	guard(t, c)
-	setYieldHook(t, func() {
-		if _, err := s.Write([]byte("+second")); err != nil {
-			t.Error(err)
-			return
-		}
-		hookWait(t, "the second bytes in c's receive queue", func() bool { return testutil.HasBytes(t, c) })
-	})
+	setYieldHook(t, func(*rawio.Conn) { sendInYield(t, c, s, "+second") })
 	got, err := wakeRead(t, c, s, 64, "first")
 	if err != nil || got != "first+second" {
 		t.Fatalf("Read = %q, %v; want %q", got, err, "first+second")
@@ -91,13 +102,10 @@ func TestLongYieldDoesNotPay(t *testing.T) {
 	c, s := tcpPair(t)
 	c.YieldOnWake()
 	guard(t, c)
-	setYieldHook(t, func() {
-		if _, err := s.Write([]byte("+late")); err != nil {
-			t.Error(err)
-			return
+	setYieldHook(t, func(*rawio.Conn) {
+		if sendInYield(t, c, s, "+late") {
+			time.Sleep(2 * time.Millisecond) // the yield outlasts maxPaidYield
 		}
-		hookWait(t, "the late bytes in c's receive queue", func() bool { return testutil.HasBytes(t, c) })
-		time.Sleep(2 * time.Millisecond) // the yield outlasts maxPaidYield
 	})
 	got, err := wakeRead(t, c, s, 64, "first")
 	if err != nil || got != "first+late" {
@@ -117,14 +125,10 @@ func TestYieldOnWakeOnlyWhenItPays(t *testing.T) {
 	guard(t, c)
 	var yields atomic.Int64
 	var more atomic.Bool
-	setYieldHook(t, func() {
+	setYieldHook(t, func(*rawio.Conn) {
 		yields.Add(1)
 		if more.Load() {
-			if _, err := s.Write([]byte("+")); err != nil {
-				t.Error(err)
-				return
-			}
-			hookWait(t, "the byte in c's receive queue", func() bool { return testutil.HasBytes(t, c) })
+			sendInYield(t, c, s, "+")
 		}
 	})
 	const wakes = 2*yield.ProbeEvery + 8
@@ -169,7 +173,7 @@ func TestYieldOnWakeLeavesTheEndToTheNextRead(t *testing.T) {
 	c, s := tcpPair(t)
 	c.YieldOnWake()
 	guard(t, c)
-	setYieldHook(t, func() {
+	setYieldHook(t, func(*rawio.Conn) {
 		_ = s.Close()
 		hookWait(t, "the FIN", func() bool { return readableEOF(c) })
 	})
@@ -187,7 +191,7 @@ func TestYieldOnWakeLeavesTheEndToTheNextRead(t *testing.T) {
 // asked to yield do not yield.
 func TestNoYieldWithoutAWakeOrRoom(t *testing.T) {
 	var yields atomic.Int64
-	setYieldHook(t, func() { yields.Add(1) })
+	setYieldHook(t, func(*rawio.Conn) { yields.Add(1) })
 
 	c, s := tcpPair(t)
 	c.YieldOnWake()
@@ -223,7 +227,7 @@ func TestYieldOnWakeKeepsAReset(t *testing.T) {
 			c := rawio.Wrap(d).(*rawio.Conn)
 			c.YieldOnWake()
 			guard(t, c)
-			setYieldHook(t, func() {
+			setYieldHook(t, func(*rawio.Conn) {
 				// A peer that closes with data unread resets a Unix
 				// socket; a TCP peer with SO_LINGER 0 resets at once.
 				if tc, ok := s.(*net.TCPConn); ok {

@@ -3,7 +3,8 @@
 // yields paid.
 //
 // Two places in the proxy yield to let the goroutines already runnable go
-// first: a client connection's read after a response (the next request
+// first (Gosched), and an SDK agent gives its thread's CPU to the proxy it
+// shares it with (OS, see rawio.Conn.YieldOnWake): a client connection's read after a response (the next request
 // has usually arrived by then under load, so the read does not meet
 // EAGAIN and park), and an agent connection's sender before it writes
 // (the other senders' frames join the same write). Under load a yield is
@@ -77,12 +78,12 @@ func Gosched(owner any) {
 	}
 }
 
-// hook, when set, is called by Gosched first; atomic because other tests'
-// connections may still yield meanwhile.
+// hook, when set, is called by Gosched and OS first; atomic because other
+// tests' connections may still yield meanwhile.
 var hook atomic.Pointer[func(owner any) bool]
 
-// SetHook makes Gosched call f, which reports whether it stood in for the
-// yield (a test counts its own owner's yields and lets the others
+// SetHook makes Gosched and OS call f, which reports whether it stood in
+// for the yield (a test counts its own owner's yields and lets the others
 // through); nil removes it. For tests.
 func SetHook(f func(owner any) bool) {
 	if f == nil {

@@ -1,8 +1,0 @@
-//go:build !linux
-
-package rawio
-
-// Only Linux yields (YieldOnWake does nothing elsewhere).
-const canYield = false
-
-func osYield() {}
