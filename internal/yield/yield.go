@@ -1,20 +1,23 @@
-// Package yield decides whether a goroutine yields (runtime.Gosched)
-// before an operation that a yield can make cheaper, from whether earlier
-// yields paid.
+// Package yield decides whether to yield before an operation that a
+// yield can make cheaper, from whether earlier yields paid.
 //
 // Two places in the proxy yield to let the goroutines already runnable go
-// first (Gosched), and an SDK agent gives its thread's CPU to the proxy it
-// shares it with (OS, see rawio.Conn.YieldOnWake): a client connection's read after a response (the next request
-// has usually arrived by then under load, so the read does not meet
-// EAGAIN and park), and an agent connection's sender before it writes
-// (the other senders' frames join the same write). Under load a yield is
-// cheap and saves a system call. Below that load there is nothing to
-// wait for, and with GOMAXPROCS > 1 and idle Ps the yield wakes another
-// thread (the runtime's wakep): a cost that buys nothing. Measured at
-// 2 000 requests/s through 16 connections, default GOMAXPROCS, one agent:
-// yielding before every client read after a response took the proxy
-// from 190 to 207 µs of CPU per request (mean of four starts each), and
-// the sender's yield added 0.43 context switches per request.
+// first (Gosched): a client connection's read after a response (the next
+// request has usually arrived by then under load, so the read does not
+// meet EAGAIN and park), and an agent connection's sender before it
+// writes (the other senders' frames join the same write). Under load a
+// yield is cheap and saves a system call. Below that load there is
+// nothing to wait for, and with GOMAXPROCS > 1 and idle Ps the yield
+// wakes another thread (the runtime's wakep): a cost that buys nothing.
+// Measured at 2 000 requests/s through 16 connections, default
+// GOMAXPROCS, one agent: yielding before every client read after a
+// response took the proxy from 190 to 207 µs of CPU per request (mean of
+// four starts each), and the sender's yield added 0.43 context switches
+// per request.
+//
+// An SDK agent confined to one CPU yields that CPU itself (OS,
+// sched_yield) after a wake-up, to the proxy it shares it with: see
+// rawio.Conn.YieldOnWake.
 package yield
 
 import (
