@@ -80,39 +80,36 @@ func wakeRead(t *testing.T, c *rawio.Conn, s net.Conn, size int, msg string) (st
 }
 
 // TestYieldOnWakeTakesWhatCameMeanwhile: a Read woken by data yields
-// once and its second read takes what the peer sent during the yield.
+// once and its second read takes what the peer sent during the yield. A
+// yield that kept the reader off its CPU for a millisecond or more
+// (unrelated busy work took it) does not count as paid, though what came
+// meanwhile is read all the same.
 func TestYieldOnWakeTakesWhatCameMeanwhile(t *testing.T) {
-	c, s := tcpPair(t)
-	c.YieldOnWake()
-	guard(t, c)
-	setYieldHook(t, func(*rawio.Conn) { sendInYield(t, c, s, "+second") })
-	got, err := wakeRead(t, c, s, 64, "first")
-	if err != nil || got != "first+second" {
-		t.Fatalf("Read = %q, %v; want %q", got, err, "first+second")
-	}
-	if st := c.WakeYields(); st != (rawio.WakeStats{Yields: 1, Paid: 1}) {
-		t.Fatalf("WakeYields = %+v; want 1 yield, paid", st)
-	}
-}
-
-// TestLongYieldDoesNotPay: a yield that kept the reader off its CPU for
-// a millisecond or more (unrelated busy work took it) does not count as
-// paid, though what came meanwhile is read all the same.
-func TestLongYieldDoesNotPay(t *testing.T) {
-	c, s := tcpPair(t)
-	c.YieldOnWake()
-	guard(t, c)
-	setYieldHook(t, func(*rawio.Conn) {
-		if sendInYield(t, c, s, "+late") {
-			time.Sleep(2 * time.Millisecond) // the yield outlasts maxPaidYield
-		}
-	})
-	got, err := wakeRead(t, c, s, 64, "first")
-	if err != nil || got != "first+late" {
-		t.Fatalf("Read = %q, %v; want %q", got, err, "first+late")
-	}
-	if st := c.WakeYields(); st != (rawio.WakeStats{Yields: 1, Paid: 0}) {
-		t.Fatalf("WakeYields = %+v; want 1 yield, not paid", st)
+	for _, tc := range []struct {
+		name string
+		long time.Duration // how much longer the yield lasts
+		want rawio.WakeStats
+	}{
+		{"quick yield pays", 0, rawio.WakeStats{Yields: 1, Paid: 1}},
+		{"long yield does not pay", 2 * time.Millisecond, rawio.WakeStats{Yields: 1, Paid: 0}}, // outlasts maxPaidYield
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, s := tcpPair(t)
+			c.YieldOnWake()
+			guard(t, c)
+			setYieldHook(t, func(*rawio.Conn) {
+				if sendInYield(t, c, s, "+second") {
+					time.Sleep(tc.long)
+				}
+			})
+			got, err := wakeRead(t, c, s, 64, "first")
+			if err != nil || got != "first+second" {
+				t.Fatalf("Read = %q, %v; want %q", got, err, "first+second")
+			}
+			if st := c.WakeYields(); st != tc.want {
+				t.Fatalf("WakeYields = %+v; want %+v", st, tc.want)
+			}
+		})
 	}
 }
 
@@ -175,7 +172,7 @@ func TestYieldOnWakeLeavesTheEndToTheNextRead(t *testing.T) {
 	guard(t, c)
 	setYieldHook(t, func(*rawio.Conn) {
 		_ = s.Close()
-		hookWait(t, "the FIN", func() bool { return readableEOF(c) })
+		hookWait(t, "the FIN", func() bool { return testutil.PeerClosed(t, c) })
 	})
 	got, err := wakeRead(t, c, s, 64, "last")
 	if err != nil || got != "last" {
@@ -249,34 +246,19 @@ func TestYieldOnWakeKeepsAReset(t *testing.T) {
 	}
 }
 
-// pollErr reports whether c's socket has an error or hang-up pending;
-// poll(2) leaves the error for the next read.
+// pollErr reports whether c's socket has an error or hang-up pending
+// (false when the socket is gone); poll(2) leaves the error for the next
+// read.
 func pollErr(c *rawio.Conn) bool {
-	return onSocket(c, func(fd int) bool {
-		p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-		n, _ := unix.Poll(p, 0)
-		return n == 1 && p[0].Revents&(unix.POLLERR|unix.POLLHUP) != 0
-	})
-}
-
-// readableEOF reports whether c's peer has closed: a peek finds the end
-// of the stream.
-func readableEOF(c *rawio.Conn) bool {
-	return onSocket(c, func(fd int) bool {
-		var b [1]byte
-		n, _, err := syscall.Recvfrom(fd, b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-		return err == nil && n == 0
-	})
-}
-
-// onSocket runs f on c's descriptor and returns its answer (false when
-// the socket is gone).
-func onSocket(c *rawio.Conn, f func(fd int) bool) bool {
 	raw, err := c.SyscallConn()
 	if err != nil {
 		return false
 	}
-	ok := false
-	_ = raw.Control(func(fd uintptr) { ok = f(int(fd)) })
-	return ok
+	pending := false
+	_ = raw.Control(func(fd uintptr) {
+		p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		n, _ := unix.Poll(p, 0)
+		pending = n == 1 && p[0].Revents&(unix.POLLERR|unix.POLLHUP) != 0
+	})
+	return pending
 }

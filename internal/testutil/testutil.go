@@ -114,6 +114,21 @@ func ThreadPolicies(t testing.TB, pid int) []int {
 // taking them (a non-blocking MSG_PEEK on c's socket).
 func HasBytes(t testing.TB, c net.Conn) bool {
 	t.Helper()
+	n, err := peek(t, c)
+	return err == nil && n > 0
+}
+
+// PeerClosed reports whether c's peer has closed and nothing is left to
+// read before the end of the stream (the same peek finds it).
+func PeerClosed(t testing.TB, c net.Conn) bool {
+	t.Helper()
+	n, err := peek(t, c)
+	return err == nil && n == 0
+}
+
+// peek looks at c's receive queue without taking from it or waiting.
+func peek(t testing.TB, c net.Conn) (n int, err error) {
+	t.Helper()
 	sc, ok := c.(syscall.Conn)
 	if !ok {
 		t.Fatalf("%T has no socket to peek", c)
@@ -122,11 +137,11 @@ func HasBytes(t testing.TB, c net.Conn) bool {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var n int
-	var rerr error
-	_ = raw.Control(func(fd uintptr) {
+	if cerr := raw.Control(func(fd uintptr) {
 		var b [1]byte
-		n, _, rerr = syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-	})
-	return rerr == nil && n > 0
+		n, _, err = syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+	}); cerr != nil {
+		return 0, cerr // the socket is gone
+	}
+	return n, err
 }
