@@ -19,12 +19,14 @@ import (
 	"sync"
 	"sync/atomic"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocfilter "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocsvc "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/rs/zerolog"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/connectivity"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/internal/grpcclient"
@@ -63,13 +65,16 @@ var EventNames = [numEvents]string{
 // one stream per request.
 type Client struct {
 	*agentmux.Pool
-	cfg    Config
-	caps   protocol.Capabilities
-	conns  []*grpc.ClientConn
-	ctx    context.Context
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
-	log    zerolog.Logger
+	cfg  Config
+	caps protocol.Capabilities
+	// metadata is the metadata_context of every message, built once and
+	// shared (never modified; concurrent marshaling is safe).
+	metadata *corev3.Metadata
+	conns    []*grpc.ClientConn
+	ctx      context.Context
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+	log      zerolog.Logger
 
 	counts [numEvents]atomic.Uint64
 }
@@ -109,6 +114,24 @@ func (c *Config) Capabilities() protocol.Capabilities {
 	return caps
 }
 
+// metadataContext builds the metadata_context of the configured metadata
+// (an empty one without: Envoy always sets the field).
+func metadataContext(md map[string]map[string]string) *corev3.Metadata {
+	out := &corev3.Metadata{}
+	if len(md) == 0 {
+		return out
+	}
+	out.FilterMetadata = make(map[string]*structpb.Struct, len(md))
+	for ns, kv := range md {
+		s := &structpb.Struct{Fields: make(map[string]*structpb.Value, len(kv))}
+		for k, v := range kv {
+			s.Fields[k] = structpb.NewStringValue(v)
+		}
+		out.FilterMetadata[ns] = s
+	}
+	return out
+}
+
 var registry struct {
 	sync.Mutex
 	clients map[*Client]struct{}
@@ -135,6 +158,7 @@ func NewClient(cfg Config) (*Client, error) {
 		cancel: cancel,
 		log:    cfg.Logger.With().Str("address", cfg.Address).Logger(),
 	}
+	c.metadata = metadataContext(cfg.Metadata)
 	if c.conns, err = grpcclient.NewClientConns(cfg.Address, cfg.Conns, opts); err != nil {
 		cancel()
 		return nil, fmt.Errorf("%w: agent %q: address %q: %v", ErrExtProcConfig, cfg.Name, cfg.Address, err)

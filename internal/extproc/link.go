@@ -59,6 +59,9 @@ type link struct {
 	c    *Client
 	cli  extprocsvc.ExternalProcessorClient
 	sess *agentmux.Session
+	// keepFacts: the response attributes read the request, whose event
+	// is copied for them.
+	keepFacts bool
 
 	mu      sync.Mutex
 	streams map[uint64]*reqStream
@@ -66,7 +69,7 @@ type link struct {
 }
 
 func newLink(c *Client, cli extprocsvc.ExternalProcessorClient) *link {
-	return &link{c: c, cli: cli, streams: map[uint64]*reqStream{}}
+	return &link{c: c, cli: cli, streams: map[uint64]*reqStream{}, keepFacts: needsRequestFacts(c.cfg.ResponseAttrs)}
 }
 
 // get returns request id's state, creating it on its first event.
@@ -170,9 +173,16 @@ type reqStream struct {
 	stream     extprocsvc.ExternalProcessor_ProcessClient
 	readDone   chan struct{} // closed when the stream's reader is done
 	sentFirst  bool
-	sentResp   bool
 	halfClosed bool
 	buf        []byte // a BUFFERED or BUFFERED_PARTIAL body being held
+	// attrsSent: the attributes of each direction (0 request, 1
+	// response) went with its first message.
+	attrsSent [2]bool
+	// facts and resp are copies of the request and response headers
+	// events kept for attributes sent with a later message (nil when no
+	// configured attribute needs them).
+	facts *requestFacts
+	resp  *protocol.ResponseHeaders
 
 	mu sync.Mutex // guards what the reader goroutine shares
 	// expect is the response the outstanding event waits for; chunk and
@@ -188,10 +198,6 @@ type reqStream struct {
 	isHeld  bool
 	partial bool
 	cancel  context.CancelFunc
-	// names are the header names of each direction as last sent to the
-	// processor, with its own mutations since: the conditional
-	// append_action values are resolved against them.
-	names [2]map[string]bool
 	// err, once set, fails every later event (a broken stream); ended
 	// says the processor closed the stream cleanly with nothing
 	// outstanding: later events pass without it, as Envoy does.
@@ -246,12 +252,20 @@ func (st *reqStream) event(m protocol.Message, w agentmux.Wait) error {
 	var held heldBody
 	switch m := m.(type) {
 	case *protocol.RequestHeaders:
-		if ended || !sends(st.mode.RequestHeader, true) {
+		sent := !ended && sends(st.mode.RequestHeader, true)
+		if st.l.keepFacts || (!sent && len(st.l.c.cfg.RequestAttrs) > 0) {
+			// Attributes sent with a later message read the request.
+			st.facts = cloneFacts(m)
+		}
+		if !sent {
 			return st.answer(allowFinal, nil)
 		}
 		pr, k = st.requestHeaders(m), kindRequestHeaders
 	case *protocol.ResponseHeaders:
 		if ended || !sends(st.mode.ResponseHeader, true) {
+			if !ended && len(st.l.c.cfg.ResponseAttrs) > 0 {
+				st.resp = cloneResponse(m)
+			}
 			return st.answer(allowFinal, nil)
 		}
 		pr, k = st.responseHeaders(m), kindResponseHeaders

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/zentinelproxy/sidecar/internal/config"
+	"github.com/zentinelproxy/sidecar/internal/extproc"
 	"github.com/zentinelproxy/sidecar/internal/transports"
 )
 
@@ -47,6 +48,17 @@ routes:
 		{`      processing_mode: "request_body_mode=SOMETIMES"`, "unknown body mode"},
 		{`      allowed_override_modes: "response_trailer_mode=SEND"`, "allowed_override_modes[0]"},
 		{`      request_attributes: "destination.address"`, "not supported"},
+		// Each refusal names the option's own line (the template's
+		// options start on line 13).
+		{`      request_attributes: "request.path,response.code"`, `line 13: agents[0].options.request_attributes: extproc: invalid config: option request_attributes: attribute "response.code" is not supported in request_attributes`},
+		{`      buffer_limit: "65536"
+      response_attributes: "request.path,request.duration"`, `line 14: agents[0].options.response_attributes: extproc: invalid config: option response_attributes: attribute "request.duration" is not supported: the request's duration is only known once it has ended`},
+		{`      request_attributes: "connection.termination_details"`, "connection is still open"},
+		{`      response_attributes: "response.backend_latency"`, "whole response"},
+		{`      request_attributes: "request.bogus"`, `attribute "request.bogus" is unknown`},
+		{`      response_attributes: "xds.virtual_host_name"`, "no virtual hosts"},
+		{`      request_attributes: "` + strings.Join(extproc.RequestAttributes, ",") + `"
+      response_attributes: "` + strings.Join(extproc.ResponseAttributes, ",") + `"`, ""},
 		{`      metadata: "nonamespace=1"`, "namespace/key=value"},
 		{`      buffer_limit: "12"`, "buffer_limit"},
 		{`      tls_cert_file: /x.pem`, "go together"},
