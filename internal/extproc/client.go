@@ -15,9 +15,12 @@ package extproc
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocfilter "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
@@ -25,7 +28,9 @@ import (
 	"github.com/rs/zerolog"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
@@ -49,6 +54,7 @@ const (
 	evStreamClosed
 	evBufferLimit
 	evProcessorDone
+	evProbeRefused
 	numEvents
 )
 
@@ -57,7 +63,7 @@ var EventNames = [numEvents]string{
 	"streams_opened", "immediate_responses", "clear_route_cache_ignored",
 	"mode_overrides", "mode_overrides_refused", "fields_ignored",
 	"unsupported_responses", "wrong_phase", "unsolicited", "stream_closed",
-	"buffer_limit", "processor_done",
+	"buffer_limit", "processor_done", "probes_refused",
 }
 
 // Client keeps Conns HTTP/2 connections to one processor and implements
@@ -176,10 +182,52 @@ func NewClient(cfg Config) (*Client, error) {
 	return c, nil
 }
 
+// Probe retries: a connection whose server refused the probe is probed
+// again after probeRetryMin, doubling up to probeRetryMax, while it stays
+// up (the server behind an address may be replaced without the
+// connection breaking, through a proxy).
+const (
+	probeRetryMin = time.Second
+	probeRetryMax = 30 * time.Second
+)
+
+// ErrNotProcessor: the server at the agent's address does not implement
+// envoy.service.ext_proc.v3.ExternalProcessor.
+var ErrNotProcessor = errors.New("extproc: the server does not implement envoy.service.ext_proc.v3.ExternalProcessor")
+
+// probe asks the server whether it implements ExternalProcessor, before
+// any request depends on it: a Process stream half-closed at once,
+// without a message. A server without the service refuses the stream
+// with Unimplemented; a processor sees its stream end without a request
+// and ends it (or keeps it until the probe's deadline): either way it
+// answers to the service. Nothing reaches a processor's logic but an empty
+// stream, unlike a probe request (which a processor would process).
+func (c *Client) probe(cli extprocsvc.ExternalProcessorClient) error {
+	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.DialTimeout)
+	defer cancel()
+	s, err := cli.Process(ctx)
+	if err == nil {
+		if err = s.CloseSend(); err == nil {
+			_, err = s.Recv()
+		}
+	}
+	switch status.Code(err) {
+	case codes.Unimplemented:
+		return fmt.Errorf("%w: %v", ErrNotProcessor, rpcError(err))
+	case codes.Unavailable, codes.Canceled:
+		// The connection went away meanwhile: maintain sees it.
+		if c.ctx.Err() == nil && !errors.Is(err, io.EOF) {
+			return fmt.Errorf("probe: %v", rpcError(err))
+		}
+	}
+	return nil
+}
+
 // maintain keeps connection slot's session in the pool while the
 // connection is usable: a session joins when the connection is READY and
-// fails (its requests fail at once) when it breaks; streams of other
-// connections are not affected.
+// its server answers the probe as a processor, and fails (its requests
+// fail at once) when it breaks; streams of other connections are not
+// affected.
 func (c *Client) maintain(slot int) {
 	defer c.wg.Done()
 	cc := c.conns[slot]
@@ -202,22 +250,41 @@ func (c *Client) maintain(slot int) {
 	}
 	defer drop("closed")
 	cc.Connect()
+	retry := probeRetryMin // the next probe's delay after a refusal
+	refused := false       // the last probe on this connection was refused
 	for {
 		st := cc.GetState()
+		var recheck time.Duration
 		switch st {
 		case connectivity.Ready:
-			if sess == nil {
-				l := newLink(c, cli)
-				sess = agentmux.NewSession(l, c.caps, agentmux.SessionConfig{
-					Name:           c.cfg.Name,
-					MaxInFlight:    c.cfg.MaxInFlight,
-					MaxQueue:       c.cfg.MaxQueue,
-					MessageTimeout: c.cfg.MessageTimeout,
-				})
-				l.sess = sess
-				c.SetLastError(nil)
-				c.Add(sess)
+			if sess != nil {
+				break
 			}
+			if err := c.probe(cli); err != nil {
+				// Not ready: /readyz and /status say why.
+				c.SetLastError(fmt.Errorf("processor %s: %v", c.cfg.Address, err))
+				if errors.Is(err, ErrNotProcessor) {
+					c.count(evProbeRefused)
+					if !refused {
+						log.Error().Err(err).Msg("processor refused: not an ext_proc server")
+					}
+					refused = true
+				}
+				recheck = retry
+				retry = min(2*retry, probeRetryMax)
+				break
+			}
+			refused, retry = false, probeRetryMin
+			l := newLink(c, cli)
+			sess = agentmux.NewSession(l, c.caps, agentmux.SessionConfig{
+				Name:           c.cfg.Name,
+				MaxInFlight:    c.cfg.MaxInFlight,
+				MaxQueue:       c.cfg.MaxQueue,
+				MessageTimeout: c.cfg.MessageTimeout,
+			})
+			l.sess = sess
+			c.SetLastError(nil)
+			c.Add(sess)
 		case connectivity.Idle:
 			// Idle after a quiet period or a GOAWAY: reconnect now, and
 			// keep the session (new streams wait for the connection).
@@ -225,11 +292,24 @@ func (c *Client) maintain(slot int) {
 		case connectivity.TransientFailure, connectivity.Shutdown:
 			c.SetLastError(fmt.Errorf("connection to processor %s: %s", c.cfg.Address, st))
 			drop(st.String())
+			refused, retry = false, probeRetryMin
 		}
-		if !cc.WaitForStateChange(c.ctx, st) {
+		if !c.waitState(cc, st, recheck) {
 			return
 		}
 	}
+}
+
+// waitState waits for cc to leave state st, or d (0: no limit) to pass;
+// false when the client is closing.
+func (c *Client) waitState(cc *grpc.ClientConn, st connectivity.State, d time.Duration) bool {
+	if d == 0 {
+		return cc.WaitForStateChange(c.ctx, st)
+	}
+	ctx, cancel := context.WithTimeout(c.ctx, d)
+	defer cancel()
+	cc.WaitForStateChange(ctx, st)
+	return c.ctx.Err() == nil
 }
 
 // Close ends every stream and closes the connections.
