@@ -178,6 +178,13 @@ type reqStream struct {
 	// attrsSent: the attributes of each direction (0 request, 1
 	// response) went with its first message.
 	attrsSent [2]bool
+	// hdrs is the memory of the request's header messages.
+	hdrs headersMsg
+	// timer cancels the stream when a send overruns its deadline
+	// (timedOut says it did), and ends a finished request's stream after
+	// GraceTimeout: one timer a request, reset for each.
+	timer    *time.Timer
+	timedOut atomic.Bool
 	// facts and resp are copies of the request and response headers
 	// events kept for attributes sent with a later message (nil when no
 	// configured attribute needs them).
@@ -360,14 +367,12 @@ func setMutation(d *protocol.Decision, p protocol.Phase, idx uint32, a protocol.
 // that stopped reading) has its stream canceled.
 func (st *reqStream) send(pr *extprocsvc.ProcessingRequest, w agentmux.Wait) error {
 	cfg := &st.l.c.cfg
-	var t *time.Timer
 	dl := w.Deadline
 	if cfg.MessageTimeout > 0 {
 		if m := time.Now().Add(cfg.MessageTimeout); dl.IsZero() || m.Before(dl) {
 			dl = m
 		}
 	}
-	var timedOut atomic.Bool // set when t fires
 	if st.stream == nil {
 		ctx, cancel := context.WithCancel(context.Background())
 		st.mu.Lock()
@@ -377,27 +382,21 @@ func (st *reqStream) send(pr *extprocsvc.ProcessingRequest, w agentmux.Wait) err
 		if aborted {
 			cancel()
 		}
-		if !dl.IsZero() {
-			t = time.AfterFunc(time.Until(dl), func() { timedOut.Store(true); cancel() })
-		}
+		armed := st.arm(dl)
 		s, err := st.l.cli.Process(ctx)
 		if err != nil {
-			stopTimer(t)
+			st.disarm(armed)
 			cancel()
-			return st.sendError(err, timedOut.Load())
+			return st.sendError(err, st.timedOut.Load())
 		}
 		st.stream = s
 		st.readDone = make(chan struct{})
 		st.l.c.count(evStreams)
 		go st.read(s, cancel, st.readDone)
-	} else if !dl.IsZero() {
-		st.mu.Lock()
-		cancel := st.cancel
-		st.mu.Unlock()
-		t = time.AfterFunc(time.Until(dl), func() { timedOut.Store(true); cancel() })
 	}
+	armed := st.arm(dl)
 	err := st.stream.Send(pr)
-	stopTimer(t)
+	st.disarm(armed)
 	if errors.Is(err, io.EOF) && st.cleanEnd(dl) {
 		// The processor had ended the stream cleanly before this event:
 		// it is done with the request (see streamEnded).
@@ -405,9 +404,36 @@ func (st *reqStream) send(pr *extprocsvc.ProcessingRequest, w agentmux.Wait) err
 	}
 	if err != nil {
 		st.stopStream()
-		return st.sendError(err, timedOut.Load())
+		return st.sendError(err, st.timedOut.Load())
 	}
 	return nil
+}
+
+// arm sets the timer to cancel the stream at dl (none when dl is zero);
+// it reports whether it did.
+func (st *reqStream) arm(dl time.Time) bool {
+	if dl.IsZero() {
+		return false
+	}
+	if st.timer == nil {
+		st.timer = time.AfterFunc(time.Until(dl), st.expired)
+	} else {
+		st.timer.Reset(time.Until(dl))
+	}
+	return true
+}
+
+func (st *reqStream) disarm(armed bool) {
+	if armed {
+		st.timer.Stop()
+	}
+}
+
+// expired is the timer's: the send (or the finished request's grace) is
+// over; the stream is canceled.
+func (st *reqStream) expired() {
+	st.timedOut.Store(true)
+	st.stopStream()
 }
 
 // cleanEnd waits (until dl at most) for the reader to learn how the
@@ -432,12 +458,6 @@ func (st *reqStream) cleanEnd(dl time.Time) bool {
 		return true
 	}
 	return false
-}
-
-func stopTimer(t *time.Timer) {
-	if t != nil {
-		t.Stop()
-	}
 }
 
 func (st *reqStream) sendError(err error, timedOut bool) error {
@@ -563,7 +583,11 @@ func (st *reqStream) finish() {
 		st.halfClosed = true
 		_ = st.stream.CloseSend()
 	}
-	time.AfterFunc(st.l.c.cfg.GraceTimeout, st.stopStream)
+	if st.timer == nil {
+		st.timer = time.AfterFunc(st.l.c.cfg.GraceTimeout, st.expired)
+	} else {
+		st.timer.Reset(st.l.c.cfg.GraceTimeout)
+	}
 }
 
 // rpcError shortens a gRPC status error for logs and replies.

@@ -22,17 +22,43 @@ type pseudoHeader struct {
 	value []byte
 }
 
-// headerMap maps the pseudo-headers and hs to a HeaderMap. The values
-// are aliased and the HeaderValues share one backing array: Send encodes
-// the message before it returns and these connections have no stats
-// handler that could read it later, so the event's buffers may be reused
-// afterwards.
-func headerMap(pseudo []pseudoHeader, hs protocol.Headers, skipHost bool) *corev3.HeaderMap {
-	vals := make([]corev3.HeaderValue, len(pseudo)+len(hs))
-	out := make([]*corev3.HeaderValue, 0, len(vals))
+// headersMsg is a headers message and its parts, kept by a request for
+// its two header messages: Send encodes a message before it returns, and
+// these connections have no stats handler that could read it later, so
+// one request's messages reuse the same memory (the event's buffers are
+// aliased too, and the dataplane reuses them once the event is answered).
+type headersMsg struct {
+	pr   extprocsvc.ProcessingRequest
+	rq   extprocsvc.ProcessingRequest_RequestHeaders
+	rs   extprocsvc.ProcessingRequest_ResponseHeaders
+	hh   extprocsvc.HttpHeaders
+	hm   corev3.HeaderMap
+	vals []corev3.HeaderValue
+	ptrs []*corev3.HeaderValue
+	pc   extprocsvc.ProtocolConfiguration
+	// status holds the digits of :status.
+	status [3]byte
+}
+
+// reset clears what the previous message set.
+func (h *headersMsg) reset() *extprocsvc.ProcessingRequest {
+	h.pr.Attributes, h.pr.MetadataContext, h.pr.ProtocolConfig = nil, nil, nil
+	return &h.pr
+}
+
+// headerMap maps the pseudo-headers and hs into h.hm: lower-cased names
+// (hs's as sent by the dataplane, lower-case already), host left out when
+// it is sent as :authority.
+func (h *headersMsg) headerMap(pseudo []pseudoHeader, hs protocol.Headers, skipHost bool) *corev3.HeaderMap {
+	n := len(pseudo) + len(hs)
+	if cap(h.vals) < n {
+		h.vals = make([]corev3.HeaderValue, n)
+		h.ptrs = make([]*corev3.HeaderValue, 0, n)
+	}
+	vals, out := h.vals[:n], h.ptrs[:0]
 	for _, p := range pseudo {
 		v := &vals[len(out)]
-		v.Key, v.RawValue = p.key, p.value
+		v.Key, v.Value, v.RawValue = p.key, "", p.value
 		out = append(out, v)
 	}
 	for i := range hs {
@@ -41,15 +67,43 @@ func headerMap(pseudo []pseudoHeader, hs protocol.Headers, skipHost bool) *corev
 			continue // it is :authority
 		}
 		v := &vals[len(out)]
-		v.Key, v.RawValue = name, hs[i].Value
+		v.Key, v.Value, v.RawValue = name, "", hs[i].Value
 		out = append(out, v)
 	}
-	return &corev3.HeaderMap{Headers: out}
+	h.ptrs = out
+	h.hm.Headers = out
+	return &h.hm
 }
 
-// lowerName is strings.ToLower(string(b)) with one allocation for an
-// ASCII name.
+// commonNames are the header names most requests and responses carry,
+// lower-case, so that mapping them allocates no string (a map lookup by
+// string(b) does not allocate).
+var commonNames = func() map[string]string {
+	m := map[string]string{}
+	for _, n := range []string{
+		"host", "user-agent", "accept", "accept-encoding", "accept-language", "accept-charset", "cookie",
+		"authorization", "cache-control", "connection", "content-length", "content-type", "content-encoding",
+		"content-language", "content-disposition", "content-range", "date", "etag", "expires", "if-match",
+		"if-modified-since", "if-none-match", "if-range", "if-unmodified-since", "last-modified", "location",
+		"origin", "pragma", "range", "referer", "server", "set-cookie", "te", "trailer", "transfer-encoding",
+		"upgrade", "vary", "via", "x-request-id", "x-correlation-id", "x-forwarded-for", "x-forwarded-proto",
+		"x-forwarded-host", "x-real-ip", "traceparent", "tracestate", "sec-fetch-site", "sec-fetch-mode",
+		"sec-fetch-dest", "sec-ch-ua", "sec-ch-ua-mobile", "sec-ch-ua-platform", "upgrade-insecure-requests",
+		"dnt", "age", "allow", "keep-alive", "strict-transport-security", "x-content-type-options",
+		"x-frame-options", "access-control-allow-origin", "www-authenticate", "retry-after", "grpc-status",
+		"x-sidecar-fail-open", "x-sidecar-inspection",
+	} {
+		m[n] = n
+	}
+	return m
+}()
+
+// lowerName is strings.ToLower(string(b)), without an allocation for a
+// common lower-case name and with one for another ASCII name.
 func lowerName(b []byte) string {
+	if s, ok := commonNames[string(b)]; ok {
+		return s
+	}
 	upper := false
 	for _, c := range b {
 		if c >= 0x80 {
@@ -81,10 +135,8 @@ func (st *reqStream) common(pr *extprocsvc.ProcessingRequest, dir int, rq *reque
 	pr.MetadataContext = c.metadata
 	if !st.sentFirst {
 		st.sentFirst = true
-		pr.ProtocolConfig = &extprocsvc.ProtocolConfiguration{
-			RequestBodyMode:  st.mode.RequestBody,
-			ResponseBodyMode: st.mode.ResponseBody,
-		}
+		st.hdrs.pc.RequestBodyMode, st.hdrs.pc.ResponseBodyMode = st.mode.RequestBody, st.mode.ResponseBody
+		pr.ProtocolConfig = &st.hdrs.pc
 	}
 	if st.attrsSent[dir] {
 		return
@@ -101,19 +153,22 @@ func (st *reqStream) common(pr *extprocsvc.ProcessingRequest, dir int, rq *reque
 
 func (st *reqStream) requestHeaders(m *protocol.RequestHeaders) *extprocsvc.ProcessingRequest {
 	pseudo := [...]pseudoHeader{{":method", m.Method}, {":path", m.URI}, {":authority", header(m.Headers, "host")}, {":scheme", scheme(m)}}
-	pr := &extprocsvc.ProcessingRequest{Request: &extprocsvc.ProcessingRequest_RequestHeaders{
-		RequestHeaders: &extprocsvc.HttpHeaders{Headers: headerMap(pseudo[:], m.Headers, true), EndOfStream: !m.HasBody},
-	}}
+	h := &st.hdrs
+	pr := h.reset()
+	h.hh.Headers, h.hh.EndOfStream = h.headerMap(pseudo[:], m.Headers, true), !m.HasBody
+	h.rq.RequestHeaders = &h.hh
+	pr.Request = &h.rq
 	st.common(pr, 0, m, nil)
 	return pr
 }
 
 func (st *reqStream) responseHeaders(m *protocol.ResponseHeaders) *extprocsvc.ProcessingRequest {
-	var status [3]byte
-	pseudo := [...]pseudoHeader{{":status", strconv.AppendInt(status[:0], int64(m.StatusCode), 10)}}
-	pr := &extprocsvc.ProcessingRequest{Request: &extprocsvc.ProcessingRequest_ResponseHeaders{
-		ResponseHeaders: &extprocsvc.HttpHeaders{Headers: headerMap(pseudo[:], m.Headers, false), EndOfStream: !m.HasBody},
-	}}
+	h := &st.hdrs
+	pseudo := [...]pseudoHeader{{":status", strconv.AppendInt(h.status[:0], int64(m.StatusCode), 10)}}
+	pr := h.reset()
+	h.hh.Headers, h.hh.EndOfStream = h.headerMap(pseudo[:], m.Headers, false), !m.HasBody
+	h.rs.ResponseHeaders = &h.hh
+	pr.Request = &h.rs
 	st.common(pr, 1, st.facts, m)
 	return pr
 }
