@@ -9,8 +9,12 @@
 // mapped back onto a protocol.Decision, so that Decision.Normalize and the
 // dataplane's rules and limits apply to a processor's mutations exactly
 // as to any agent's. Phases the request's processing mode does not send
-// are answered by the link itself, without the network. See
-// docs/transports.md for the field-by-field mapping.
+// are answered by the link itself, without the network. Where a processor
+// can tell, the mapping is Envoy's ext_proc filter's (header mutations,
+// metadata_context, attributes, the failure statuses), each rule citing
+// the Envoy behaviour it follows. A connection carries requests only once
+// its server has answered a probe as an ExternalProcessor (Client.probe).
+// See docs/transports.md for the field-by-field mapping.
 package extproc
 
 import (
