@@ -30,13 +30,26 @@ func FailClosedAgents(cfg *config.Config) []string {
 	return names
 }
 
+// maxReasonError bounds the last error an agent contributes to the
+// /readyz reason (its whole text is on /status).
+const maxReasonError = 200
+
 // AgentsReady reports whether every agent in required has a live
-// connection in agents; otherwise the reason names those that do not.
+// connection in agents; otherwise the reason names those that do not,
+// each with its last connection error when it has one (an ext_proc agent
+// whose server is not a processor, a refused handshake…).
 func AgentsReady(agents []agentmux.AgentStatus, required []string) (bool, string) {
 	var down []string
 	for _, name := range required {
 		i := slices.IndexFunc(agents, func(st agentmux.AgentStatus) bool { return st.Name == name })
 		if i < 0 || !agents[i].Ready {
+			if i >= 0 && agents[i].LastError != "" {
+				e := agents[i].LastError
+				if len(e) > maxReasonError {
+					e = strings.ToValidUTF8(e[:maxReasonError], "") + "…"
+				}
+				name += " (" + e + ")"
+			}
 			down = append(down, name)
 		}
 	}

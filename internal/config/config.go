@@ -249,6 +249,9 @@ type Agent struct {
 	Timeouts AgentTimeouts `yaml:"timeouts"`
 	// FailureMode is closed (default) or open.
 	FailureMode string `yaml:"failure_mode"`
+	// FailureStatus is the status a fail-closed failure answers, a
+	// timeout excepted (504): 0 is the transport's default (FailStatus).
+	FailureStatus int `yaml:"failure_status"`
 	// RequestBody and ResponseBody say how bodies reach the agent.
 	RequestBody  BodyPolicy `yaml:"request_body"`
 	ResponseBody BodyPolicy `yaml:"response_body"`
@@ -403,11 +406,14 @@ func (l Logging) Logger(w io.Writer) zerolog.Logger {
 // Policy is an agent's effective behaviour on one route: the agent's
 // settings with the route's overrides applied.
 type Policy struct {
-	Agent        *Agent
-	FailOpen     bool
-	Timeout      time.Duration
-	RequestBody  BodyPolicy
-	ResponseBody BodyPolicy
+	Agent    *Agent
+	FailOpen bool
+	// FailureStatus answers a fail-closed failure other than a timeout
+	// (Agent.FailStatus).
+	FailureStatus int
+	Timeout       time.Duration
+	RequestBody   BodyPolicy
+	ResponseBody  BodyPolicy
 }
 
 // Load reads, parses and validates the file at path.
@@ -464,16 +470,40 @@ func (c *Config) Upstream(name string) *Upstream {
 	return nil
 }
 
+// Failure statuses of a fail-closed agent (failure_status): an ext_proc
+// agent answers 500, as Envoy's ext_proc filter does by default
+// (status_on_error: "HTTP 500 Internal Server Error"), so that a
+// processor's deployment keeps the status its clients and alerts know;
+// every other transport 503. A timeout answers 504 whatever the
+// transport, as Envoy's message timeout does.
+const (
+	FailureStatusDefault        = 503
+	FailureStatusExtProcDefault = 500
+)
+
+// FailStatus is the status a fail-closed failure of a answers, a timeout
+// excepted: failure_status, else the transport's default.
+func (a *Agent) FailStatus() int {
+	switch {
+	case a.FailureStatus != 0:
+		return a.FailureStatus
+	case a.Transport == TransportExtProc:
+		return FailureStatusExtProcDefault
+	}
+	return FailureStatusDefault
+}
+
 // Policy returns the effective policy of the route's agent reference ra.
 // The agent must exist (Validate checks it).
 func (c *Config) Policy(ra *RouteAgent) Policy {
 	a := c.Agent(ra.Name)
 	p := Policy{
-		Agent:        a,
-		FailOpen:     a.FailureMode == FailOpen,
-		Timeout:      a.Timeouts.Request,
-		RequestBody:  a.RequestBody,
-		ResponseBody: a.ResponseBody,
+		Agent:         a,
+		FailOpen:      a.FailureMode == FailOpen,
+		FailureStatus: a.FailStatus(),
+		Timeout:       a.Timeouts.Request,
+		RequestBody:   a.RequestBody,
+		ResponseBody:  a.ResponseBody,
 	}
 	if ra.FailureMode != "" {
 		p.FailOpen = ra.FailureMode == FailOpen

@@ -153,6 +153,10 @@ func (v *validator) agents() {
 		}
 		v.limits(p+".limits", &a.Limits)
 		v.failureMode(p+".failure_mode", a.FailureMode, false)
+		if a.FailureStatus != 0 && (a.FailureStatus < 400 || a.FailureStatus > 599) {
+			// An agent's failure is never a success nor a redirect.
+			v.failf(p+".failure_status", "%d is not in 400..599", a.FailureStatus)
+		}
 		v.body(p+".request_body", &a.RequestBody, false)
 		v.body(p+".response_body", &a.ResponseBody, false)
 		v.agentPolicy(p, a)

@@ -9,22 +9,33 @@
 // mapped back onto a protocol.Decision, so that Decision.Normalize and the
 // dataplane's rules and limits apply to a processor's mutations exactly
 // as to any agent's. Phases the request's processing mode does not send
-// are answered by the link itself, without the network. See
-// docs/transports.md for the field-by-field mapping.
+// are answered by the link itself, without the network. Where a processor
+// can tell, the mapping is Envoy's ext_proc filter's (header mutations,
+// metadata_context, attributes, the failure statuses), each rule citing
+// the Envoy behaviour it follows. A connection carries requests only once
+// its server has answered a probe as an ExternalProcessor (Client.probe).
+// See docs/transports.md for the field-by-field mapping.
 package extproc
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"sync"
 	"sync/atomic"
+	"time"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocfilter "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocsvc "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/rs/zerolog"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/internal/grpcclient"
@@ -47,6 +58,7 @@ const (
 	evStreamClosed
 	evBufferLimit
 	evProcessorDone
+	evProbeRefused
 	numEvents
 )
 
@@ -55,7 +67,7 @@ var EventNames = [numEvents]string{
 	"streams_opened", "immediate_responses", "clear_route_cache_ignored",
 	"mode_overrides", "mode_overrides_refused", "fields_ignored",
 	"unsupported_responses", "wrong_phase", "unsolicited", "stream_closed",
-	"buffer_limit", "processor_done",
+	"buffer_limit", "processor_done", "probes_refused",
 }
 
 // Client keeps Conns HTTP/2 connections to one processor and implements
@@ -63,13 +75,16 @@ var EventNames = [numEvents]string{
 // one stream per request.
 type Client struct {
 	*agentmux.Pool
-	cfg    Config
-	caps   protocol.Capabilities
-	conns  []*grpc.ClientConn
-	ctx    context.Context
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
-	log    zerolog.Logger
+	cfg  Config
+	caps protocol.Capabilities
+	// metadata is the metadata_context of every message, built once and
+	// shared (never modified; concurrent marshaling is safe).
+	metadata *corev3.Metadata
+	conns    []*grpc.ClientConn
+	ctx      context.Context
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+	log      zerolog.Logger
 
 	counts [numEvents]atomic.Uint64
 }
@@ -109,6 +124,24 @@ func (c *Config) Capabilities() protocol.Capabilities {
 	return caps
 }
 
+// metadataContext builds the metadata_context of the configured metadata
+// (an empty one without: Envoy always sets the field).
+func metadataContext(md map[string]map[string]string) *corev3.Metadata {
+	out := &corev3.Metadata{}
+	if len(md) == 0 {
+		return out
+	}
+	out.FilterMetadata = make(map[string]*structpb.Struct, len(md))
+	for ns, kv := range md {
+		s := &structpb.Struct{Fields: make(map[string]*structpb.Value, len(kv))}
+		for k, v := range kv {
+			s.Fields[k] = structpb.NewStringValue(v)
+		}
+		out.FilterMetadata[ns] = s
+	}
+	return out
+}
+
 var registry struct {
 	sync.Mutex
 	clients map[*Client]struct{}
@@ -135,6 +168,7 @@ func NewClient(cfg Config) (*Client, error) {
 		cancel: cancel,
 		log:    cfg.Logger.With().Str("address", cfg.Address).Logger(),
 	}
+	c.metadata = metadataContext(cfg.Metadata)
 	if c.conns, err = grpcclient.NewClientConns(cfg.Address, cfg.Conns, opts); err != nil {
 		cancel()
 		return nil, fmt.Errorf("%w: agent %q: address %q: %v", ErrExtProcConfig, cfg.Name, cfg.Address, err)
@@ -152,10 +186,52 @@ func NewClient(cfg Config) (*Client, error) {
 	return c, nil
 }
 
+// Probe retries: a connection whose server refused the probe is probed
+// again after probeRetryMin, doubling up to probeRetryMax, while it stays
+// up (the server behind an address may be replaced without the
+// connection breaking, through a proxy).
+const (
+	probeRetryMin = time.Second
+	probeRetryMax = 30 * time.Second
+)
+
+// ErrNotProcessor: the server at the agent's address does not implement
+// envoy.service.ext_proc.v3.ExternalProcessor.
+var ErrNotProcessor = errors.New("extproc: the server does not implement envoy.service.ext_proc.v3.ExternalProcessor")
+
+// probe asks the server whether it implements ExternalProcessor, before
+// any request depends on it: a Process stream half-closed at once,
+// without a message. A server without the service refuses the stream
+// with Unimplemented; a processor sees its stream end without a request
+// and ends it (or keeps it until the probe's deadline): either way it
+// answers to the service. Nothing reaches a processor's logic but an empty
+// stream, unlike a probe request (which a processor would process).
+func (c *Client) probe(cli extprocsvc.ExternalProcessorClient) error {
+	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.DialTimeout)
+	defer cancel()
+	s, err := cli.Process(ctx)
+	if err == nil {
+		if err = s.CloseSend(); err == nil {
+			_, err = s.Recv()
+		}
+	}
+	switch status.Code(err) {
+	case codes.Unimplemented:
+		return fmt.Errorf("%w: %v", ErrNotProcessor, rpcError(err))
+	case codes.Unavailable, codes.Canceled:
+		// The connection went away meanwhile: maintain sees it.
+		if c.ctx.Err() == nil && !errors.Is(err, io.EOF) {
+			return fmt.Errorf("probe: %v", rpcError(err))
+		}
+	}
+	return nil
+}
+
 // maintain keeps connection slot's session in the pool while the
 // connection is usable: a session joins when the connection is READY and
-// fails (its requests fail at once) when it breaks; streams of other
-// connections are not affected.
+// its server answers the probe as a processor, and fails (its requests
+// fail at once) when it breaks; streams of other connections are not
+// affected.
 func (c *Client) maintain(slot int) {
 	defer c.wg.Done()
 	cc := c.conns[slot]
@@ -178,22 +254,41 @@ func (c *Client) maintain(slot int) {
 	}
 	defer drop("closed")
 	cc.Connect()
+	retry := probeRetryMin // the next probe's delay after a refusal
+	refused := false       // the last probe on this connection was refused
 	for {
 		st := cc.GetState()
+		var recheck time.Duration
 		switch st {
 		case connectivity.Ready:
-			if sess == nil {
-				l := newLink(c, cli)
-				sess = agentmux.NewSession(l, c.caps, agentmux.SessionConfig{
-					Name:           c.cfg.Name,
-					MaxInFlight:    c.cfg.MaxInFlight,
-					MaxQueue:       c.cfg.MaxQueue,
-					MessageTimeout: c.cfg.MessageTimeout,
-				})
-				l.sess = sess
-				c.SetLastError(nil)
-				c.Add(sess)
+			if sess != nil {
+				break
 			}
+			if err := c.probe(cli); err != nil {
+				// Not ready: /readyz and /status say why.
+				c.SetLastError(fmt.Errorf("processor %s: %v", c.cfg.Address, err))
+				if errors.Is(err, ErrNotProcessor) {
+					c.count(evProbeRefused)
+					if !refused {
+						log.Error().Err(err).Msg("processor refused: not an ext_proc server")
+					}
+					refused = true
+				}
+				recheck = retry
+				retry = min(2*retry, probeRetryMax)
+				break
+			}
+			refused, retry = false, probeRetryMin
+			l := newLink(c, cli)
+			sess = agentmux.NewSession(l, c.caps, agentmux.SessionConfig{
+				Name:           c.cfg.Name,
+				MaxInFlight:    c.cfg.MaxInFlight,
+				MaxQueue:       c.cfg.MaxQueue,
+				MessageTimeout: c.cfg.MessageTimeout,
+			})
+			l.sess = sess
+			c.SetLastError(nil)
+			c.Add(sess)
 		case connectivity.Idle:
 			// Idle after a quiet period or a GOAWAY: reconnect now, and
 			// keep the session (new streams wait for the connection).
@@ -201,11 +296,24 @@ func (c *Client) maintain(slot int) {
 		case connectivity.TransientFailure, connectivity.Shutdown:
 			c.SetLastError(fmt.Errorf("connection to processor %s: %s", c.cfg.Address, st))
 			drop(st.String())
+			refused, retry = false, probeRetryMin
 		}
-		if !cc.WaitForStateChange(c.ctx, st) {
+		if !c.waitState(cc, st, recheck) {
 			return
 		}
 	}
+}
+
+// waitState waits for cc to leave state st, or d (0: no limit) to pass;
+// false when the client is closing.
+func (c *Client) waitState(cc *grpc.ClientConn, st connectivity.State, d time.Duration) bool {
+	if d == 0 {
+		return cc.WaitForStateChange(c.ctx, st)
+	}
+	ctx, cancel := context.WithTimeout(c.ctx, d)
+	defer cancel()
+	cc.WaitForStateChange(ctx, st)
+	return c.ctx.Err() == nil
 }
 
 // Close ends every stream and closes the connections.

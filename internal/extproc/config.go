@@ -149,18 +149,6 @@ func ParseMode(s string) (Mode, error) {
 	return m, nil
 }
 
-// Attributes the transport can fill, by request and response phase. The
-// names are Envoy's attribute names.
-var (
-	RequestAttributes = []string{
-		"request.path", "request.url_path", "request.host", "request.scheme", "request.method",
-		"request.headers", "request.referer", "request.useragent", "request.time", "request.id",
-		"request.protocol", "request.query", "source.address", "source.port",
-		"xds.route_name", "xds.cluster_name",
-	}
-	ResponseAttributes = []string{"response.code", "response.headers"}
-)
-
 // Config is the proxy side of one ext_proc agent.
 type Config struct {
 	// Name is the agent's configured name.
@@ -193,8 +181,8 @@ type Config struct {
 	// first message of each direction (RequestAttributes, ResponseAttributes).
 	RequestAttrs  []string
 	ResponseAttrs []string
-	// Metadata is sent as the metadata_context of each request's first
-	// message: filter_metadata namespace → key → string value.
+	// Metadata is sent as the metadata_context of every message, as Envoy
+	// sends it: filter_metadata namespace → key → string value.
 	Metadata map[string]map[string]string
 	// BufferLimit caps the body bytes held for one BUFFERED or
 	// BUFFERED_PARTIAL phase (Envoy's per-stream buffer limit): a BUFFERED
@@ -263,9 +251,9 @@ func (c *Config) ApplyOptions(opts map[string]string) error {
 				c.AllowedOverrides = append(c.AllowedOverrides, m)
 			}
 		case "request_attributes":
-			c.RequestAttrs, err = attrList(v, RequestAttributes)
+			c.RequestAttrs, err = attrList(v, attrRequest)
 		case "response_attributes":
-			c.ResponseAttrs, err = attrList(v, ResponseAttributes)
+			c.ResponseAttrs, err = attrList(v, attrResponse)
 		case "metadata":
 			c.Metadata, err = parseMetadata(v)
 		case "buffer_limit":
@@ -284,21 +272,33 @@ func (c *Config) ApplyOptions(opts map[string]string) error {
 			}
 		}
 		if err != nil {
-			return fmt.Errorf("%w: option %s: %v", ErrExtProcConfig, k, err)
+			return &OptionError{Key: k, err: fmt.Errorf("%w: option %s: %v", ErrExtProcConfig, k, err)}
 		}
 	}
 	return nil
 }
 
-func attrList(v string, known []string) ([]string, error) {
+// OptionError is an invalid option: Key names it (for the line of the
+// configuration error); it wraps ErrExtProcConfig.
+type OptionError struct {
+	Key string
+	err error
+}
+
+func (e *OptionError) Error() string { return e.err.Error() }
+
+// Unwrap returns the wrapped ErrExtProcConfig error.
+func (e *OptionError) Unwrap() error { return e.err }
+
+func attrList(v string, p attrPhase) ([]string, error) {
 	var out []string
 	for a := range strings.SplitSeq(v, ",") {
 		a = strings.TrimSpace(a)
 		if a == "" {
 			continue
 		}
-		if !slices.Contains(known, a) {
-			return nil, fmt.Errorf("attribute %q is not supported (supported: %s)", a, strings.Join(known, ", "))
+		if err := checkAttr(a, p); err != nil {
+			return nil, err
 		}
 		if !slices.Contains(out, a) {
 			out = append(out, a)
@@ -359,6 +359,16 @@ func (c *Config) Validate() error {
 	}
 	if err := c.Mode.check(); err != nil {
 		return fail("processing_mode: %v", err)
+	}
+	for _, a := range c.RequestAttrs {
+		if err := checkAttr(a, attrRequest); err != nil {
+			return fail("request_attributes: %v", err)
+		}
+	}
+	for _, a := range c.ResponseAttrs {
+		if err := checkAttr(a, attrResponse); err != nil {
+			return fail("response_attributes: %v", err)
+		}
 	}
 	for i, m := range c.AllowedOverrides {
 		if err := m.check(); err != nil {

@@ -24,7 +24,9 @@ import (
 
 // TestRequestHeaders: the headers, pseudo-headers, attributes, metadata
 // context and protocol configuration reach the processor, and every kind
-// of header mutation maps onto the operation Envoy would apply.
+// of header mutation maps onto the operation Envoy would apply: only the
+// deprecated append decides (unset: overwrite), append_action and
+// keep_empty_value are not read, an empty value is set empty.
 func TestRequestHeaders(t *testing.T) {
 	p, addr, _ := startProcessor(t, func(req *extprocsvc.ProcessingRequest) ([]*extprocsvc.ProcessingResponse, error) {
 		return []*extprocsvc.ProcessingResponse{cont(req, &extprocsvc.CommonResponse{
@@ -58,8 +60,8 @@ func TestRequestHeaders(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := opsString(r.Decision.RequestHeaderOps)
-	want := []string{"remove cookie", "add x-append=a", "add x-absent-new=b", "set x-over=c", "set accept=d",
-		"set x-legacy=e", "add x-legacy-add=f", "set x-keep=", "set host=other.example"}
+	want := []string{"remove cookie", "set x-append=a", "set x-absent-new=b", "set accept=ignored", "set x-over=c", "set accept=d",
+		"set x-missing=ignored", "set x-legacy=e", "add x-legacy-add=f", "set x-empty=", "set x-keep=", "set host=other.example"}
 	if !slices.Equal(got, want) {
 		t.Errorf("ops:\n got %q\nwant %q", got, want)
 	}
@@ -83,7 +85,7 @@ func TestRequestHeaders(t *testing.T) {
 		t.Error("end_of_stream not set for a request without body")
 	}
 	attrs := seen[0].GetAttributes()["envoy.filters.http.ext_proc"].GetFields()
-	if attrs["request.path"].GetStringValue() != "/api/x?q=1" || attrs["source.address"].GetStringValue() != "10.0.0.9" ||
+	if attrs["request.path"].GetStringValue() != "/api/x?q=1" || attrs["source.address"].GetStringValue() != "10.0.0.9:51234" ||
 		attrs["source.port"].GetNumberValue() != 51234 || attrs["request.id"].GetStringValue() != "corr-1" ||
 		attrs["xds.route_name"].GetStringValue() != "main" || attrs["request.method"].GetStringValue() != "POST" {
 		t.Errorf("attributes %v", attrs)

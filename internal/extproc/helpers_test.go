@@ -33,18 +33,34 @@ type processor struct {
 	// quiet: record nothing (benchmarks, so that GC work stays flat)
 	quiet bool
 
-	mu      sync.Mutex
-	seen    []*extprocsvc.ProcessingRequest
+	mu   sync.Mutex
+	seen []*extprocsvc.ProcessingRequest
+	// The counts are of request streams, those that carried a message;
+	// probes counts the streams half-closed without one (the client's
+	// readiness probe).
 	opened  atomic.Int64
 	ended   atomic.Int64 // streams that ended (EOF, cancel or error)
 	halfEOF atomic.Int64 // streams the client half-closed
+	probes  atomic.Int64
 }
 
 func (p *processor) Process(s extprocsvc.ExternalProcessor_ProcessServer) error {
-	p.opened.Add(1)
-	defer p.ended.Add(1)
+	first := true
+	defer func() {
+		if !first {
+			p.ended.Add(1)
+		}
+	}()
 	for {
 		req, err := s.Recv()
+		if first && errors.Is(err, io.EOF) {
+			p.probes.Add(1)
+			return nil
+		}
+		if first && err == nil {
+			first = false
+			p.opened.Add(1)
+		}
 		if errors.Is(err, io.EOF) {
 			p.halfEOF.Add(1)
 			return nil

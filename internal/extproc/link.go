@@ -59,6 +59,9 @@ type link struct {
 	c    *Client
 	cli  extprocsvc.ExternalProcessorClient
 	sess *agentmux.Session
+	// keepFacts: the response attributes read the request, whose event
+	// is copied for them.
+	keepFacts bool
 
 	mu      sync.Mutex
 	streams map[uint64]*reqStream
@@ -66,7 +69,7 @@ type link struct {
 }
 
 func newLink(c *Client, cli extprocsvc.ExternalProcessorClient) *link {
-	return &link{c: c, cli: cli, streams: map[uint64]*reqStream{}}
+	return &link{c: c, cli: cli, streams: map[uint64]*reqStream{}, keepFacts: needsRequestFacts(c.cfg.ResponseAttrs)}
 }
 
 // get returns request id's state, creating it on its first event.
@@ -170,9 +173,23 @@ type reqStream struct {
 	stream     extprocsvc.ExternalProcessor_ProcessClient
 	readDone   chan struct{} // closed when the stream's reader is done
 	sentFirst  bool
-	sentResp   bool
 	halfClosed bool
 	buf        []byte // a BUFFERED or BUFFERED_PARTIAL body being held
+	// attrsSent: the attributes of each direction (0 request, 1
+	// response) went with its first message.
+	attrsSent [2]bool
+	// hdrs is the memory of the request's header messages.
+	hdrs headersMsg
+	// timer cancels the stream when a send overruns its deadline
+	// (timedOut says it did), and ends a finished request's stream after
+	// GraceTimeout: one timer a request, reset for each.
+	timer    *time.Timer
+	timedOut atomic.Bool
+	// facts and resp are copies of the request and response headers
+	// events kept for attributes sent with a later message (nil when no
+	// configured attribute needs them).
+	facts *requestFacts
+	resp  *protocol.ResponseHeaders
 
 	mu sync.Mutex // guards what the reader goroutine shares
 	// expect is the response the outstanding event waits for; chunk and
@@ -188,10 +205,6 @@ type reqStream struct {
 	isHeld  bool
 	partial bool
 	cancel  context.CancelFunc
-	// names are the header names of each direction as last sent to the
-	// processor, with its own mutations since: the conditional
-	// append_action values are resolved against them.
-	names [2]map[string]bool
 	// err, once set, fails every later event (a broken stream); ended
 	// says the processor closed the stream cleanly with nothing
 	// outstanding: later events pass without it, as Envoy does.
@@ -246,12 +259,20 @@ func (st *reqStream) event(m protocol.Message, w agentmux.Wait) error {
 	var held heldBody
 	switch m := m.(type) {
 	case *protocol.RequestHeaders:
-		if ended || !sends(st.mode.RequestHeader, true) {
+		sent := !ended && sends(st.mode.RequestHeader, true)
+		if st.l.keepFacts || (!sent && len(st.l.c.cfg.RequestAttrs) > 0) {
+			// Attributes sent with a later message read the request.
+			st.facts = cloneFacts(m)
+		}
+		if !sent {
 			return st.answer(allowFinal, nil)
 		}
 		pr, k = st.requestHeaders(m), kindRequestHeaders
 	case *protocol.ResponseHeaders:
 		if ended || !sends(st.mode.ResponseHeader, true) {
+			if !ended && len(st.l.c.cfg.ResponseAttrs) > 0 {
+				st.resp = cloneResponse(m)
+			}
 			return st.answer(allowFinal, nil)
 		}
 		pr, k = st.responseHeaders(m), kindResponseHeaders
@@ -346,14 +367,12 @@ func setMutation(d *protocol.Decision, p protocol.Phase, idx uint32, a protocol.
 // that stopped reading) has its stream canceled.
 func (st *reqStream) send(pr *extprocsvc.ProcessingRequest, w agentmux.Wait) error {
 	cfg := &st.l.c.cfg
-	var t *time.Timer
 	dl := w.Deadline
 	if cfg.MessageTimeout > 0 {
 		if m := time.Now().Add(cfg.MessageTimeout); dl.IsZero() || m.Before(dl) {
 			dl = m
 		}
 	}
-	var timedOut atomic.Bool // set when t fires
 	if st.stream == nil {
 		ctx, cancel := context.WithCancel(context.Background())
 		st.mu.Lock()
@@ -363,27 +382,21 @@ func (st *reqStream) send(pr *extprocsvc.ProcessingRequest, w agentmux.Wait) err
 		if aborted {
 			cancel()
 		}
-		if !dl.IsZero() {
-			t = time.AfterFunc(time.Until(dl), func() { timedOut.Store(true); cancel() })
-		}
+		armed := st.arm(dl)
 		s, err := st.l.cli.Process(ctx)
 		if err != nil {
-			stopTimer(t)
+			st.disarm(armed)
 			cancel()
-			return st.sendError(err, timedOut.Load())
+			return st.sendError(err, st.timedOut.Load())
 		}
 		st.stream = s
 		st.readDone = make(chan struct{})
 		st.l.c.count(evStreams)
 		go st.read(s, cancel, st.readDone)
-	} else if !dl.IsZero() {
-		st.mu.Lock()
-		cancel := st.cancel
-		st.mu.Unlock()
-		t = time.AfterFunc(time.Until(dl), func() { timedOut.Store(true); cancel() })
 	}
+	armed := st.arm(dl)
 	err := st.stream.Send(pr)
-	stopTimer(t)
+	st.disarm(armed)
 	if errors.Is(err, io.EOF) && st.cleanEnd(dl) {
 		// The processor had ended the stream cleanly before this event:
 		// it is done with the request (see streamEnded).
@@ -391,9 +404,36 @@ func (st *reqStream) send(pr *extprocsvc.ProcessingRequest, w agentmux.Wait) err
 	}
 	if err != nil {
 		st.stopStream()
-		return st.sendError(err, timedOut.Load())
+		return st.sendError(err, st.timedOut.Load())
 	}
 	return nil
+}
+
+// arm sets the timer to cancel the stream at dl (none when dl is zero);
+// it reports whether it did.
+func (st *reqStream) arm(dl time.Time) bool {
+	if dl.IsZero() {
+		return false
+	}
+	if st.timer == nil {
+		st.timer = time.AfterFunc(time.Until(dl), st.expired)
+	} else {
+		st.timer.Reset(time.Until(dl))
+	}
+	return true
+}
+
+func (st *reqStream) disarm(armed bool) {
+	if armed {
+		st.timer.Stop()
+	}
+}
+
+// expired is the timer's: the send (or the finished request's grace) is
+// over; the stream is canceled.
+func (st *reqStream) expired() {
+	st.timedOut.Store(true)
+	st.stopStream()
 }
 
 // cleanEnd waits (until dl at most) for the reader to learn how the
@@ -418,12 +458,6 @@ func (st *reqStream) cleanEnd(dl time.Time) bool {
 		return true
 	}
 	return false
-}
-
-func stopTimer(t *time.Timer) {
-	if t != nil {
-		t.Stop()
-	}
 }
 
 func (st *reqStream) sendError(err error, timedOut bool) error {
@@ -549,7 +583,11 @@ func (st *reqStream) finish() {
 		st.halfClosed = true
 		_ = st.stream.CloseSend()
 	}
-	time.AfterFunc(st.l.c.cfg.GraceTimeout, st.stopStream)
+	if st.timer == nil {
+		st.timer = time.AfterFunc(st.l.c.cfg.GraceTimeout, st.expired)
+	} else {
+		st.timer.Reset(st.l.c.cfg.GraceTimeout)
+	}
 }
 
 // rpcError shortens a gRPC status error for logs and replies.

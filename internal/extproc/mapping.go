@@ -9,7 +9,6 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocfilter "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocsvc "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
-	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/zentinelproxy/sidecar/protocol"
 )
@@ -17,58 +16,94 @@ import (
 // attrNamespace is the key Envoy files the attributes under.
 const attrNamespace = "envoy.filters.http.ext_proc"
 
-// setNames records the lower-cased header names of direction dir (0
-// request, 1 response) as they are sent to the processor.
-func (st *reqStream) setNames(dir int, names []string) {
-	n := make(map[string]bool, len(names))
-	for _, k := range names {
-		n[k] = true
-	}
-	st.mu.Lock()
-	st.names[dir] = n
-	st.mu.Unlock()
-}
-
 // pseudoHeader is a pseudo-header sent ahead of the headers.
 type pseudoHeader struct {
 	key   string
 	value []byte
 }
 
-// schemeHTTP is the :scheme sent (read only).
-var schemeHTTP = []byte("http")
+// headersMsg is a headers message and its parts, kept by a request for
+// its two header messages: Send encodes a message before it returns, and
+// these connections have no stats handler that could read it later, so
+// one request's messages reuse the same memory (the event's buffers are
+// aliased too, and the dataplane reuses them once the event is answered).
+type headersMsg struct {
+	pr   extprocsvc.ProcessingRequest
+	rq   extprocsvc.ProcessingRequest_RequestHeaders
+	rs   extprocsvc.ProcessingRequest_ResponseHeaders
+	hh   extprocsvc.HttpHeaders
+	hm   corev3.HeaderMap
+	vals []corev3.HeaderValue
+	ptrs []*corev3.HeaderValue
+	pc   extprocsvc.ProtocolConfiguration
+	// status holds the digits of :status.
+	status [3]byte
+}
 
-// headerMap maps the pseudo-headers and hs to a HeaderMap; it also returns
-// the lower-cased names of hs (all of them, host included). The values
-// are aliased and the HeaderValues share one backing array: Send encodes
-// the message before it returns and these connections have no stats
-// handler that could read it later, so the event's buffers may be reused
-// afterwards.
-func headerMap(pseudo []pseudoHeader, hs protocol.Headers, skipHost bool) (*corev3.HeaderMap, []string) {
-	vals := make([]corev3.HeaderValue, len(pseudo)+len(hs))
-	out := make([]*corev3.HeaderValue, 0, len(vals))
-	names := make([]string, len(hs))
+// reset clears what the previous message set.
+func (h *headersMsg) reset() *extprocsvc.ProcessingRequest {
+	h.pr.Attributes, h.pr.MetadataContext, h.pr.ProtocolConfig = nil, nil, nil
+	return &h.pr
+}
+
+// headerMap maps the pseudo-headers and hs into h.hm: lower-cased names
+// (hs's as sent by the dataplane, lower-case already), host left out when
+// it is sent as :authority.
+func (h *headersMsg) headerMap(pseudo []pseudoHeader, hs protocol.Headers, skipHost bool) *corev3.HeaderMap {
+	n := len(pseudo) + len(hs)
+	if cap(h.vals) < n {
+		h.vals = make([]corev3.HeaderValue, n)
+		h.ptrs = make([]*corev3.HeaderValue, 0, n)
+	}
+	vals, out := h.vals[:n], h.ptrs[:0]
 	for _, p := range pseudo {
 		v := &vals[len(out)]
-		v.Key, v.RawValue = p.key, p.value
+		v.Key, v.Value, v.RawValue = p.key, "", p.value
 		out = append(out, v)
 	}
 	for i := range hs {
 		name := lowerName(hs[i].Name)
-		names[i] = name
 		if skipHost && name == "host" {
 			continue // it is :authority
 		}
 		v := &vals[len(out)]
-		v.Key, v.RawValue = name, hs[i].Value
+		v.Key, v.Value, v.RawValue = name, "", hs[i].Value
 		out = append(out, v)
 	}
-	return &corev3.HeaderMap{Headers: out}, names
+	h.ptrs = out
+	h.hm.Headers = out
+	return &h.hm
 }
 
-// lowerName is strings.ToLower(string(b)) with one allocation for an
-// ASCII name.
+// commonNames are the header names most requests and responses carry,
+// lower-case, so that mapping them allocates no string (a map lookup by
+// string(b) does not allocate).
+var commonNames = func() map[string]string {
+	m := map[string]string{}
+	for _, n := range []string{
+		"host", "user-agent", "accept", "accept-encoding", "accept-language", "accept-charset", "cookie",
+		"authorization", "cache-control", "connection", "content-length", "content-type", "content-encoding",
+		"content-language", "content-disposition", "content-range", "date", "etag", "expires", "if-match",
+		"if-modified-since", "if-none-match", "if-range", "if-unmodified-since", "last-modified", "location",
+		"origin", "pragma", "range", "referer", "server", "set-cookie", "te", "trailer", "transfer-encoding",
+		"upgrade", "vary", "via", "x-request-id", "x-correlation-id", "x-forwarded-for", "x-forwarded-proto",
+		"x-forwarded-host", "x-real-ip", "traceparent", "tracestate", "sec-fetch-site", "sec-fetch-mode",
+		"sec-fetch-dest", "sec-ch-ua", "sec-ch-ua-mobile", "sec-ch-ua-platform", "upgrade-insecure-requests",
+		"dnt", "age", "allow", "keep-alive", "strict-transport-security", "x-content-type-options",
+		"x-frame-options", "access-control-allow-origin", "www-authenticate", "retry-after", "grpc-status",
+		"x-sidecar-fail-open", "x-sidecar-inspection",
+	} {
+		m[n] = n
+	}
+	return m
+}()
+
+// lowerName is strings.ToLower(string(b)), without an allocation for a
+// common lower-case name and with one for another ASCII name.
 func lowerName(b []byte) string {
+	if s, ok := commonNames[string(b)]; ok {
+		return s
+	}
 	upper := false
 	for _, c := range b {
 		if c >= 0x80 {
@@ -90,146 +125,67 @@ func lowerName(b []byte) string {
 	return sb.String()
 }
 
-// first fills what the request's first message carries: the protocol
-// configuration and the metadata context.
-func (st *reqStream) first(pr *extprocsvc.ProcessingRequest) {
-	if st.sentFirst {
+// common fills what every message carries: the metadata context (Envoy
+// sets it on every message, Filter::addDynamicMetadata), the protocol
+// configuration on the stream's first message (Filter::encodeProtocolConfig)
+// and the attributes of direction dir with its first message
+// (ProcessorState::sendAttributes).
+func (st *reqStream) common(pr *extprocsvc.ProcessingRequest, dir int, rq *requestFacts, rs *protocol.ResponseHeaders) {
+	c := st.l.c
+	pr.MetadataContext = c.metadata
+	if !st.sentFirst {
+		st.sentFirst = true
+		st.hdrs.pc.RequestBodyMode, st.hdrs.pc.ResponseBodyMode = st.mode.RequestBody, st.mode.ResponseBody
+		pr.ProtocolConfig = &st.hdrs.pc
+	}
+	if st.attrsSent[dir] {
 		return
 	}
-	st.sentFirst = true
-	cfg := &st.l.c.cfg
-	pr.ProtocolConfig = &extprocsvc.ProtocolConfiguration{
-		RequestBodyMode:  st.mode.RequestBody,
-		ResponseBodyMode: st.mode.ResponseBody,
+	st.attrsSent[dir] = true
+	names := c.cfg.RequestAttrs
+	if dir == 1 {
+		names = c.cfg.ResponseAttrs
 	}
-	if len(cfg.Metadata) > 0 {
-		md := &corev3.Metadata{FilterMetadata: make(map[string]*structpb.Struct, len(cfg.Metadata))}
-		for ns, kv := range cfg.Metadata {
-			s := &structpb.Struct{Fields: make(map[string]*structpb.Value, len(kv))}
-			for k, v := range kv {
-				s.Fields[k] = structpb.NewStringValue(v)
-			}
-			md.FilterMetadata[ns] = s
-		}
-		pr.MetadataContext = md
+	if len(names) > 0 {
+		pr.Attributes = attributes(names, rq, rs)
 	}
-}
-
-// requestAttrs are the request attributes the request's metadata gives.
-// They go with the request's first message (Envoy sends them with the
-// request headers, or the first request message when those are skipped).
-func (st *reqStream) requestAttrs(pr *extprocsvc.ProcessingRequest, m *protocol.RequestHeaders) {
-	names := st.l.c.cfg.RequestAttrs
-	if len(names) == 0 || m == nil {
-		return
-	}
-	f := make(map[string]*structpb.Value, len(names))
-	path, query, _ := strings.Cut(string(m.URI), "?")
-	for _, a := range names {
-		switch a {
-		case "request.path":
-			f[a] = structpb.NewStringValue(string(m.URI))
-		case "request.url_path":
-			f[a] = structpb.NewStringValue(path)
-		case "request.query":
-			f[a] = structpb.NewStringValue(query)
-		case "request.host":
-			f[a] = structpb.NewStringValue(string(header(m.Headers, "host")))
-		case "request.scheme":
-			f[a] = structpb.NewStringValue("http")
-		case "request.method":
-			f[a] = structpb.NewStringValue(string(m.Method))
-		case "request.headers":
-			f[a] = headersValue(m.Headers)
-		case "request.referer":
-			f[a] = structpb.NewStringValue(string(header(m.Headers, "referer")))
-		case "request.useragent":
-			f[a] = structpb.NewStringValue(string(header(m.Headers, "user-agent")))
-		case "request.time":
-			f[a] = structpb.NewStringValue(string(m.Metadata.Timestamp))
-		case "request.id":
-			f[a] = structpb.NewStringValue(string(m.Metadata.CorrelationID))
-		case "request.protocol":
-			f[a] = structpb.NewStringValue(string(m.Metadata.Protocol))
-		case "source.address":
-			f[a] = structpb.NewStringValue(string(m.Metadata.ClientIP))
-		case "source.port":
-			f[a] = structpb.NewNumberValue(float64(m.Metadata.ClientPort))
-		case "xds.route_name":
-			f[a] = structpb.NewStringValue(string(m.Metadata.RouteID))
-		case "xds.cluster_name":
-			f[a] = structpb.NewStringValue(string(m.Metadata.UpstreamID))
-		}
-	}
-	pr.Attributes = map[string]*structpb.Struct{attrNamespace: {Fields: f}}
-}
-
-func header(hs protocol.Headers, name string) []byte {
-	for i := range hs {
-		if strings.EqualFold(string(hs[i].Name), name) {
-			return hs[i].Value
-		}
-	}
-	return nil
-}
-
-func headersValue(hs protocol.Headers) *structpb.Value {
-	s := &structpb.Struct{Fields: make(map[string]*structpb.Value, len(hs))}
-	for i := range hs {
-		k := strings.ToLower(string(hs[i].Name))
-		if old, ok := s.Fields[k]; ok {
-			s.Fields[k] = structpb.NewStringValue(old.GetStringValue() + "," + string(hs[i].Value))
-			continue
-		}
-		s.Fields[k] = structpb.NewStringValue(string(hs[i].Value))
-	}
-	return structpb.NewStructValue(s)
 }
 
 func (st *reqStream) requestHeaders(m *protocol.RequestHeaders) *extprocsvc.ProcessingRequest {
-	pseudo := [...]pseudoHeader{{":method", m.Method}, {":path", m.URI}, {":authority", header(m.Headers, "host")}, {":scheme", schemeHTTP}}
-	hm, names := headerMap(pseudo[:], m.Headers, true)
-	st.setNames(0, names)
-	pr := &extprocsvc.ProcessingRequest{Request: &extprocsvc.ProcessingRequest_RequestHeaders{
-		RequestHeaders: &extprocsvc.HttpHeaders{Headers: hm, EndOfStream: !m.HasBody},
-	}}
-	st.first(pr)
-	st.requestAttrs(pr, m)
+	pseudo := [...]pseudoHeader{{":method", m.Method}, {":path", m.URI}, {":authority", header(m.Headers, "host")}, {":scheme", scheme(m)}}
+	h := &st.hdrs
+	pr := h.reset()
+	h.hh.Headers, h.hh.EndOfStream = h.headerMap(pseudo[:], m.Headers, true), !m.HasBody
+	h.rq.RequestHeaders = &h.hh
+	pr.Request = &h.rq
+	st.common(pr, 0, m, nil)
 	return pr
 }
 
 func (st *reqStream) responseHeaders(m *protocol.ResponseHeaders) *extprocsvc.ProcessingRequest {
-	pseudo := [...]pseudoHeader{{":status", strconv.AppendInt(nil, int64(m.StatusCode), 10)}}
-	hm, names := headerMap(pseudo[:], m.Headers, false)
-	st.setNames(1, names)
-	pr := &extprocsvc.ProcessingRequest{Request: &extprocsvc.ProcessingRequest_ResponseHeaders{
-		ResponseHeaders: &extprocsvc.HttpHeaders{Headers: hm, EndOfStream: !m.HasBody},
-	}}
-	st.first(pr)
-	if names := st.l.c.cfg.ResponseAttrs; len(names) > 0 {
-		f := make(map[string]*structpb.Value, len(names))
-		for _, a := range names {
-			switch a {
-			case "response.code":
-				f[a] = structpb.NewNumberValue(float64(m.StatusCode))
-			case "response.headers":
-				f[a] = headersValue(m.Headers)
-			}
-		}
-		pr.Attributes = map[string]*structpb.Struct{attrNamespace: {Fields: f}}
-	}
+	h := &st.hdrs
+	pseudo := [...]pseudoHeader{{":status", strconv.AppendInt(h.status[:0], int64(m.StatusCode), 10)}}
+	pr := h.reset()
+	h.hh.Headers, h.hh.EndOfStream = h.headerMap(pseudo[:], m.Headers, false), !m.HasBody
+	h.rs.ResponseHeaders = &h.hh
+	pr.Request = &h.rs
+	st.common(pr, 1, st.facts, m)
 	return pr
 }
 
 func (st *reqStream) bodyRequest(p protocol.Phase, data []byte, last bool) *extprocsvc.ProcessingRequest {
 	b := &extprocsvc.HttpBody{Body: data, EndOfStream: last} // aliased, as the headers
 	pr := &extprocsvc.ProcessingRequest{}
+	dir := 0
 	if p == protocol.PhaseResponse {
 		pr.Request = &extprocsvc.ProcessingRequest_ResponseBody{ResponseBody: b}
+		dir = 1
 	} else {
 		pr.Request = &extprocsvc.ProcessingRequest_RequestBody{RequestBody: b}
 	}
-	st.first(pr)
+	// The attributes of a direction whose headers were not sent go with
+	// its first body message, from the facts kept of the skipped event.
+	st.common(pr, dir, st.facts, st.resp)
 	return pr
 }
 
@@ -299,7 +255,7 @@ func (st *reqStream) mapResponse(want kind, r *extprocsvc.ProcessingResponse) (f
 	if want == kindResponseHeaders || want == kindResponseBody {
 		dir = 1
 	}
-	ops := st.headerOps(dir, common.GetHeaderMutation())
+	ops := headerOps(common.GetHeaderMutation())
 	if want == kindRequestHeaders || want == kindResponseHeaders {
 		if common.GetBodyMutation() != nil {
 			c.count(evIgnored) // only meaningful with CONTINUE_AND_REPLACE
@@ -407,32 +363,23 @@ func (st *reqStream) override(p *extprocfilter.ProcessingMode) {
 	c.count(evOverride)
 }
 
-// headerOps maps a HeaderMutation onto header operations of direction
-// dir: removals first, then the set_headers in order, as Envoy applies
-// them. The conditional append actions are resolved against the names
-// the processor was shown.
-func (st *reqStream) headerOps(dir int, hm *extprocsvc.HeaderMutation) []protocol.HeaderOp {
+// headerOps maps a HeaderMutation onto header operations: removals
+// first, then the set_headers in order, as Envoy applies them
+// (MutationUtils::applyHeaderMutations).
+func headerOps(hm *extprocsvc.HeaderMutation) []protocol.HeaderOp {
 	if hm == nil {
 		return nil
 	}
-	names := st.names[dir]
-	if names == nil {
-		names = map[string]bool{}
-		st.names[dir] = names
-	}
 	ops := make([]protocol.HeaderOp, 0, len(hm.GetRemoveHeaders())+len(hm.GetSetHeaders()))
 	for _, n := range hm.GetRemoveHeaders() {
-		n = mutationName(n)
-		ops = append(ops, protocol.HeaderOp{Op: protocol.HeaderRemove, Name: []byte(n)})
-		delete(names, n)
+		ops = append(ops, protocol.HeaderOp{Op: protocol.HeaderRemove, Name: []byte(mutationName(n))})
 	}
 	for _, h := range hm.GetSetHeaders() {
-		op, name, value, ok := setOp(h, names)
-		if !ok {
-			continue
+		if h.GetHeader() == nil {
+			continue // Envoy skips an option without a header
 		}
+		op, name, value := setOp(h)
 		ops = append(ops, protocol.HeaderOp{Op: op, Name: name, Value: value})
-		names[string(name)] = true
 	}
 	return ops
 }
@@ -447,43 +394,26 @@ func mutationName(n string) string {
 	return n
 }
 
-// setOp maps one HeaderValueOption; ok is false when it does nothing.
-func setOp(h *corev3.HeaderValueOption, present map[string]bool) (op protocol.HeaderOpKind, name, value []byte, ok bool) {
-	n := mutationName(h.GetHeader().GetKey())
-	v := h.GetHeader().GetRawValue()
-	if len(v) == 0 {
-		v = []byte(h.GetHeader().GetValue())
-	}
-	if len(v) == 0 && !h.GetKeepEmptyValue() {
-		return 0, nil, nil, false // Envoy drops a header without a value
-	}
-	action := h.GetAppendAction()
-	if a := h.GetAppend(); a != nil {
-		// The deprecated flag, when set, decides.
-		action = corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD
-		if a.GetValue() {
-			action = corev3.HeaderValueOption_APPEND_IF_EXISTS_OR_ADD
-		}
-	}
-	switch action {
-	case corev3.HeaderValueOption_APPEND_IF_EXISTS_OR_ADD:
+// setOp maps one HeaderValueOption as Envoy's ext_proc does
+// (MutationUtils::applyHeaderMutations): only the deprecated append
+// decides, read with PROTOBUF_GET_WRAPPED_OR_DEFAULT(sh, append, false),
+// so an option without it overwrites; append_action is not read at all
+// (envoyproxy/envoy#36982), nor is keep_empty_value: an empty value is
+// set empty. The value is raw_value, else value.
+func setOp(h *corev3.HeaderValueOption) (op protocol.HeaderOpKind, name, value []byte) {
+	op = protocol.HeaderSet
+	if h.GetAppend().GetValue() {
 		op = protocol.HeaderAdd
-	case corev3.HeaderValueOption_ADD_IF_ABSENT:
-		if present[n] {
-			return 0, nil, nil, false
-		}
-		op = protocol.HeaderAdd
-	case corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD:
-		op = protocol.HeaderSet
-	case corev3.HeaderValueOption_OVERWRITE_IF_EXISTS:
-		if !present[n] {
-			return 0, nil, nil, false
-		}
-		op = protocol.HeaderSet
-	default:
-		return 0, nil, nil, false
 	}
-	return op, []byte(n), bytes.Clone(v), true
+	return op, []byte(mutationName(h.GetHeader().GetKey())), headerValue(h.GetHeader())
+}
+
+// headerValue is a mutation's value: raw_value, else value (a copy).
+func headerValue(h *corev3.HeaderValue) []byte {
+	if v := h.GetRawValue(); len(v) > 0 {
+		return bytes.Clone(v)
+	}
+	return []byte(h.GetValue())
 }
 
 // immediate maps an ImmediateResponse onto a block.
@@ -493,15 +423,14 @@ func immediate(ir *extprocsvc.ImmediateResponse) func(*protocol.Decision) {
 		status = 200 // Envoy's default when the processor sets none
 	}
 	var hs protocol.Headers
+	// Envoy applies them with the same MutationUtils::applyHeaderMutations
+	// as a header mutation (Filter::sendImmediateResponse): an empty value
+	// is set too.
 	for _, h := range ir.GetHeaders().GetSetHeaders() {
-		v := h.GetHeader().GetRawValue()
-		if len(v) == 0 {
-			v = []byte(h.GetHeader().GetValue())
-		}
-		if len(v) == 0 && !h.GetKeepEmptyValue() {
+		if h.GetHeader() == nil {
 			continue
 		}
-		hs = append(hs, protocol.Header{Name: []byte(mutationName(h.GetHeader().GetKey())), Value: bytes.Clone(v)})
+		hs = append(hs, protocol.Header{Name: []byte(mutationName(h.GetHeader().GetKey())), Value: headerValue(h.GetHeader())})
 	}
 	if g := ir.GetGrpcStatus(); g != nil {
 		hs = append(hs, protocol.Header{Name: []byte("grpc-status"), Value: []byte(strconv.FormatUint(uint64(g.GetStatus()), 10))})

@@ -19,8 +19,12 @@ import (
 	"github.com/zentinelproxy/sidecar/internal/testutil"
 )
 
-// TestMain removes the binary the tests built.
+// TestMain removes the binary the tests built; with benchProcessorEnv
+// set, the binary is the benchmarks' processor instead.
 func TestMain(m *testing.M) {
+	if os.Getenv(benchProcessorEnv) != "" {
+		serveBenchProcessor()
+	}
 	code := m.Run()
 	testutil.RemoveBinaries()
 	os.Exit(code)

@@ -64,8 +64,8 @@ type Key struct {
 //	         conns, connect or handshake of ours)
 //
 // Not in the Key are the fields the dataplane applies per request from
-// the routing table — failure_mode, timeouts.request, request_body,
-// response_body and limits (header limits of a reply) — and the route
+// the routing table — failure_mode, failure_status, timeouts.request,
+// request_body, response_body and limits (header limits of a reply) — and the route
 // overrides of the same. The table is rebuilt from the new configuration
 // on every swap, so an instance kept because only these changed serves
 // the next request under the new policy. Rebuilding it instead would

@@ -154,7 +154,12 @@ func Check(cfg *config.Config) error {
 			}
 		case config.TransportExtProc:
 			if _, err := ExtProcConfig(a, zerolog.Nop()); err != nil {
-				return agentError(cfg, i, "options", err)
+				key := "options"
+				var oe *extproc.OptionError
+				if errors.As(err, &oe) {
+					key += "." + oe.Key // the option's own line
+				}
+				return agentError(cfg, i, key, err)
 			}
 		}
 	}

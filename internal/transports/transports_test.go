@@ -42,7 +42,7 @@ var (
 		// agentmux.Multi); the base agent here has none.
 		"Failover": {},
 	}
-	policyFields = []string{"FailureMode", "Timeouts.Request", "RequestBody", "ResponseBody", "Limits",
+	policyFields = []string{"FailureMode", "FailureStatus", "Timeouts.Request", "RequestBody", "ResponseBody", "Limits",
 		"CircuitBreaker", "Shadow", "ShadowQueue", "ShadowQueueBytes", "ShadowWorkers", "DecisionCache"}
 )
 
@@ -103,6 +103,8 @@ func change(t *testing.T, a config.Agent, field string) config.Agent {
 		return b
 	case "FailureMode":
 		b.FailureMode = config.FailOpen
+	case "FailureStatus":
+		b.FailureStatus = 502
 	case "RequestBody":
 		b.RequestBody.Mode, b.RequestBody.Limit = config.BodyStreaming, 7
 	case "ResponseBody":
