@@ -472,7 +472,7 @@ func (rs *reqState) failure(i int, phase protocol.Phase, body bool, err error) b
 	if o == OutcomeTimeout {
 		rs.local(fasthttp.StatusGatewayTimeout, "gateway timeout", "agent "+ra.a.name+" timed out")
 	} else {
-		rs.local(fasthttp.StatusServiceUnavailable, "service unavailable", "agent "+ra.a.name+" "+o.String())
+		rs.local(ra.failStatus, ra.failBody, "agent "+ra.a.name+" "+o.String())
 	}
 	return false
 }

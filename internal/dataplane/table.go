@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+	"github.com/valyala/fasthttp"
 
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/internal/config"
@@ -168,8 +169,12 @@ type bodyPolicy struct {
 type routeAgent struct {
 	a        *agentEntry
 	failOpen bool
-	timeout  time.Duration
-	body     [2]bodyPolicy // by protocol.Phase
+	// failStatus and failBody answer a fail-closed failure other than a
+	// timeout (config.Policy.FailureStatus).
+	failStatus int
+	failBody   string
+	timeout    time.Duration
+	body       [2]bodyPolicy // by protocol.Phase
 }
 
 func resolveBody(b config.BodyPolicy) bodyPolicy {
@@ -272,10 +277,12 @@ func buildTable(cfg *config.Config, agents map[string]agentmux.Agent, prev *tabl
 				continue
 			}
 			r.agents = append(r.agents, routeAgent{
-				a:        e,
-				failOpen: p.FailOpen,
-				timeout:  p.Timeout,
-				body:     [2]bodyPolicy{resolveBody(p.RequestBody), resolveBody(p.ResponseBody)},
+				a:          e,
+				failOpen:   p.FailOpen,
+				failStatus: p.FailureStatus,
+				failBody:   strings.ToLower(fasthttp.StatusMessage(p.FailureStatus)),
+				timeout:    p.Timeout,
+				body:       [2]bodyPolicy{resolveBody(p.RequestBody), resolveBody(p.ResponseBody)},
 			})
 		}
 		if len(r.agents) > maxAgents {

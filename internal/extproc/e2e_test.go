@@ -35,7 +35,8 @@ agents:
   - name: proc
     transport: ext_proc
     address: {{.Proc}}
-    failure_mode: {{or .Failure "closed"}}
+    failure_mode: {{or .Failure "closed"}}{{if .Status}}
+    failure_status: {{.Status}}{{end}}
     timeouts:
       message: {{or .Message "5s"}}
     request_body:
@@ -226,7 +227,8 @@ func TestDataplaneImmediateResponse(t *testing.T) {
 
 // TestDataplaneFailurePolicy: a hung processor times out (closed: 504;
 // open: the request passes, marked) and a processor that is down fails
-// per policy too (closed: 503).
+// per policy too (closed: failure_status, 500 by default as Envoy's
+// status_on_error).
 func TestDataplaneFailurePolicy(t *testing.T) {
 	hang := make(chan struct{})
 	t.Cleanup(func() { close(hang) })
@@ -257,6 +259,14 @@ func TestDataplaneFailurePolicy(t *testing.T) {
 		stop()
 		testutil.WaitFor(t, "the proxy to fail closed", func() bool {
 			resp, _ := get(t, "GET", url+"/x", "")
+			return resp.StatusCode == 500
+		})
+	})
+	t.Run("down closed, failure_status", func(t *testing.T) {
+		url, _, _, stop := e2e(t, continueAll, map[string]string{"Mode": "", "Status": "503"})
+		stop()
+		testutil.WaitFor(t, "the proxy to fail closed", func() bool {
+			resp, _ := get(t, "GET", url+"/x", "")
 			return resp.StatusCode == 503
 		})
 	})
@@ -265,8 +275,8 @@ func TestDataplaneFailurePolicy(t *testing.T) {
 			return []*extprocsvc.ProcessingResponse{{Response: &extprocsvc.ProcessingResponse_ResponseHeaders{ResponseHeaders: &extprocsvc.HeadersResponse{}}}}, nil
 		}
 		url, _, _, _ := e2e(t, wrong, map[string]string{"Mode": ""})
-		if resp, _ := get(t, "GET", url+"/x", ""); resp.StatusCode != 503 {
-			t.Errorf("status %d, want 503", resp.StatusCode)
+		if resp, body := get(t, "GET", url+"/x", ""); resp.StatusCode != 500 || body != "internal server error" {
+			t.Errorf("status %d %q, want 500", resp.StatusCode, body)
 		}
 	})
 }

@@ -12,7 +12,8 @@ import (
 
 // An ImmediateResponse the proxy cannot send as it is — a 1xx or
 // out-of-range status, framing, hop-by-hop or pseudo headers — never
-// reaches the client as such: a bad status fails the agent (closed: 503),
+// reaches the client as such: a bad status fails the agent (closed: the
+// failure status, 500 for ext_proc as Envoy's status_on_error),
 // bad headers are dropped. Every request's stream ends.
 func TestDataplaneHostileImmediateResponse(t *testing.T) {
 	codes := map[string]typev3.StatusCode{"/s101": 101, "/s100": 100, "/s999": 999, "/s0": 0, "/s-5": -5, "/hdrs": 403}
@@ -29,7 +30,7 @@ func TestDataplaneHostileImmediateResponse(t *testing.T) {
 		}}}}, nil
 	}
 	url, up, p, _ := e2e(t, h, map[string]string{"Mode": ""})
-	want := map[string]int{"/s101": 503, "/s100": 503, "/s999": 503, "/s0": 200, "/s-5": 503, "/hdrs": 403}
+	want := map[string]int{"/s101": 500, "/s100": 500, "/s999": 500, "/s0": 200, "/s-5": 500, "/hdrs": 403}
 	n := int64(0)
 	for path, status := range want {
 		resp, body := get(t, "GET", url+path, "")
@@ -37,7 +38,7 @@ func TestDataplaneHostileImmediateResponse(t *testing.T) {
 		if resp.StatusCode != status {
 			t.Errorf("%s: status %d, want %d", path, resp.StatusCode, status)
 		}
-		if resp.StatusCode == 503 {
+		if resp.StatusCode == 500 {
 			continue
 		}
 		if body != "nope" || resp.Header.Get("X-Ok") != "yes" || resp.Header.Get("Upgrade") != "" || resp.Header.Get("Set-Cookie") != "" ||
