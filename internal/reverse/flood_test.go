@@ -18,8 +18,9 @@ import (
 // TCP sockets and measure how long an agent with the right token takes to
 // register meanwhile, from the flood's own address (the hardest case: the
 // listener cannot tell the agent from the attacker before its token).
-// They judge by the listener's behaviour, not by the clock: the agent's
-// first attempt must be accepted. The time is logged.
+// They judge by the listener's behaviour, not by the clock: six
+// registrations in a row must each be accepted at their first attempt
+// (see firstAttempts). The time is logged.
 
 // floodTCPConfig is a TCP listener with the production limits and delays.
 func floodTCPConfig(t *testing.T) Config {
@@ -118,45 +119,76 @@ func badTokenFlooder(addr string) func(int, <-chan struct{}) {
 	}
 }
 
-// timeToRegister registers waf-9 from ip with the right token the way the
-// SDK does by default: on a connection closed without an answer, again
-// after 100ms, doubling (capped at 1s here to bound the test). It returns
-// the time until the registration was accepted and the attempts it took;
-// the connection is closed again.
-func timeToRegister(t *testing.T, addr, ip string) (time.Duration, int) {
-	return timeToRegisterWith(t, func() (net.Conn, error) { return dialFrom(ip, addr) })
+// registerOnce registers waf-9 with the right token over a connection
+// dial opens, and closes it again: nil when accepted, the error when the
+// connection was closed without an answer. A refusal fails the test.
+func registerOnce(t *testing.T, dial func() (net.Conn, error)) error {
+	t.Helper()
+	nc, err := dial()
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	_ = nc.SetDeadline(time.Now().Add(10 * time.Second))
+	if err := uds.WriteFrame(nc, regReq("waf-9", testToken)); err != nil {
+		return err
+	}
+	typ, payload, err := uds.NewFrameReader(nc).Next()
+	if err != nil {
+		return err
+	}
+	var r protocol.RegistrationResponse
+	if typ != protocol.TypeRegistrationResponse || protocol.DecodeRegistrationResponse(payload, &r) != nil || !r.Accepted {
+		t.Fatalf("answered 0x%02x %q", uint8(typ), payload)
+	}
+	return nil
 }
 
-// timeToRegisterWith is timeToRegister over the connections dial opens.
-func timeToRegisterWith(t *testing.T, dial func() (net.Conn, error)) (time.Duration, int) {
+// firstAttempts is how the tests judge a flood: an agent with the right
+// token registers from ip the way the SDK does by default (on a
+// connection closed without an answer, again after 100ms, doubling; capped
+// at 1s here to bound the test) and the time it takes is logged; then,
+// 50ms apart, it registers again five times, each on its first attempt
+// only. Every one of the six must be accepted at its first attempt: a
+// flood that keeps the agent out most of the time cannot pass by luck.
+func firstAttempts(t *testing.T, what string, dial func() (net.Conn, error)) {
 	t.Helper()
 	start := time.Now()
 	backoff := 100 * time.Millisecond
-	for attempt := 1; ; attempt++ {
-		if time.Since(start) > 15*time.Second {
-			t.Fatalf("no registration within 15s (%d attempts)", attempt-1)
-		}
-		nc, err := dial()
+	attempts := 1
+	for {
+		err := registerOnce(t, dial)
 		if err == nil {
-			_ = nc.SetDeadline(time.Now().Add(10 * time.Second))
-			var typ protocol.MsgType
-			var payload []byte
-			if err = uds.WriteFrame(nc, regReq("waf-9", testToken)); err == nil {
-				typ, payload, err = uds.NewFrameReader(nc).Next()
-			}
-			_ = nc.Close()
-			if err == nil {
-				var r protocol.RegistrationResponse
-				if typ != protocol.TypeRegistrationResponse || protocol.DecodeRegistrationResponse(payload, &r) != nil || !r.Accepted {
-					t.Fatalf("attempt %d: answered 0x%02x %q", attempt, uint8(typ), payload)
-				}
-				return time.Since(start), attempt
-			}
+			break
 		}
-		t.Logf("attempt %d after %v: %v", attempt, time.Since(start).Round(time.Millisecond), err)
+		t.Logf("attempt %d after %v: %v", attempts, time.Since(start).Round(time.Millisecond), err)
+		if time.Since(start) > 15*time.Second {
+			t.Fatalf("no registration within 15s during %s (%d attempts)", what, attempts)
+		}
 		time.Sleep(backoff)
 		backoff = min(2*backoff, time.Second)
+		attempts++
 	}
+	t.Logf("registered after %v in %d attempts during %s", time.Since(start), attempts, what)
+	failed := 0
+	if attempts > 1 {
+		failed++
+	}
+	for i := range 5 {
+		time.Sleep(50 * time.Millisecond)
+		if err := registerOnce(t, dial); err != nil {
+			t.Logf("registration %d: %v", i+2, err)
+			failed++
+		}
+	}
+	if failed > 0 {
+		t.Errorf("%d of 6 registrations during %s were not accepted at their first attempt", failed, what)
+	}
+}
+
+// from dials addr from ip.
+func from(ip, addr string) func() (net.Conn, error) {
+	return func() (net.Conn, error) { return dialFrom(ip, addr) }
 }
 
 // TestRegisterDuringBadTokenFlood: 24 workers registering with wrong
@@ -171,15 +203,8 @@ func TestRegisterDuringBadTokenFlood(t *testing.T) {
 	// The flood is in force: every worker's failure has been held back.
 	testutil.WaitFor(t, "24 refusals held back", func() bool { return l.Stats().Delayed >= 24 })
 
-	took, attempts := timeToRegister(t, addr, "127.0.0.1")
-	s := l.Stats()
-	t.Logf("registered after %v in %d attempts during a flood of 24 bad-token workers (stats %+v)", took, attempts, s)
-	if attempts != 1 {
-		t.Errorf("the agent needed %d attempts, want its first to be accepted", attempts)
-	}
-	if s.Pending > int64(cfg.MaxPendingPerPeer) {
-		t.Errorf("%d connections registering", s.Pending)
-	}
+	firstAttempts(t, "a flood of 24 bad-token workers from its address", from("127.0.0.1", addr))
+	t.Logf("stats %+v", l.Stats())
 }
 
 // TestRegisterDuringSilentFloodOneAddress: connections from the agent's
@@ -195,12 +220,8 @@ func TestRegisterDuringSilentFloodOneAddress(t *testing.T) {
 		return l.Stats().Pending == int64(cfg.MaxPendingPerPeer)
 	})
 
-	took, attempts := timeToRegister(t, addr, "127.0.0.1")
-	s := l.Stats()
-	t.Logf("registered after %v in %d attempts during %d silent connections from its address (stats %+v)", took, attempts, cfg.MaxPendingPerPeer, s)
-	if attempts != 1 {
-		t.Errorf("the agent needed %d attempts, want its first to be accepted", attempts)
-	}
+	firstAttempts(t, "16 silent connections from its address", from("127.0.0.1", addr))
+	t.Logf("stats %+v", l.Stats())
 }
 
 // TestRegisterOverTLSDuringSilentFlood: the same flood against a TLS
@@ -222,15 +243,12 @@ func TestRegisterOverTLSDuringSilentFlood(t *testing.T) {
 		return l.Stats().Pending == int64(cfg.MaxPendingPerPeer)
 	})
 
-	took, attempts := timeToRegisterWith(t, func() (net.Conn, error) {
+	firstAttempts(t, "16 silent connections from its address (TLS)", func() (net.Conn, error) {
 		d := tls.Dialer{NetDialer: &net.Dialer{Timeout: 5 * time.Second, LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.1")}}, Config: client}
 		return d.Dial("tcp", addr)
 	})
 	s := l.Stats()
-	t.Logf("registered over TLS after %v in %d attempts during %d silent connections from its address (stats %+v)", took, attempts, cfg.MaxPendingPerPeer, s)
-	if attempts != 1 {
-		t.Errorf("the agent needed %d attempts, want its first to be accepted", attempts)
-	}
+	t.Logf("stats %+v", s)
 	if s.TLSErrors != 0 {
 		t.Errorf("%d TLS errors", s.TLSErrors)
 	}
@@ -256,10 +274,6 @@ func TestRegisterDuringSilentFloodManyAddresses(t *testing.T) {
 		return l.Stats().Pending == int64(cfg.MaxPending)
 	})
 
-	took, attempts := timeToRegister(t, addr, "127.0.0.1")
-	s := l.Stats()
-	t.Logf("registered after %v in %d attempts during 160 silent connections from 10 addresses (stats %+v)", took, attempts, s)
-	if attempts != 1 {
-		t.Errorf("the agent needed %d attempts, want its first to be accepted", attempts)
-	}
+	firstAttempts(t, "160 silent connections from 10 addresses, its own among them", from("127.0.0.1", addr))
+	t.Logf("stats %+v", l.Stats())
 }
