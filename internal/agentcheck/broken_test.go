@@ -1,10 +1,12 @@
 package agentcheck
 
 import (
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -191,5 +193,62 @@ func TestMuteAgent(t *testing.T) {
 	}
 	if rep.Soak == nil || rep.Soak.Requests >= 1000 || rep.Soak.Errors < maxSoakErrors {
 		t.Fatalf("soak did not stop early: %+v", rep.Soak)
+	}
+}
+
+// TestAnswersToNoRequest: an agent that answers every frame it cannot use
+// (an unknown type, a misdirected HandshakeResponse or Decision, an event
+// that does not decode, with or without a readable request_id) with
+// {"request_id":0,"decision":"allow"} FAILs each of those checks, over a
+// Unix socket and a reverse connection, with that frame as evidence; the
+// checks it does not break still PASS.
+func TestAnswersToNoRequest(t *testing.T) {
+	const stray = `0x20 Decision {"request_id":0,"decision":"allow"}`
+	broken := map[string]int{"unknown-frames": 3, "malformed-json": 1, "malformed-noid": 1} // answers sent
+	only := []string{"ping", "unknown-frames", "correlation", "phases", "malformed-json", "malformed-noid"}
+	for _, tr := range []string{TransportUDS, TransportReverse} {
+		t.Run(tr, func(t *testing.T) {
+			var rep *Report
+			if tr == TransportUDS {
+				addr, pid := startBroken(t, "answerall")
+				rep = run(t, Config{Address: addr, PID: pid, Only: only})
+			} else {
+				addr := filepath.Join(testutil.SocketDir(t), "r.sock")
+				cmd := startProc(t, brokenAgent(t), "-mode", "answerall", "-reverse", addr)
+				rep = run(t, Config{Transport: TransportReverse, Address: addr, PID: cmd.Process.Pid, Only: append([]string{"registration"}, only...), ReconnectWait: 10 * time.Second})
+			}
+			for _, r := range rep.Results {
+				n, bad := broken[r.ID]
+				if !bad {
+					if r.Status != Pass {
+						dump(t, rep)
+						t.Errorf("%s: %s %s (only the answers to frames it should skip are broken)", r.ID, r.Status, r.Detail)
+					}
+					continue
+				}
+				want := "sent 1 answer for requests it was never sent (request_id 0)"
+				if n > 1 {
+					want = fmt.Sprintf("sent %d answers for requests it was never sent (request_id 0)", n)
+				}
+				if r.Status != Fail || !strings.Contains(r.Detail, want) {
+					dump(t, rep)
+					t.Errorf("%s: %s %q, want FAIL naming %d answers for request_id 0", r.ID, r.Status, r.Detail, n)
+				}
+				if !slices.Contains(r.Received, stray) {
+					t.Errorf("%s: the answer is not in the evidence: %q", r.ID, r.Received)
+				}
+				if len(r.Sent) == 0 || !strings.Contains(r.Rule, "docs/protocol.md §") {
+					t.Errorf("%s: sent %q, rule %q", r.ID, r.Sent, r.Rule)
+				}
+				delete(broken, r.ID)
+			}
+			if len(broken) != 0 {
+				t.Errorf("not run: %v", broken)
+			}
+			broken = map[string]int{"unknown-frames": 3, "malformed-json": 1, "malformed-noid": 1}
+			if !rep.Failed() {
+				t.Error("Failed() = false")
+			}
+		})
 	}
 }

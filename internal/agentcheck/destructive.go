@@ -112,6 +112,8 @@ func checkMalformedJSON(e *env, r *Result) {
 		worse(r, Warn, "answered an undecodable event with a valid %s: the agent acted on an event it could not read", x.Type)
 	case closed:
 		note(r, "closed the connection (the proxy fails that connection's requests at once)")
+	case e.strays.pending():
+		note(r, "no answer for request_id %d", id) // judged with what it answered instead
 	default:
 		worse(r, Warn, "neither answered nor closed within %v: the request waits for its timeout (§4.13: an agent SHOULD NOT leave an event unanswered)", e.cfg.Timeout)
 	}
@@ -124,9 +126,12 @@ func checkMalformedNoID(e *env, r *Result) {
 	if !ok {
 		return
 	}
-	if closed {
+	switch {
+	case closed:
 		note(r, "closed the connection, as §9.2 says")
-	} else {
+	case e.strays.pending():
+		note(r, "kept the connection") // judged with what it answered (see strays)
+	default:
 		note(r, "skipped it and kept the connection")
 	}
 	e.agentAlive(r)

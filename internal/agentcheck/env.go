@@ -37,10 +37,12 @@ type env struct {
 	agentName            string
 
 	pingRTT time.Duration
+	// strays are the agent's answers to requests never sent (see strays).
+	strays *strays
 }
 
 func newEnv(ctx context.Context, cfg *Config) (*env, error) {
-	e := &env{cfg: cfg, ctx: ctx}
+	e := &env{cfg: cfg, ctx: ctx, strays: newStrays()}
 	if cfg.Transport == TransportReverse {
 		network := "tcp"
 		if strings.Contains(cfg.Address, "/") {
@@ -125,7 +127,7 @@ func (e *env) acceptRaw(d time.Duration) (net.Conn, time.Time, error) {
 func (e *env) open() (link, error) {
 	switch e.cfg.Transport {
 	case TransportGRPC:
-		l, cr, err := openGRPC(e.ctx, e.cfg.Address, e.cfg.Timeout)
+		l, cr, err := openGRPC(e.ctx, e.cfg.Address, e.cfg.Timeout, e.strays)
 		if cr != nil {
 			e.agentName = cr.GetAgentName()
 		}
@@ -201,7 +203,7 @@ func (e *env) open() (link, error) {
 	// undecodable replies.
 	e.agentName = resp.AgentName
 	e.noteSetup(sent, recv, nil)
-	return newFramedLink(nc, fr, resp.Capabilities, e.cfg.Timeout, enc), nil
+	return newFramedLink(nc, fr, resp.Capabilities, e.cfg.Timeout, enc, e.strays), nil
 }
 
 // protobuf reports whether the checks run on protobuf payloads.
@@ -356,7 +358,7 @@ func (e *env) register() (*framedLink, error) {
 		answered = "0x04 RegistrationResponse {\"accepted\":true,\"payload_encoding\":\"protobuf\",…}"
 	}
 	e.noteSetup([]string{answered}, []string{r.ev}, nil)
-	return newFramedLink(r.nc, r.fr, r.req.Capabilities, e.cfg.Timeout, enc), nil
+	return newFramedLink(r.nc, r.fr, r.req.Capabilities, e.cfg.Timeout, enc, e.strays), nil
 }
 
 // ---------------------------------------------------------------------------

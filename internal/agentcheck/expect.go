@@ -421,6 +421,7 @@ func (e *env) runExpectations(x *Expectations) {
 				note(&r, "as expected")
 			}
 		}
+		e.strays.judge(&r)
 		e.report.Results = append(e.report.Results, r)
 	}
 }

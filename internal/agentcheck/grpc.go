@@ -54,7 +54,7 @@ func capsRequest(version uint32) *pb.CapabilityRequest {
 
 // openGRPC does what the proxy does before its stream: GetCapabilities,
 // HealthCheck, then ProcessStream.
-func openGRPC(ctx context.Context, addr string, d time.Duration) (*grpcLink, *pb.CapabilityResponse, error) {
+func openGRPC(ctx context.Context, addr string, d time.Duration, s *strays) (*grpcLink, *pb.CapabilityResponse, error) {
 	cc, cl, err := dialGRPC(addr)
 	if err != nil {
 		return nil, nil, err
@@ -82,7 +82,7 @@ func openGRPC(ctx context.Context, addr string, d time.Duration) (*grpcLink, *pb
 		_ = cc.Close()
 		return nil, cr, fmt.Errorf("%w: ProcessStream: %v", ErrConnect, err)
 	}
-	l := &grpcLink{inbox: newInbox(), cc: cc, stream: st, cancel: cancel, caps: grpcwire.CapabilitiesFromPB(cr.GetCapabilities())}
+	l := &grpcLink{inbox: newInbox(s), cc: cc, stream: st, cancel: cancel, caps: grpcwire.CapabilitiesFromPB(cr.GetCapabilities())}
 	go l.read()
 	return l, cr, nil
 }
@@ -95,9 +95,7 @@ func (l *grpcLink) read() {
 			l.err = fmt.Errorf("%w: %v", ErrClosed, err)
 			return
 		}
-		select {
-		case l.ch <- fromPB(m):
-		default:
+		if !l.deliver(fromPB(m)) {
 			l.err = fmt.Errorf("agentcheck: more than %d unread messages from the agent", cap(l.ch))
 			l.cancel()
 			return

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -76,9 +78,97 @@ type link interface {
 // doubles echo them exactly (docs/protocol.md §3.2).
 var ids atomic.Uint64
 
-func init() { ids.Store(1 << 32) }
+// firstID is where ids start: every id the checker issues is above it.
+const firstID = 1 << 32
+
+func init() { ids.Store(firstID) }
 
 func nextID() uint64 { return ids.Add(1) }
+
+// maxStrayEvidence bounds the stray answers kept as evidence per check.
+const maxStrayEvidence = 3
+
+// strays collects the agent's answers (Decision, BodyMutation, an agent
+// error) for request ids the checker never sent it in an event: 0, ids it
+// never issued, and the ids it forged for frames that are not events (a
+// misdirected Decision, a CancelRequest for an unknown request). An agent
+// answers only the events it gets (docs/protocol.md §7.1); one that
+// answers frames it should skip would make the proxy count late replies
+// at best, and act on a decision nobody asked for at worst. The links'
+// readers divert such answers here, away from the checks' inboxes, and
+// each check fails with those that arrived while it ran (see judge).
+type strays struct {
+	mu     sync.Mutex
+	forged map[uint64]bool
+	got    []*reply // the first maxStrayEvidence since the last judge
+	n      int      // since the last judge
+}
+
+func newStrays() *strays { return &strays{forged: map[uint64]bool{}} }
+
+// forge issues an id for a frame that is not an event: an answer for it
+// is a stray.
+func (s *strays) forge() uint64 {
+	id := nextID()
+	s.mu.Lock()
+	s.forged[id] = true
+	s.mu.Unlock()
+	return id
+}
+
+// divert keeps r if it answers a request that was never sent, and
+// reports whether it did.
+func (s *strays) divert(r *reply) bool {
+	if r.Type != protocol.TypeDecision && r.Type != protocol.TypeBodyMutation {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if r.ID > firstID && r.ID <= ids.Load() && !s.forged[r.ID] {
+		return false
+	}
+	if len(s.got) < maxStrayEvidence {
+		s.got = append(s.got, r)
+	}
+	s.n++
+	return true
+}
+
+// pending reports whether strays arrived since the last judge.
+func (s *strays) pending() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.n > 0
+}
+
+// judge fails r with the strays that arrived since the last call, the
+// frames as evidence.
+func (s *strays) judge(r *Result) {
+	s.mu.Lock()
+	got, n := s.got, s.n
+	s.got, s.n = nil, 0
+	s.mu.Unlock()
+	if n == 0 {
+		return
+	}
+	var ids []string
+	for _, x := range got {
+		r.Received = append(r.Received, x.Ev())
+		if id := fmt.Sprint(x.ID); !slices.Contains(ids, id) {
+			ids = append(ids, id)
+		}
+	}
+	what := "1 answer"
+	if n > 1 {
+		what = fmt.Sprintf("%d answers", n)
+	}
+	more := ""
+	if n > len(got) {
+		more = ", …"
+	}
+	worse(r, Fail, "the agent sent %s for requests it was never sent (request_id %s%s): an agent answers only the events it gets, each with its request_id, and skips the frames it cannot use; 0 is never a request's id (§7.1, §2.6, §9.2)",
+		what, strings.Join(ids, ", "), more)
+}
 
 // maxEvidence bounds one payload shown as evidence.
 const maxEvidence = 400
@@ -203,8 +293,8 @@ type framedLink struct {
 
 // newFramedLink starts reading frames from fr (which reads nc), whose
 // payloads are in encoding enc.
-func newFramedLink(nc net.Conn, fr *uds.FrameReader, caps protocol.Capabilities, wto time.Duration, enc uds.Encoding) *framedLink {
-	l := &framedLink{inbox: newInbox(), nc: nc, caps: caps, wto: wto, enc: enc}
+func newFramedLink(nc net.Conn, fr *uds.FrameReader, caps protocol.Capabilities, wto time.Duration, enc uds.Encoding, s *strays) *framedLink {
+	l := &framedLink{inbox: newInbox(s), nc: nc, caps: caps, wto: wto, enc: enc}
 	go l.read(fr)
 	return l
 }
@@ -224,9 +314,7 @@ func (l *framedLink) read(fr *uds.FrameReader) {
 		if l.enc == uds.Protobuf {
 			r = decodeProtobufFrame
 		}
-		select {
-		case l.ch <- r(t, p):
-		default:
+		if !l.deliver(r(t, p)) {
 			// Nobody reads: a flood from the agent must not block or grow
 			// the checker.
 			l.err = fmt.Errorf("agentcheck: more than %d unread frames from the agent", cap(l.ch))
@@ -271,13 +359,28 @@ func (l *framedLink) Close() { l.once.Do(func() { _ = l.nc.Close() }) }
 // inbox holds the replies a link's reader goroutine has decoded, for
 // Recv; both transports share it.
 type inbox struct {
-	ch   chan *reply
-	done chan struct{} // closed when the reader ends
-	err  error         // why it ended; set before done closes
+	ch     chan *reply
+	done   chan struct{} // closed when the reader ends
+	err    error         // why it ended; set before done closes
+	strays *strays       // where answers to no request go (nil: to ch)
 }
 
-func newInbox() inbox {
-	return inbox{ch: make(chan *reply, 8192), done: make(chan struct{})}
+func newInbox(s *strays) inbox {
+	return inbox{ch: make(chan *reply, 8192), done: make(chan struct{}), strays: s}
+}
+
+// deliver hands r to Recv, or to strays when it answers no request; false
+// when nobody reads and the inbox is full.
+func (b *inbox) deliver(r *reply) bool {
+	if b.strays != nil && b.strays.divert(r) {
+		return true
+	}
+	select {
+	case b.ch <- r:
+		return true
+	default:
+		return false
+	}
 }
 
 // Recv returns the next reply, waiting at most d; replies read before the

@@ -188,6 +188,7 @@ func (e *env) runSoak() {
 	start := time.Now()
 	defer func() {
 		r.Elapsed = time.Since(start)
+		e.strays.judge(&r)
 		e.report.Results = append(e.report.Results, r)
 	}()
 	l, err := e.open()

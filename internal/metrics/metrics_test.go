@@ -438,6 +438,12 @@ func TestReverseRegistrations(t *testing.T) {
 		if acc == 1 && rej == 1 && conns == 1 {
 			expect(t, v, fmt.Sprintf(`sidecar_reverse_connections{listener=%q,state="active"}`, listener), 1)
 			expect(t, v, fmt.Sprintf(`sidecar_reverse_registrations_rejected_total{listener=%q,reason="version"}`, listener), 0)
+			expect(t, v, fmt.Sprintf(`sidecar_reverse_registrations_rejected_total{listener=%q,reason="evicted"}`, listener), 0)
+			expect(t, v, fmt.Sprintf(`sidecar_reverse_refusals_unheld_total{listener=%q}`, listener), 0)
+			// The refusal may still be draining: the series must be there.
+			if _, ok := v[fmt.Sprintf(`sidecar_reverse_connections{listener=%q,state="refusing"}`, listener)]; !ok {
+				t.Error("sidecar_reverse_connections{state=\"refusing\"} missing")
+			}
 			break
 		}
 		if time.Now().After(deadline) {

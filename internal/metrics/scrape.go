@@ -27,9 +27,11 @@ var (
 	descRevRejected = prometheus.NewDesc(Namespace+"_reverse_registrations_rejected_total",
 		"Reverse-connection registrations refused or failed, per listener and reason.", []string{"listener", "reason"}, nil)
 	descRevConns = prometheus.NewDesc(Namespace+"_reverse_connections",
-		"Reverse connections per listener: registering (pending) or registered (active).", []string{"listener", "state"}, nil)
+		"Reverse connections per listener: registering (pending), refused with their answer held back or being drained (refusing), or registered (active).", []string{"listener", "state"}, nil)
 	descRevDelayed = prometheus.NewDesc(Namespace+"_reverse_registrations_delayed_total",
 		"Refused registrations answered late because of earlier failures of the same (peer, agent id), per listener.", []string{"listener"}, nil)
+	descRevUnheld = prometheus.NewDesc(Namespace+"_reverse_refusals_unheld_total",
+		"Refused registrations closed at once because max_refusing refused connections were already held open (unanswered if they were to be held back), per listener.", []string{"listener"}, nil)
 	descRejected = prometheus.NewDesc(Namespace+"_requests_rejected_total",
 		"Request heads the sidecar answered itself with 400, 408, 414 or 431, by reason (target, host, framing, obs_fold, parse, uri_too_long, headers_too_large, timeout).", []string{"reason"}, nil)
 	descAbsolute = prometheus.NewDesc(Namespace+"_requests_absolute_form_total",
@@ -65,7 +67,7 @@ type scrapeCollector struct{ m *Metrics }
 
 func (c *scrapeCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descAgentConns, descAgentInFlight, descAgentReady, descAgentCompleted,
-		descInFlight, descAborted, descRevAccepted, descRevRejected, descRevConns, descRevDelayed,
+		descInFlight, descAborted, descRevAccepted, descRevRejected, descRevConns, descRevDelayed, descRevUnheld,
 		descRejected, descAbsolute, descAcceptErrors, descClamped, descUpRetries, descUpFlushes, descLimits, descSendWaits, descCtlDropped, descInline,
 		descWrites, descFramesWritten} {
 		ch <- d
@@ -119,8 +121,10 @@ func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
 				ch <- prometheus.MustNewConstMetric(descRevRejected, prometheus.CounterValue, float64(r.n), name, r.reason)
 			}
 			ch <- prometheus.MustNewConstMetric(descRevConns, prometheus.GaugeValue, float64(st.Pending), name, "pending")
+			ch <- prometheus.MustNewConstMetric(descRevConns, prometheus.GaugeValue, float64(st.Refusing), name, "refusing")
 			ch <- prometheus.MustNewConstMetric(descRevConns, prometheus.GaugeValue, float64(st.Active), name, "active")
 			ch <- prometheus.MustNewConstMetric(descRevDelayed, prometheus.CounterValue, float64(st.Delayed), name)
+			ch <- prometheus.MustNewConstMetric(descRevUnheld, prometheus.CounterValue, float64(st.Unheld), name)
 		}
 	}
 }
@@ -155,6 +159,7 @@ func rejectReasons(st *reverse.Stats) []reasonCount {
 		{"timeout", st.Timeouts},
 		{"bad_frame", st.BadFrames},
 		{"tls_error", st.TLSErrors},
+		{"evicted", st.Evicted},
 		{"busy", st.Busy},
 	}
 }

@@ -36,11 +36,20 @@ type Config struct {
 	// registration is small, the 16 MiB frame limit is for traffic).
 	MaxRegistrationSize int
 	// MaxPending bounds connections accepted but not yet registered
-	// (default 128); more are closed at once and counted as busy.
-	// MaxPendingPerPeer bounds them per peer (default 16), so that one
-	// source cannot hold the whole budget with silent connections.
+	// (default 128), MaxPendingPerPeer those of one peer (default 16; an
+	// IPv4 address, an IPv6 /64, a Unix user; at most MaxPending). A connection that arrives
+	// at a limit is not turned away: the connection of its scope that has
+	// waited longest without sending a byte is closed to make room, else
+	// the oldest still receiving its registration (counted as evicted);
+	// see admission. Refused connections do not count (see MaxRefusing).
 	MaxPending        int
 	MaxPendingPerPeer int
+	// MaxRefusing bounds the refused connections held open at once, their
+	// answer held back by the failure slow-down or being drained (default
+	// 256). Beyond it a refusal is not held: one that was to wait is
+	// closed without an answer, one answered at once is not drained
+	// (counted as unheld).
+	MaxRefusing int
 	// MaxConnsPerID bounds the live connections of one agent_id (default
 	// 8): an instance may open several for throughput, a registration
 	// beyond the limit is refused with "too many connections for agent id".
@@ -157,6 +166,7 @@ func DefaultConfig() Config {
 		MaxRegistrationSize: 64 << 10,
 		MaxPending:          128,
 		MaxPendingPerPeer:   16,
+		MaxRefusing:         256,
 		MaxConnsPerID:       8,
 		MaxConnsPerAgent:    256,
 		MaxInFlight:         256,
@@ -183,6 +193,7 @@ func (c *Config) Validate() error {
 	setInt(&c.MaxRegistrationSize, d.MaxRegistrationSize)
 	setInt(&c.MaxPending, d.MaxPending)
 	setInt(&c.MaxPendingPerPeer, d.MaxPendingPerPeer)
+	setInt(&c.MaxRefusing, d.MaxRefusing)
 	setInt(&c.MaxConnsPerID, d.MaxConnsPerID)
 	setInt(&c.MaxConnsPerAgent, d.MaxConnsPerAgent)
 	setInt(&c.MaxInFlight, d.MaxInFlight)
@@ -211,6 +222,9 @@ func (c *Config) Validate() error {
 	if c.MaxRegistrationSize > 1<<20 {
 		return fmt.Errorf("%w: max_registration_size %d above 1 MiB", ErrReverseConfig, c.MaxRegistrationSize)
 	}
+	// A peer's share cannot exceed the whole (max_pending set below the
+	// default share is not an error).
+	c.MaxPendingPerPeer = min(c.MaxPendingPerPeer, c.MaxPending)
 	if c.MaxConnsPerID > c.MaxConnsPerAgent {
 		return fmt.Errorf("%w: max_conns_per_id %d above max_conns_per_agent %d", ErrReverseConfig, c.MaxConnsPerID, c.MaxConnsPerAgent)
 	}

@@ -25,6 +25,14 @@
 // that key's next refusal is answered. A registration with a valid token
 // is never delayed (see failures).
 //
+// Connections that have not registered share MaxPending slots, at most
+// MaxPendingPerPeer per peer. A newcomer at a limit is let in and the
+// connection of its scope that has sent nothing for the longest gives way
+// (see admission); a refused connection gives its slot back before its
+// answer is held back or drained, and at most MaxRefusing are held open.
+// Neither silent connections nor wrong tokens, from however many
+// addresses including the agent's own, can keep a valid registration out.
+//
 // Duplicate agent ids: an id may hold up to MaxConnsPerID connections at
 // once (an instance may open several for throughput); a registration beyond
 // that is refused, and the connections already serving are kept. Refusing
@@ -124,16 +132,26 @@ type Stats struct {
 	TLSErrors uint64 `json:"tls_errors"`
 	// Aborted: the peer closed before registering.
 	Aborted uint64 `json:"aborted"`
-	// Busy: connections closed at once because MaxPending (or
-	// MaxPendingPerPeer from the same peer) were registering.
+	// Evicted: connections closed before they registered to make room
+	// for a newer one, when MaxPending (or MaxPendingPerPeer from the same
+	// peer) were registering; silent ones first (see admission).
+	Evicted uint64 `json:"evicted"`
+	// Busy: new connections closed at once because every connection
+	// registering in their scope was being judged, none could give way.
 	Busy uint64 `json:"busy"`
 	// Delayed: refusals held back because of earlier authentication
 	// failures of the same (peer, agent_id). Accepted registrations are
 	// never held back.
 	Delayed uint64 `json:"delayed"`
-	// Pending and Active are the connections registering and registered now.
-	Pending int64 `json:"pending"`
-	Active  int64 `json:"active"`
+	// Unheld: refusals closed at once because MaxRefusing refused
+	// connections were already held open: one that was to be held back is
+	// closed without its answer, one answered at once is not drained.
+	Unheld uint64 `json:"unheld"`
+	// Pending, Refusing and Active are the connections registering,
+	// refused (their answer held back or being drained) and registered now.
+	Pending  int64 `json:"pending"`
+	Refusing int64 `json:"refusing"`
+	Active   int64 `json:"active"`
 }
 
 // Rejected is the total of refused registrations.
@@ -157,8 +175,8 @@ func (s Stats) RejectedByReason() map[string]uint64 {
 
 type counters struct {
 	accepted, version, invalid, unknown, auth, idLimit, agentLimit, shutdown atomic.Uint64
-	timeouts, badFrames, tlsErrors, aborted, busy, delayed                   atomic.Uint64
-	pending, active                                                          atomic.Int64
+	timeouts, badFrames, tlsErrors, aborted, evicted, busy, delayed, unheld  atomic.Uint64
+	pending, refusing, active                                                atomic.Int64
 }
 
 // agent is one configured agent name and its pool.
@@ -198,19 +216,17 @@ type Listener struct {
 	fails  *failures
 	lns    []net.Listener
 	tlsLn  net.Listener // the TCP listener, TLS-wrapped or not
-	sem    chan struct{}
 	ctx    context.Context
 	cancel context.CancelFunc
 
-	mu      sync.Mutex
-	closed  bool
-	pending map[net.Conn]struct{}
-	// peerPending counts each peer's connections still registering.
-	peerPending map[string]int
-	perID       map[string]int
-	wg          sync.WaitGroup
-	serving     atomic.Bool
-	logs        logGate
+	mu     sync.Mutex
+	closed bool
+	// pending holds the connections registering (see admission).
+	pending *admission
+	perID   map[string]int
+	wg      sync.WaitGroup
+	serving atomic.Bool
+	logs    logGate
 
 	c counters
 }
@@ -223,16 +239,14 @@ func NewListener(cfg Config, log zerolog.Logger) (*Listener, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	l := &Listener{
-		cfg:         cfg,
-		log:         log,
-		byName:      make(map[string]*agent, len(cfg.Agents)),
-		fails:       newFailures(cfg.FailureDelay, cfg.MaxFailureDelay, cfg.FailureMemory, cfg.MaxTrackedPeers),
-		sem:         make(chan struct{}, cfg.MaxPending),
-		ctx:         ctx,
-		cancel:      cancel,
-		pending:     make(map[net.Conn]struct{}),
-		peerPending: make(map[string]int),
-		perID:       make(map[string]int),
+		cfg:     cfg,
+		log:     log,
+		byName:  make(map[string]*agent, len(cfg.Agents)),
+		fails:   newFailures(cfg.FailureDelay, cfg.MaxFailureDelay, cfg.FailureMemory, cfg.MaxTrackedPeers),
+		ctx:     ctx,
+		cancel:  cancel,
+		pending: newAdmission(cfg.MaxPending, cfg.MaxPendingPerPeer),
+		perID:   make(map[string]int),
 	}
 	for i := range cfg.Agents {
 		ac := cfg.Agents[i]
@@ -352,9 +366,12 @@ func (l *Listener) Stats() Stats {
 		BadFrames:          c.badFrames.Load(),
 		TLSErrors:          c.tlsErrors.Load(),
 		Aborted:            c.aborted.Load(),
+		Evicted:            c.evicted.Load(),
 		Busy:               c.busy.Load(),
 		Delayed:            c.delayed.Load(),
+		Unheld:             c.unheld.Load(),
 		Pending:            c.pending.Load(),
+		Refusing:           c.refusing.Load(),
 		Active:             c.active.Load(),
 	}
 }
@@ -409,36 +426,34 @@ func (l *Listener) acceptLoop(ln net.Listener) error {
 			continue
 		}
 		delay = 0
-		select {
-		case l.sem <- struct{}{}:
-		default:
-			l.c.busy.Add(1)
-			_ = nc.Close()
-			continue
+		pc := &pconn{nc: nc, raw: nc, peer: peerKey(nc)}
+		if tc, ok := nc.(*tls.Conn); ok {
+			pc.raw = tc.NetConn()
 		}
-		peer := peerKey(nc)
 		l.mu.Lock()
 		if l.closed {
 			l.mu.Unlock()
-			<-l.sem
-			_ = nc.Close()
+			_ = pc.raw.Close()
 			return nil
 		}
-		if l.peerPending[peer] >= l.cfg.MaxPendingPerPeer {
-			// One source holding many half-open registrations must not
-			// starve everybody else of the pending budget.
+		victim, ok := l.pending.admit(pc)
+		if !ok {
 			l.mu.Unlock()
-			<-l.sem
 			l.c.busy.Add(1)
-			_ = nc.Close()
+			_ = pc.raw.Close()
 			continue
 		}
-		l.peerPending[peer]++
-		l.pending[nc] = struct{}{}
 		l.wg.Add(1)
 		l.mu.Unlock()
 		l.c.pending.Add(1)
-		go l.serveConn(nc, peer)
+		if victim != nil {
+			l.c.pending.Add(-1)
+			l.c.evicted.Add(1)
+			_ = victim.raw.Close() // its goroutine ends without counting it again
+			l.warn(&l.log).Str("remote", remoteString(victim.nc)).Bool("silent", victim.silent).
+				Msg("reverse connection closed before registering, to make room for a newer one")
+		}
+		go l.serveConn(pc)
 	}
 }
 
@@ -466,9 +481,9 @@ func (l *Listener) Close() error {
 	for _, a := range l.agents {
 		a.closed = true
 	}
-	pending := make([]net.Conn, 0, len(l.pending))
-	for nc := range l.pending {
-		pending = append(pending, nc)
+	pending := make([]net.Conn, 0, len(l.pending.all))
+	for pc := range l.pending.all {
+		pending = append(pending, pc.raw)
 	}
 	l.mu.Unlock()
 	l.cancel()
@@ -537,24 +552,39 @@ type registration struct {
 	fr     *uds.FrameReader
 }
 
-// serveConn registers nc and, once accepted, serves it until it ends.
-func (l *Listener) serveConn(nc net.Conn, peer string) {
+// serveConn registers pc and, once accepted, serves it until it ends. A
+// refusal is answered after the connection has left the pending table, so
+// that neither its delay nor its drain holds a registration slot.
+func (l *Listener) serveConn(pc *pconn) {
 	defer l.wg.Done()
-	reg := l.register(nc, peer)
+	reg, ref := l.register(pc)
 	l.mu.Lock()
-	delete(l.pending, nc)
-	if n := l.peerPending[peer] - 1; n > 0 {
-		l.peerPending[peer] = n
-	} else {
-		delete(l.peerPending, peer)
-	}
+	left := l.pending.remove(pc)
 	l.mu.Unlock()
-	l.c.pending.Add(-1)
-	<-l.sem
-	if reg == nil {
-		return
+	if left {
+		l.c.pending.Add(-1)
 	}
-	l.serveRegistered(nc, reg)
+	switch {
+	case ref != nil:
+		l.answerRefusal(pc.nc, ref)
+	case reg != nil:
+		l.serveRegistered(pc.nc, reg)
+	}
+}
+
+// moveTo moves pc to a tier of the pending table; false when it gave way
+// to a newer connection meanwhile (or the listener closed).
+func (l *Listener) moveTo(pc *pconn, tier int) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.pending.move(pc, tier)
+}
+
+// evicted reports whether pc was closed to make room for a newer one.
+func (l *Listener) evicted(pc *pconn) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return pc.evicted
 }
 
 func (l *Listener) serveRegistered(nc net.Conn, reg *registration) {
@@ -641,26 +671,51 @@ func (l *Listener) release(reg *registration) {
 	l.mu.Unlock()
 }
 
-// register reads and judges the first frame. It answers and closes the
-// connection itself on refusal (returning nil); on acceptance the
-// connection's slots are reserved and its deadlines cleared.
-func (l *Listener) register(nc net.Conn, peer string) *registration {
+// refusal is a refused registration's answer, and how long to hold it
+// back.
+type refusal struct {
+	t      protocol.MsgType
+	reason string
+	delay  time.Duration
+}
+
+// register reads and judges the first frame. It returns the registration
+// (its slots reserved, its deadlines cleared, its answer sent), or the
+// refusal to answer, or neither when the connection is closed already.
+func (l *Listener) register(pc *pconn) (*registration, *refusal) {
+	nc := pc.nc
 	remote := remoteString(nc)
 	log := l.log.With().Str("remote", remote).Logger()
 	_ = nc.SetDeadline(time.Now().Add(l.cfg.RegistrationTimeout))
-	if tc, ok := nc.(*tls.Conn); ok {
+	// Until something arrives the connection is among the first to give
+	// way to a newcomer; then it goes to the back of the receiving ones.
+	err := awaitData(pc.raw, func() { l.moveTo(pc, tierSilent) })
+	if err == nil && !l.moveTo(pc, tierReceiving) {
+		err = net.ErrClosed
+	}
+	if tc, ok := nc.(*tls.Conn); ok && err == nil {
 		if err := tc.HandshakeContext(l.ctx); err != nil {
-			l.c.tlsErrors.Add(1)
-			l.warn(&log).Err(err).Msg("reverse connection: TLS handshake failed")
-			_ = nc.Close()
-			return nil
+			if !l.evicted(pc) && l.ctx.Err() == nil {
+				l.c.tlsErrors.Add(1)
+				l.warn(&log).Err(err).Msg("reverse connection: TLS handshake failed")
+			}
+			_ = pc.raw.Close()
+			return nil, nil
 		}
 	}
 	fr := uds.NewFrameReader(nc)
 	fr.SetMaxFrameSize(l.cfg.MaxRegistrationSize)
-	t, payload, err := fr.Next()
+	var t protocol.MsgType
+	var payload []byte
+	if err == nil {
+		t, payload, err = fr.Next()
+	}
+	if err == nil && !l.moveTo(pc, tierJudged) {
+		err = net.ErrClosed
+	}
 	if err != nil {
 		switch {
+		case l.evicted(pc):
 		case errors.Is(err, os.ErrDeadlineExceeded):
 			l.c.timeouts.Add(1)
 			l.warn(&log).Dur("timeout", l.cfg.RegistrationTimeout).Msg("reverse connection: no registration within the timeout; closing")
@@ -672,8 +727,8 @@ func (l *Listener) register(nc net.Conn, peer string) *registration {
 			l.c.aborted.Add(1)
 			log.Debug().Err(err).Msg("reverse connection closed before registering")
 		}
-		_ = nc.Close()
-		return nil
+		_ = pc.raw.Close()
+		return nil, nil
 	}
 	respType := protocol.TypeRegistrationResponse
 	switch t {
@@ -685,15 +740,13 @@ func (l *Listener) register(nc net.Conn, peer string) *registration {
 	default:
 		l.c.badFrames.Add(1)
 		l.warn(&log).Str("type", fmt.Sprintf("0x%02x", uint8(t))).Msg("reverse connection: first frame is not a RegistrationRequest; closing")
-		l.refuse(nc, respType, ReasonFrame)
-		return nil
+		return nil, &refusal{t: respType, reason: ReasonFrame}
 	}
 	var req protocol.RegistrationRequest
 	if err := protocol.DecodeRegistrationRequest(payload, &req); err != nil {
 		l.c.invalid.Add(1)
 		l.warn(&log).Err(err).Msg("reverse connection: undecodable registration; closing")
-		l.refuse(nc, respType, ReasonInvalid+": undecodable payload")
-		return nil
+		return nil, &refusal{t: respType, reason: ReasonInvalid + ": undecodable payload"}
 	}
 	log = log.With().Str("agent_id", clip(req.AgentID)).Logger()
 	a, reason := l.judge(&req)
@@ -701,17 +754,11 @@ func (l *Listener) register(nc net.Conn, peer string) *registration {
 		// The log names the cause (never the token); the peer only learns
 		// that it failed, after the delay its key has earned.
 		l.warn(&log).Str("reason", reason).Msg("reverse registration refused")
-		if !l.hold(l.fails.penalize(failKey(peer, req.AgentID), time.Now())) {
-			_ = nc.Close()
-			return nil
-		}
-		l.refuse(nc, respType, ReasonAuth)
-		return nil
+		return nil, &refusal{t: respType, reason: ReasonAuth, delay: l.fails.penalize(failKey(pc.peer, req.AgentID), time.Now())}
 	}
 	if reason != "" {
 		l.warn(&log).Str("reason", reason).Msg("reverse registration refused")
-		l.refuse(nc, respType, reason)
-		return nil
+		return nil, &refusal{t: respType, reason: reason}
 	}
 	connID := newConnID()
 	_ = nc.SetWriteDeadline(time.Now().Add(l.cfg.WriteTimeout))
@@ -725,12 +772,44 @@ func (l *Listener) register(nc net.Conn, peer string) *registration {
 	if err := uds.WriteFrame(nc, &resp); err != nil {
 		log.Warn().Err(err).Msg("reverse registration: answer failed")
 		l.release(reg)
-		_ = nc.Close()
-		return nil
+		_ = pc.raw.Close()
+		return nil, nil
 	}
 	_ = nc.SetDeadline(time.Time{})
 	fr.SetMaxFrameSize(protocol.MaxFrameSize)
-	return reg
+	return reg, nil
+}
+
+// answerRefusal holds ref back for its delay, answers it and drains the
+// connection (see refuse), in one of MaxRefusing places. When they are all
+// taken the refusal is not held: one that was to wait is closed without an
+// answer, one answered at once is closed without the drain. Either way
+// the peer learns nothing it would not learn from the answer itself, and
+// the refused connections held open stay bounded.
+func (l *Listener) answerRefusal(nc net.Conn, ref *refusal) {
+	for {
+		n := l.c.refusing.Load()
+		if n >= int64(l.cfg.MaxRefusing) {
+			l.c.unheld.Add(1)
+			l.warn(&l.log).Str("remote", remoteString(nc)).Int("max_refusing", l.cfg.MaxRefusing).
+				Msg("reverse registration refused without holding the connection: too many refused connections held open")
+			if ref.delay <= 0 {
+				_ = nc.SetWriteDeadline(time.Now().Add(l.cfg.WriteTimeout))
+				_ = uds.WriteFrame(nc, &answer{t: ref.t, RegistrationResponse: protocol.RegistrationResponse{Accepted: false, Error: ref.reason}})
+			}
+			_ = nc.Close()
+			return
+		}
+		if l.c.refusing.CompareAndSwap(n, n+1) {
+			break
+		}
+	}
+	defer l.c.refusing.Add(-1)
+	if !l.hold(ref.delay) {
+		_ = nc.Close()
+		return
+	}
+	l.refuse(nc, ref.t, ref.reason)
 }
 
 // hold waits d before a refusal is answered, counting it as delayed; false

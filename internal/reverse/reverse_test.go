@@ -701,6 +701,13 @@ func TestConfigValidate(t *testing.T) {
 	if err := c.Validate(); err != nil {
 		t.Fatal(err)
 	}
+	if c.MaxPending != 128 || c.MaxPendingPerPeer != 16 || c.MaxRefusing != 256 {
+		t.Errorf("registration limits %d %d %d, want 128 16 256", c.MaxPending, c.MaxPendingPerPeer, c.MaxRefusing)
+	}
+	c.MaxPending = 8
+	if err := c.Validate(); err != nil || c.MaxPendingPerPeer != 8 {
+		t.Errorf("max_pending 8: per peer %d, %v; want 8", c.MaxPendingPerPeer, err)
+	}
 	if got := c.Agents[0].IDs; len(got) != 2 || got[0] != "waf" || got[1] != "waf-*" {
 		t.Errorf("default id patterns %q", got)
 	}
@@ -760,29 +767,5 @@ func TestShutdownSendsCancelAll(t *testing.T) {
 	}
 	if len(types) != 1 || types[0] != protocol.TypeCancelAll {
 		t.Fatalf("frames before close: %v, want [CancelAll]", types)
-	}
-}
-
-// TestPendingPerPeer: silent connections from one peer cannot take more
-// than MaxPendingPerPeer of the registration budget.
-func TestPendingPerPeer(t *testing.T) {
-	cfg := testConfig(t)
-	cfg.MaxPendingPerPeer = 2
-	l := startListener(t, cfg)
-	s1 := dialRaw(t, "unix", cfg.UnixPath)
-	s2 := dialRaw(t, "unix", cfg.UnixPath)
-	testutil.WaitFor(t, "two pending", func() bool { return l.Stats().Pending == 2 })
-	c := dialRaw(t, "unix", cfg.UnixPath)
-	c.closed()
-	if s := l.Stats(); s.Busy != 1 {
-		t.Fatalf("stats %+v", s)
-	}
-	_ = s1.nc.Close()
-	_ = s2.nc.Close()
-	testutil.WaitFor(t, "pending released", func() bool { return l.Stats().Pending == 0 })
-	c = dialRaw(t, "unix", cfg.UnixPath)
-	c.send(protocol.TypeRegistrationRequest, regReq("waf-1", testToken))
-	if _, r := c.answer(); !r.Accepted {
-		t.Fatal(r.Error)
 	}
 }

@@ -38,7 +38,7 @@ var (
 	listenerKeys = []string{
 		"tls_cert_file", "tls_key_file", "tls_client_ca_file", "socket_mode",
 		"registration_timeout", "max_conns_per_id", "max_conns_per_agent",
-		"ping_interval", "ping_timeout", "max_pending",
+		"ping_interval", "ping_timeout", "max_pending", "max_pending_per_peer", "max_refusing",
 	}
 )
 
@@ -61,6 +61,8 @@ var (
 //	ping_interval        Go duration (default 5s; "0" turns pings off)
 //	ping_timeout         Go duration (default 15s)
 //	max_pending          connections registering at once (default 128)
+//	max_pending_per_peer the same from one address (default 16)
+//	max_refusing         refused connections held open at once (default 256)
 //
 // An unknown key is an error, so that a typo does not silently drop a
 // security setting.
@@ -182,6 +184,10 @@ func setListenerOption(c *Config, k, v string) error {
 		return num(&c.MaxConnsPerAgent)
 	case "max_pending":
 		return num(&c.MaxPending)
+	case "max_pending_per_peer":
+		return num(&c.MaxPendingPerPeer)
+	case "max_refusing":
+		return num(&c.MaxRefusing)
 	case "ping_interval":
 		if err := dur(&c.PingInterval); err != nil {
 			return err

@@ -16,7 +16,8 @@ func TestListenerConfigs(t *testing.T) {
 		{Name: "waf", Address: "unix:/tmp/rv.sock", MaxInFlight: 64, MessageTimeout: 2 * time.Second,
 			Options: map[string]string{"ids": "waf-*, edge-waf", "token_env": "WAF_TOKEN", "max_conns_per_id": "2", "ping_interval": "0"}},
 		{Name: "auth", Address: "127.0.0.1:0",
-			Options: map[string]string{"tokens": "a,b", "tls_cert_file": "c.pem", "tls_key_file": "k.pem", "tls_client_ca_file": "ca.pem"}},
+			Options: map[string]string{"tokens": "a,b", "tls_cert_file": "c.pem", "tls_key_file": "k.pem", "tls_client_ca_file": "ca.pem",
+				"max_pending": "64", "max_pending_per_peer": "4", "max_refusing": "32"}},
 		{Name: "bot", Address: "unix:/tmp/rv.sock",
 			Options: map[string]string{"allow_no_token": "true", "max_conns_per_id": "2", "socket_mode": "600"}},
 	}
@@ -43,6 +44,9 @@ func TestListenerConfigs(t *testing.T) {
 	if tcp.TCPAddr != "127.0.0.1:0" || tcp.TLS == nil || tcp.TLS.ClientCAFile != "ca.pem" || len(tcp.Agents[0].Tokens) != 2 {
 		t.Errorf("tcp listener %+v", tcp)
 	}
+	if tcp.MaxPending != 64 || tcp.MaxPendingPerPeer != 4 || tcp.MaxRefusing != 32 || u.MaxPendingPerPeer != 16 || u.MaxRefusing != 256 {
+		t.Errorf("registration limits: tcp %d %d %d, unix %d %d", tcp.MaxPending, tcp.MaxPendingPerPeer, tcp.MaxRefusing, u.MaxPendingPerPeer, u.MaxRefusing)
+	}
 
 	bad := []struct {
 		name  string
@@ -56,6 +60,8 @@ func TestListenerConfigs(t *testing.T) {
 		}, "differently"},
 		{"bad bool", []AgentSpec{{Name: "a", Address: "unix:/tmp/a", Options: map[string]string{"allow_no_token": "yes please"}}}, "allow_no_token"},
 		{"bad duration", []AgentSpec{{Name: "a", Address: "unix:/tmp/a", Options: map[string]string{"tokens": "t", "registration_timeout": "soon"}}}, "registration_timeout"},
+		{"zero refusing", []AgentSpec{{Name: "a", Address: "unix:/tmp/a", Options: map[string]string{"tokens": "t", "max_refusing": "0"}}}, "max_refusing"},
+		{"bad per peer", []AgentSpec{{Name: "a", Address: "unix:/tmp/a", Options: map[string]string{"tokens": "t", "max_pending_per_peer": "-1"}}}, "max_pending_per_peer"},
 		{"bad mode", []AgentSpec{{Name: "a", Address: "unix:/tmp/a", Options: map[string]string{"tokens": "t", "socket_mode": "999"}}}, "socket_mode"},
 		{"no token", []AgentSpec{{Name: "a", Address: "unix:/tmp/a"}}, "no token"},
 		{"tls on unix", []AgentSpec{{Name: "a", Address: "unix:/tmp/a", Options: map[string]string{"tokens": "t", "tls_cert_file": "c", "tls_key_file": "k"}}}, "tls"},

@@ -1,6 +1,9 @@
 // Command brokenagent is an agent of protocol v2 that breaks one rule on
 // purpose (-mode), so that the tests of package agentcheck prove each check
-// can fail. With -mode good it breaks none.
+// can fail. With -mode good it breaks none. -mode answerall answers every
+// frame it cannot use (an unknown type, a misdirected frame, an event that
+// does not decode) with an unrequested {"request_id":0,"decision":"allow"},
+// as a third-party SDK was seen to do.
 //
 //	brokenagent -mode wrongpong -socket /tmp/a.sock
 //	brokenagent -mode nobackoff -reverse /tmp/proxy.sock
@@ -21,7 +24,19 @@ import (
 	"github.com/zentinelproxy/sidecar/uds"
 )
 
-var mode = flag.String("mode", "good", "good, wrongpong, leak, serial, ignorecancel, crashearly, spinearly, wrongphase, nobackoff, mute")
+var mode = flag.String("mode", "good", "good, wrongpong, leak, serial, ignorecancel, crashearly, spinearly, wrongphase, nobackoff, mute, answerall")
+
+// stray is what -mode answerall sends for what it cannot use: a decision
+// for request 0, which no event ever carries, byte for byte as the SDK
+// that does this writes it.
+func stray() protocol.Message { return strayDecision{} }
+
+type strayDecision struct{}
+
+func (strayDecision) MsgType() protocol.MsgType { return protocol.TypeDecision }
+func (strayDecision) AppendJSON(dst []byte) ([]byte, error) {
+	return append(dst, `{"request_id":0,"decision":"allow"}`...), nil
+}
 
 // leaked keeps per-request state forever in -mode leak.
 var (
@@ -176,6 +191,10 @@ func loop(nc net.Conn, fr *uds.FrameReader) {
 		case protocol.TypeRequestHeaders, protocol.TypeRequestBodyChunk, protocol.TypeResponseHeaders, protocol.TypeResponseBodyChunk:
 			id, ok := protocol.PeekRequestID(p)
 			if !ok {
+				if *mode == "answerall" {
+					c.send(stray())
+					continue
+				}
 				return
 			}
 			ev := append([]byte(nil), p...)
@@ -198,6 +217,10 @@ func loop(nc net.Conn, fr *uds.FrameReader) {
 				work() // one at a time, in the read loop
 			} else {
 				go work()
+			}
+		default: // unknown or misdirected: skipped, unless answerall
+			if *mode == "answerall" {
+				c.send(stray())
 			}
 		}
 	}
@@ -232,6 +255,9 @@ func handle(ctx context.Context, t protocol.MsgType, id uint64, p []byte) protoc
 	case protocol.TypeRequestHeaders:
 		var m protocol.RequestHeaders
 		if m.Decode(p) != nil {
+			if *mode == "answerall" {
+				return stray()
+			}
 			return &protocol.Decision{RequestID: id, Kind: protocol.DecisionUnset}
 		}
 		if *mode == "wrongphase" {
@@ -240,6 +266,9 @@ func handle(ctx context.Context, t protocol.MsgType, id uint64, p []byte) protoc
 	case protocol.TypeRequestBodyChunk, protocol.TypeResponseBodyChunk:
 		var m protocol.BodyChunk
 		if m.Decode(p) != nil {
+			if *mode == "answerall" {
+				return stray()
+			}
 			return &protocol.Decision{RequestID: id, Kind: protocol.DecisionUnset}
 		}
 		if !m.IsLast {
