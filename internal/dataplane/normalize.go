@@ -19,7 +19,11 @@ import (
 //     It is rewritten to origin-form with that authority as Host before
 //     routing, so the route, the agents and the upstream all see the same
 //     host and path. A target with userinfo, a fragment, another scheme or
-//     no authority is refused with 400. "*" passes for OPTIONS only.
+//     no authority is refused with 400. "*" passes for OPTIONS only. An
+//     origin-form target with a fragment ("/public#/../admin") is refused
+//     too: a client never sends one (RFC 9110 section 7.1), and a server
+//     that reads '#' as a path byte would clean it to another path than
+//     the one the route matched.
 //   - A request with both Transfer-Encoding and Content-Length is refused
 //     with 400 and the connection closed (RFC 9112 section 6.1 allows
 //     either that or chunked-then-close; refusing cannot be smuggled
@@ -58,7 +62,7 @@ func (rs *reqState) normalizeTarget() bool {
 	h := &req.Header
 	uri := h.RequestURI()
 	if len(uri) > 0 && uri[0] == '/' {
-		return true
+		return bytes.IndexByte(uri, '#') < 0
 	}
 	if len(uri) == 1 && uri[0] == '*' {
 		return h.IsOptions()

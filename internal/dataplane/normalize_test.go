@@ -134,6 +134,7 @@ func FuzzRequestHead(f *testing.F) {
 		"GET / HTTP/1.0\r\n\r\n",
 		"GET / HTTP/1.1\r\nHost: [::1]:8080\r\nX-Forwarded-For: 1.2.3.4\r\n\r\n",
 		"PUT /x HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nExpect: 100-continue\r\n\r\n",
+		"GET /public#/../admin HTTP/1.1\r\nHost: a\r\n\r\n",
 	} {
 		f.Add([]byte(s))
 	}
@@ -171,6 +172,9 @@ func FuzzRequestHead(f *testing.F) {
 		if !(len(uri) > 0 && uri[0] == '/') && !(string(uri) == "*" && back.IsOptions()) {
 			t.Fatalf("upstream target %q not in origin-form", uri)
 		}
+		if bytes.IndexByte(uri, '#') >= 0 {
+			t.Fatalf("upstream target %q carries a fragment", uri)
+		}
 		if !bytes.Equal(back.Host(), rs.upHost) {
 			t.Fatalf("upstream Host %q, want %q", back.Host(), rs.upHost)
 		}
@@ -191,4 +195,33 @@ func FuzzRequestHead(f *testing.F) {
 			t.Fatalf("agents see %q, upstream gets %q", rs.rh.URI, uri)
 		}
 	})
+}
+
+// TestOriginFormFragment: an origin-form target with a '#' is refused as
+// a bad target, whatever follows it; one without passes.
+func TestOriginFormFragment(t *testing.T) {
+	for _, tc := range []struct {
+		target string
+		ok     bool
+	}{
+		{"/public", true},
+		{"/public?a=b", true},
+		{"/public%23x", true},
+		{"/public#/../admin", false},
+		{"/public#", false},
+		{"/#", false},
+		{"/a?b=#c", false},
+	} {
+		rs := headState([]byte("GET " + tc.target + " HTTP/1.1\r\nHost: public.example\r\n\r\n"))
+		if rs == nil {
+			t.Fatalf("fasthttp refused %q", tc.target)
+		}
+		if got := rs.prepareRequest(); got != tc.ok {
+			t.Errorf("%q: accepted %v, want %v", tc.target, got, tc.ok)
+			continue
+		}
+		if !tc.ok && (rs.srv.stats.rejected[rejectTarget].Load() != 1 || rs.ctx.Response.StatusCode() != fasthttp.StatusBadRequest || !rs.closeConn) {
+			t.Errorf("%q: status %d close %v target rejections %d", tc.target, rs.ctx.Response.StatusCode(), rs.closeConn, rs.srv.stats.rejected[rejectTarget].Load())
+		}
+	}
 }
