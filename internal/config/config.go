@@ -367,7 +367,9 @@ type Route struct {
 	// Hosts are exact names ("api.example.com") or wildcards
 	// ("*.example.com", any depth of subdomain); empty or "*" matches any
 	// host. An exact host beats a wildcard, a longer wildcard beats a
-	// shorter one, any wildcard beats a catch-all.
+	// shorter one, any wildcard beats a catch-all. They are matched in
+	// canonical form (CanonicalHost: lower case, one trailing dot
+	// removed), as the request's Host is.
 	Hosts []string `yaml:"hosts"`
 	// PathPrefix is matched byte-wise against the normalized path
 	// (default "/"); among the routes of the best host match, the longest

@@ -201,7 +201,7 @@ func (v *validator) routes() {
 				v.failf(hp, "%q is not a host name, *.domain or *", h)
 				continue
 			}
-			k := key{strings.ToLower(h), r.PathPrefix}
+			k := key{CanonicalHost(h), r.PathPrefix}
 			if prev, ok := claimed[k]; ok {
 				v.failf(hp, "host %q with path_prefix %q is already routed by %s", h, r.PathPrefix, prev)
 			}
@@ -372,15 +372,30 @@ func validName(s string) bool {
 	return true
 }
 
-// validHostPattern accepts "*", "*.example.com" and "example.com".
+// validHostPattern accepts "*", "*.example.com" and "example.com", the
+// names with one trailing dot too (their absolute form). It refuses what
+// a request's Host may not be (an empty label, a percent-escape, bytes
+// outside letters, digits, '-' and '_'), so no route waits for a host no
+// request can name.
 func validHostPattern(h string) bool {
 	if h == "*" {
 		return true
 	}
+	h = strings.TrimSuffix(h, ".")
 	if rest, ok := strings.CutPrefix(h, "*."); ok {
 		return validHostname(rest)
 	}
 	return validHostname(h)
+}
+
+// CanonicalHost is a route host pattern in the form requests are matched
+// in: lower case, one trailing dot removed ("Admin.Example." routes
+// admin.example, as a request's Host is canonicalised the same way).
+func CanonicalHost(h string) string {
+	if h != "*" {
+		h = strings.TrimSuffix(h, ".")
+	}
+	return strings.ToLower(h)
 }
 
 func validHostname(h string) bool {

@@ -313,7 +313,7 @@ routes:
 		upHost     string
 	}{
 		{"api.example.com", "/v1/users", 200, "api.example.com"},
-		{"API.example.com:80", "/v1", 200, "API.example.com:80"},
+		{"API.example.com:80", "/v1", 200, "api.example.com:80"}, // canonical, the client's port kept
 		{"a.b.example.com", "/x", 200, u.addr()},
 		{"api.example.com", "/v2", 200, u.addr()}, // falls back to the wildcard
 		{"other.org", "/v1", 404, ""},

@@ -19,7 +19,8 @@
 //
 // Every header operation passes the security rules or is refused, logged
 // and counted, never applied: the name must be an HTTP token, the value
-// free of CR, LF and NUL, and hop-by-hop headers, Host, Content-Length,
+// an RFC 9110 field-value (no control byte but HTAB, no SP or HTAB at
+// either end), and hop-by-hop headers, Host, Content-Length,
 // Transfer-Encoding and the sidecar's own X-Sidecar-* markers are off
 // limits. Block headers go through the same rules. A block status must be
 // 200–599 (a 1xx cannot end an exchange) and a redirect 301, 302, 303, 307

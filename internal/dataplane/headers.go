@@ -75,10 +75,28 @@ func validToken(b []byte) bool {
 	return true
 }
 
-// validValue reports whether a header value is free of CR, LF and NUL.
+// fieldVChar is what a header value may carry (RFC 9110 section 5.5):
+// VCHAR, obs-text, SP and HTAB. Every other control byte is out, not only
+// CR, LF and NUL: a DEL, ESC or VT that an agent slips into a value is
+// forwarded by some servers, refused by others, and written raw into
+// their logs and terminals.
+var fieldVChar = func() (t [256]bool) {
+	for c := 0x21; c <= 0xff; c++ {
+		t[c] = c != 0x7f
+	}
+	t[' '], t['\t'] = true, true
+	return t
+}()
+
+// validValue reports whether b is an RFC 9110 field-value: field-vchars,
+// SP and HTAB, with no SP or HTAB at either end (a parser strips them, so
+// the value an agent meant and the one the peer reads would differ).
 func validValue(b []byte) bool {
+	if n := len(b); n > 0 && (b[0] == ' ' || b[0] == '\t' || b[n-1] == ' ' || b[n-1] == '\t') {
+		return false
+	}
 	for _, c := range b {
-		if c == '\r' || c == '\n' || c == 0 {
+		if !fieldVChar[c] {
 			return false
 		}
 	}
@@ -123,7 +141,7 @@ func checkOp(scratch []byte, op *protocol.HeaderOp) ([]byte, string) {
 		return scratch, r
 	}
 	if op.Op != protocol.HeaderRemove && !validValue(op.Value) {
-		return scratch, "CR, LF or NUL in header value"
+		return scratch, "header value is not an RFC 9110 field-value"
 	}
 	if op.Op != protocol.HeaderRemove && string(scratch) == "location" && !validRedirect(op.Value) {
 		return scratch, "location is not an absolute http(s) URL or a /path"

@@ -134,6 +134,9 @@ func FuzzRequestHead(f *testing.F) {
 		"GET / HTTP/1.0\r\n\r\n",
 		"GET / HTTP/1.1\r\nHost: [::1]:8080\r\nX-Forwarded-For: 1.2.3.4\r\n\r\n",
 		"PUT /x HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nExpect: 100-continue\r\n\r\n",
+		"GET /x HTTP/1.1\r\nHost: Admin.Example.:80\r\n\r\n",
+		"GET http://admin.example./x HTTP/1.1\r\nHost: b\r\n\r\n",
+		"GET /public#/../admin HTTP/1.1\r\nHost: a\r\n\r\n",
 	} {
 		f.Add([]byte(s))
 	}
@@ -154,8 +157,8 @@ func FuzzRequestHead(f *testing.F) {
 		rs.upHost = host
 		if len(host) == 0 {
 			rs.upHost = []byte("upstream.example")
-		} else if !validHost(host) {
-			t.Fatalf("accepted invalid Host %q", host)
+		} else if canon, n, ok := canonHost(nil, host); !ok || !bytes.Equal(canon, host) || !bytes.Equal(canon[:n], rs.host) {
+			t.Fatalf("accepted Host %q (routed as %q) is not canonical: %q %v", host, rs.host, canon, ok)
 		}
 		var out bytes.Buffer
 		bw := bufio.NewWriter(&out)
@@ -170,6 +173,9 @@ func FuzzRequestHead(f *testing.F) {
 		uri := back.RequestURI()
 		if !(len(uri) > 0 && uri[0] == '/') && !(string(uri) == "*" && back.IsOptions()) {
 			t.Fatalf("upstream target %q not in origin-form", uri)
+		}
+		if bytes.IndexByte(uri, '#') >= 0 {
+			t.Fatalf("upstream target %q carries a fragment", uri)
 		}
 		if !bytes.Equal(back.Host(), rs.upHost) {
 			t.Fatalf("upstream Host %q, want %q", back.Host(), rs.upHost)
@@ -191,4 +197,33 @@ func FuzzRequestHead(f *testing.F) {
 			t.Fatalf("agents see %q, upstream gets %q", rs.rh.URI, uri)
 		}
 	})
+}
+
+// TestOriginFormFragment: an origin-form target with a '#' is refused as
+// a bad target, whatever follows it; one without passes.
+func TestOriginFormFragment(t *testing.T) {
+	for _, tc := range []struct {
+		target string
+		ok     bool
+	}{
+		{"/public", true},
+		{"/public?a=b", true},
+		{"/public%23x", true},
+		{"/public#/../admin", false},
+		{"/public#", false},
+		{"/#", false},
+		{"/a?b=#c", false},
+	} {
+		rs := headState([]byte("GET " + tc.target + " HTTP/1.1\r\nHost: public.example\r\n\r\n"))
+		if rs == nil {
+			t.Fatalf("fasthttp refused %q", tc.target)
+		}
+		if got := rs.prepareRequest(); got != tc.ok {
+			t.Errorf("%q: accepted %v, want %v", tc.target, got, tc.ok)
+			continue
+		}
+		if !tc.ok && (rs.srv.stats.rejected[rejectTarget].Load() != 1 || rs.ctx.Response.StatusCode() != fasthttp.StatusBadRequest || !rs.closeConn) {
+			t.Errorf("%q: status %d close %v target rejections %d", tc.target, rs.ctx.Response.StatusCode(), rs.closeConn, rs.srv.stats.rejected[rejectTarget].Load())
+		}
+	}
 }

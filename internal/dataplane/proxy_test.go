@@ -72,8 +72,8 @@ func TestAllowPassesAndSendsMetadata(t *testing.T) {
 		t.Errorf("x-custom = %q", v)
 	}
 	got := up.last(t)
-	if got.Host != "Example.COM:8080" {
-		t.Errorf("upstream Host = %q, want the client's", got.Host)
+	if got.Host != "example.com:8080" {
+		t.Errorf("upstream Host = %q, want the client's in canonical form", got.Host)
 	}
 	if got.Header.Get("X-Request-Id") != "corr-123" {
 		t.Errorf("upstream X-Request-Id = %q", got.Header.Get("X-Request-Id"))

@@ -2,6 +2,7 @@ package dataplane
 
 import (
 	"bufio"
+	"bytes"
 	"strconv"
 
 	"github.com/zentinelproxy/sidecar/protocol"
@@ -177,7 +178,7 @@ func (rs *reqState) prepareRequest() bool {
 		rs.refuseHead(rejectFraming, "both Transfer-Encoding and Content-Length")
 		return false
 	}
-	if host := h.Host(); len(host) > 0 && !validHost(host) {
+	if !rs.canonicalHost() {
 		rs.hdr, rs.scratch, rs.xffBuf = hdr[:0], conn[:0], xff[:0]
 		rs.refuseHead(rejectHost, "invalid Host")
 		return false
@@ -216,6 +217,31 @@ func (rs *reqState) prepareRequest() bool {
 	}
 	rs.traceContext(traceHdrs)
 	rs.viewDirty = true
+	return true
+}
+
+// canonicalHost rewrites the request's Host to its canonical form
+// (canonHost) and sets rs.host, the form routing matches: from here on
+// the route, the agents (the Host header and server_name), X-Forwarded-Host
+// and the upstream's Host all carry one spelling of the host. It returns
+// false for a Host the sidecar refuses. No Host (HTTP/1.0) stays none.
+func (rs *reqState) canonicalHost() bool {
+	h := &rs.ctx.Request.Header
+	host := h.Host()
+	if len(host) == 0 {
+		return true
+	}
+	canon, n, ok := canonHost(rs.hostBuf[:0], host)
+	if !ok {
+		return false
+	}
+	rs.hostBuf = canon
+	rs.host = canon[:n]
+	if !bytes.Equal(canon, host) {
+		// Only for a Host not already canonical: fasthttp copies it into
+		// its own buffer, which has room (canonical is never longer).
+		h.SetHostBytes(canon)
+	}
 	return true
 }
 

@@ -103,7 +103,7 @@ type reqState struct {
 	skipped        [2]bool // inspection skipped per phase
 
 	// Request facts.
-	host        []byte // lower case, no port
+	host        []byte // canonical (canonHost), no port
 	corr        []byte
 	corrGen     bool
 	clientIP    []byte
@@ -305,8 +305,8 @@ func (rs *reqState) serve() bool {
 	if !rs.prepareRequest() || !rs.prepareUpgrade() {
 		return false
 	}
-	rs.host = hostOf(rs.hostBuf[:0], req.Header.Host())
-	rs.hostBuf = rs.host
+	// rs.host is the canonical host (prepareRequest); the Host header
+	// carries the same, with the client's port.
 	rt := rs.tbl.match(rs.host, ctx.Path())
 	if rt == nil {
 		rs.local(fasthttp.StatusNotFound, "no route", "no route")
@@ -502,30 +502,6 @@ func (rs *reqState) pending(sl *slot) bool {
 		return true
 	}
 	return false
-}
-
-// hostOf lower-cases the host of a Host header value and drops the port.
-func hostOf(dst, h []byte) []byte {
-	end := len(h)
-	if len(h) > 0 && h[0] == '[' {
-		for i := range h {
-			if h[i] == ']' {
-				end = i + 1
-				break
-			}
-		}
-	} else {
-		for i := len(h) - 1; i >= 0; i-- {
-			if h[i] == ':' {
-				end = i
-				break
-			}
-			if h[i] < '0' || h[i] > '9' {
-				break
-			}
-		}
-	}
-	return lower(dst, h[:end])
 }
 
 // correlation picks the correlation id: the client's X-Request-Id or

@@ -294,7 +294,7 @@ func buildTable(cfg *config.Config, agents map[string]agentmux.Agent, prev *tabl
 			hosts = []string{"*"}
 		}
 		for _, h := range hosts {
-			h = strings.ToLower(h)
+			h = config.CanonicalHost(h)
 			switch {
 			case h == "*":
 				t.any = append(t.any, r)

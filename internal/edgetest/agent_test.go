@@ -25,6 +25,7 @@ import (
 //	x-edge: big-value     allow, setting a header to a 1 MiB value
 //	x-edge: resp-location allow, setting the response's Location to javascript:
 //	x-edge: dup-set       allow, setting the response header x-dup (sent twice upstream)
+//	x-edge: ctl-…         header values with control characters (ctlReply)
 //	anything else         allow, adding x-agent: seen to the upstream request
 type policyAgent struct {
 	sdk.Base
@@ -91,6 +92,8 @@ func (a *policyAgent) OnRequestHeaders(_ context.Context, m *protocol.RequestHea
 		d.ResponseHeaderOps = append(d.ResponseHeaderOps, op(protocol.HeaderSet, "location", []byte("javascript:alert(1)")))
 	case edge == "dup-set":
 		d.ResponseHeaderOps = append(d.ResponseHeaderOps, op(protocol.HeaderSet, "x-dup", []byte("agent")))
+	case strings.HasPrefix(edge, "ctl-"):
+		ctlReply(edge, d)
 	default:
 		d.RequestHeaderOps = append(d.RequestHeaderOps, op(protocol.HeaderAdd, "x-agent", []byte("seen")))
 	}

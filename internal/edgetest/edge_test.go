@@ -79,7 +79,7 @@ var edgeCases = []edgeCase{
 	{name: "absolute-form routes by its authority, not Host", req: get("http://admin.example/secret", "public.example", "t2"),
 		want: []int{403}, body: "admin-blocked", agent: []string{"GET admin.example /secret"}},
 	{name: "absolute-form authority is case-insensitive and may carry a port", req: get("HTTP://ADMIN.Example:8080/secret", "public.example", "t3"),
-		want: []int{403}, agent: []string{"GET ADMIN.Example:8080 /secret"}},
+		want: []int{403}, agent: []string{"GET admin.example:8080 /secret"}},
 	{name: "absolute-form normalised to origin-form for agents and upstream", req: get("http://public.example/x?y=1", "other.example", "t4"),
 		want: []int{200}, up: []string{fwd("GET", "/x?y=1", "public.example", "t4")}, agent: []string{"GET public.example /x?y=1"}},
 	{name: "absolute-form without a path gets /", req: get("http://public.example?q", "other.example", "t5"),
