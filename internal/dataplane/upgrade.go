@@ -26,8 +26,9 @@ import (
 // not close) and that has an Upgrade header naming no HTTP version (h2c,
 // h2, HTTP/…: requests inside such a tunnel would bypass the agents) is
 // an upgrade; anything else loses both headers as before (hop-by-hop).
-// A tunnel ends when either side closes, when no byte went either way
-// for tunnel_idle_timeout, or at shutdown once the grace period is over.
+// A tunnel ends when either side closes or fails (the other side is
+// closed at once), when no byte went either way for
+// tunnel_idle_timeout, or at shutdown once the grace period is over.
 // Tunnels are capped per listener (max_tunnels, 503 past it; with
 // max_connections within the descriptor budget, fdlimit.go) and hold
 // their upstream connection against the upstream's max_conns until they
@@ -342,13 +343,17 @@ func (t *tunnel) run(c net.Conn) {
 		}
 		t.srv.stats.tun.bytesOut.Add(uint64(len(t.pre)))
 	}
+	// Either side's end of stream or error ends the tunnel at once: the
+	// pump that meets it closes both sides, so that the other pump,
+	// blocked on a peer that may stay silent until tunnel_idle_timeout,
+	// returns now and the client connection is closed behind it.
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		t.pump(c, t.up, &t.srv.stats.tun.bytesOut)
+		t.closeBoth()
 	}()
 	t.pump(t.up, c, &t.srv.stats.tun.bytesIn)
-	// One side ended: end the other so its pump returns.
 	t.closeBoth()
 	<-done
 }
