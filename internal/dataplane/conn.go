@@ -28,11 +28,19 @@ import (
 // the buffer means the request line itself never ended: 414, not 431.
 //
 // And a read that follows a write yields first (see Read).
+//
+// A client connection also holds its place in its listener's connection
+// count (conns) until it closes or becomes a tunnel.
 type eofConn struct {
 	net.Conn
 	eof     bool
 	hdrBuf  int
 	lineRun int
+
+	// conns is the listener's connection set (nil on upstream
+	// connections); state holds connHeld and connClosed.
+	conns *connSet
+	state atomic.Uint32
 
 	// On TLS listeners (tls.go): Conn is tls, raw the TCP socket under it
 	// (a *rawio.Conn, as rw).
@@ -166,9 +174,117 @@ func (c *eofConn) SyscallConn() (syscall.RawConn, error) {
 	return nil, errNoSyscallConn
 }
 
+// States of a client connection (eofConn.state).
+const (
+	connHeld   = 1 << iota // holds a place in its listener's count
+	connClosed             // Close ran
+)
+
+// connSet is a listener's client connections: their count against
+// max_connections, and the bounds and counters of their ends.
+//
+// A connection takes its place when accepted and gives it back exactly
+// once: when it closes, or when it becomes a tunnel (max_tunnels
+// bounds those; fdlimit.go keeps both within the descriptor budget).
+// fasthttp closes every connection it served or hijacked through Close,
+// TLS handshake failures included; state makes a second Close (a
+// shutdown closing an idle connection, then its worker) a no-op.
+type connSet struct {
+	name string
+	max  int64
+
+	open              atomic.Int64
+	accepted, refused atomic.Uint64
+	refusedLog        everyLog
+}
+
+func newConnSet(name string, maxConns int) *connSet {
+	return &connSet{name: name, max: int64(maxConns)}
+}
+
+// ConnStats count one listener's client connections.
+type ConnStats struct {
+	Listener string `json:"listener"`
+	// Open is the connections open now, tunnels excepted (they count as
+	// tunnels).
+	Open     int64  `json:"open"`
+	Accepted uint64 `json:"accepted"` // connections accepted (refused ones included)
+	// RefusedMaxConnections: connections closed unanswered right after
+	// accept because max_connections were open.
+	RefusedMaxConnections uint64 `json:"refused_max_connections"`
+}
+
+func (cs *connSet) snapshot() ConnStats {
+	return ConnStats{
+		Listener: cs.name, Open: cs.open.Load(), Accepted: cs.accepted.Load(),
+		RefusedMaxConnections: cs.refused.Load(),
+	}
+}
+
+// admit takes a place for a new connection, or reports that max are
+// taken.
+func (cs *connSet) admit() bool {
+	cs.accepted.Add(1)
+	if cs.open.Add(1) > cs.max {
+		cs.open.Add(-1)
+		return false
+	}
+	return true
+}
+
+// hold makes c a client connection of cs, holding the place admit took.
+func (c *eofConn) hold(cs *connSet) {
+	c.conns = cs
+	c.state.Store(connHeld)
+}
+
+// release gives the connection's place back, once.
+func (c *eofConn) release() {
+	if c.conns != nil && c.state.And(^uint32(connHeld))&connHeld != 0 {
+		c.conns.open.Add(-1)
+	}
+}
+
+// Close implements net.Conn: once, and then gives the connection's place
+// back.
+func (c *eofConn) Close() error {
+	if c.conns == nil {
+		return c.Conn.Close()
+	}
+	if c.state.Or(connClosed)&connClosed != 0 {
+		return nil
+	}
+	err := c.Conn.Close()
+	c.release()
+	return err
+}
+
+// everyLog lets one line of a kind through per interval; the next line
+// let through carries the count of those held back ("suppressed").
+type everyLog struct {
+	last       atomic.Int64 // unix nanoseconds of the last line
+	suppressed atomic.Uint64
+}
+
+func (r *everyLog) allow(every time.Duration) (bool, uint64) {
+	now := time.Now().UnixNano()
+	last := r.last.Load()
+	if (last != 0 && now-last < int64(every)) || !r.last.CompareAndSwap(last, now) {
+		r.suppressed.Add(1)
+		return false, 0
+	}
+	return true, r.suppressed.Swap(0)
+}
+
 // eofListener wraps accepted connections in eofConn (one allocation per
-// connection, none per request) and keeps accepting through resource
-// exhaustion.
+// connection, none per request), enforces max_connections and keeps
+// accepting through resource exhaustion.
+//
+// A connection past max_connections is closed at once, unanswered,
+// counted and logged (at most once per acceptLogEvery). fasthttp's own
+// limit (Server.Concurrency) writes a 503 right after accept: a client
+// reads that as the answer to whatever it sends next, or logs it as an
+// unsolicited response on an idle connection.
 //
 // fasthttp ends Serve on any accept error that is not a timeout, and the
 // sidecar used to take that for a failed listener and shut down: running
@@ -180,12 +296,12 @@ type eofListener struct {
 	net.Listener
 	hdrBuf int
 	tls    *listenerTLS // nil: plain
+	conns  *connSet
 	log    zerolog.Logger
 	stats  *counters
 	closed atomic.Bool
-	// lastLog rate-limits the exhaustion warning (unix nanoseconds).
-	lastLog    atomic.Int64
-	suppressed atomic.Uint64
+	// exhausted rate-limits the exhaustion warning.
+	exhausted everyLog
 }
 
 // Accept backoff bounds (net/http's).
@@ -200,11 +316,21 @@ func (l *eofListener) Accept() (net.Conn, error) {
 	for {
 		c, err := l.Listener.Accept()
 		if err == nil {
-			if l.tls != nil {
-				return l.wrapTLS(c), nil
+			if l.conns != nil && !l.conns.admit() {
+				l.refuse(c)
+				continue
 			}
-			rc := rawio.Wrap(c)
-			return newEOFConn(rc, rc, l.hdrBuf), nil
+			var e *eofConn
+			if l.tls != nil {
+				e = l.wrapTLS(c)
+			} else {
+				rc := rawio.Wrap(c)
+				e = newEOFConn(rc, rc, l.hdrBuf)
+			}
+			if l.conns != nil {
+				e.hold(l.conns)
+			}
+			return e, nil
 		}
 		if !acceptRetryable(err) || l.closed.Load() {
 			return nil, err
@@ -229,21 +355,32 @@ func (l *eofListener) Close() error {
 }
 
 func (l *eofListener) logExhausted(err error, delay time.Duration) {
-	now := time.Now().UnixNano()
-	last := l.lastLog.Load()
-	if last != 0 && now-last < int64(acceptLogEvery) {
-		l.suppressed.Add(1)
-		return
-	}
-	if !l.lastLog.CompareAndSwap(last, now) {
-		l.suppressed.Add(1)
+	ok, n := l.exhausted.allow(acceptLogEvery)
+	if !ok {
 		return
 	}
 	e := l.log.Warn().Err(err).Dur("retry_in", delay).Str("address", l.Addr().String())
-	if n := l.suppressed.Swap(0); n > 0 {
+	if n > 0 {
 		e = e.Uint64("suppressed", n)
 	}
 	e.Msg("accept failed (out of file descriptors or memory?); backing off, existing connections keep being served")
+}
+
+// refuse closes a connection accepted past max_connections without a
+// byte written.
+func (l *eofListener) refuse(c net.Conn) {
+	cs := l.conns
+	cs.refused.Add(1)
+	_ = c.Close()
+	ok, n := cs.refusedLog.allow(acceptLogEvery)
+	if !ok {
+		return
+	}
+	e := l.log.Warn().Str("listener", cs.name).Int64("max_connections", cs.max).Str("client", c.RemoteAddr().String())
+	if n > 0 {
+		e = e.Uint64("suppressed", n)
+	}
+	e.Msg("connection refused: max_connections are open; closed unanswered")
 }
 
 // acceptRetryable reports the accept errors that are about resources, not

@@ -61,10 +61,11 @@ type Server struct {
 }
 
 type listener struct {
-	cfg config.Listener
-	srv *fasthttp.Server
-	tls *listenerTLS // nil: plain HTTP
-	tun tunnelSet    // open Upgrade tunnels (upgrade.go)
+	cfg   config.Listener
+	srv   *fasthttp.Server
+	tls   *listenerTLS // nil: plain HTTP
+	tun   tunnelSet    // open Upgrade tunnels (upgrade.go)
+	conns *connSet     // client connections (conn.go)
 }
 
 // New builds a server for cfg. agents holds one instance per agent of
@@ -110,6 +111,7 @@ func New(cfg Config, agents map[string]agentmux.Agent, log zerolog.Logger) (*Ser
 		if clampTunnels(&l.cfg, budget, nofile, explicit, log) {
 			s.stats.connClamped.Add(1)
 		}
+		l.conns = newConnSet(lc.Name, l.cfg.MaxConnections)
 		l.srv = s.newFastServer(l)
 		s.lsts = append(s.lsts, l)
 		if interval == 0 || lc.DisconnectCheck < interval {
@@ -133,7 +135,7 @@ func (s *Server) newFastServer(l *listener) *fasthttp.Server {
 		Handler:                      func(ctx *fasthttp.RequestCtx) { s.handle(ctx, l) },
 		ErrorHandler:                 s.parseError,
 		Logger:                       fastLogger{log: s.log},
-		Concurrency:                  l.cfg.MaxConnections,
+		Concurrency:                  fastConcurrency(l.cfg.MaxConnections),
 		ReadBufferSize:               int(l.cfg.ReadBufferSize),
 		WriteBufferSize:              int(l.cfg.WriteBufferSize),
 		ReadTimeout:                  l.cfg.ReadTimeout,
@@ -145,6 +147,16 @@ func (s *Server) newFastServer(l *listener) *fasthttp.Server {
 		CloseOnShutdown:              true,
 		SecureErrorLogMessage:        true,
 	}
+}
+
+// fastConcurrency is fasthttp's worker limit for a listener of maxConns
+// connections. The listener enforces max_connections itself (conn.go);
+// fasthttp's limit, which answers 503 past it, only has to stay out of
+// its way. A worker outlives its connection's place by the moment
+// between Close and its return to the pool, so the limit is well above
+// maxConns (a limit costs fasthttp nothing until workers are used).
+func fastConcurrency(maxConns int) int {
+	return max(fasthttp.DefaultConcurrency, 2*maxConns)
 }
 
 // Serve serves HTTP on ln with the settings of the first configured
@@ -190,7 +202,7 @@ func (s *Server) serve(l *listener, ln net.Listener) error {
 	s.serves.Add(1)
 	s.mu.Unlock()
 	defer s.serves.Done()
-	return l.srv.Serve(&eofListener{Listener: ln, hdrBuf: int(l.cfg.ReadBufferSize), tls: l.tls, log: s.log, stats: &s.stats})
+	return l.srv.Serve(&eofListener{Listener: ln, hdrBuf: int(l.cfg.ReadBufferSize), tls: l.tls, conns: l.conns, log: s.log, stats: &s.stats})
 }
 
 // ListenAndServe listens on every configured listener and serves until
@@ -363,7 +375,14 @@ func (s *Server) Swap(cfg *config.Config, agents map[string]agentmux.Agent) erro
 }
 
 // Stats returns the server's counters.
-func (s *Server) Stats() Stats { return s.stats.snapshot() }
+func (s *Server) Stats() Stats {
+	st := s.stats.snapshot()
+	st.Connections = make([]ConnStats, len(s.lsts))
+	for i, l := range s.lsts {
+		st.Connections[i] = l.conns.snapshot()
+	}
+	return st
+}
 
 // Routes returns the route names of the current table, in configuration
 // order.

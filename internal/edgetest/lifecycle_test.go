@@ -22,8 +22,9 @@ import (
 )
 
 // The client connection's life at the edge, from accept to close: the
-// end of an Upgrade tunnel (tunnelend_test.go). Here: the sidecar the
-// tests run and the helpers they share.
+// connection limit (connlimit_test.go) and the end of an Upgrade tunnel
+// (tunnelend_test.go). Here: the sidecar the tests run and the helpers
+// they share.
 
 // lcEnv is a sidecar with the suite's agent in front of the recording
 // upstream (host *.example) and a tunnel upstream (host tunnel.example).

@@ -1,0 +1,27 @@
+package metrics
+
+import (
+	"testing"
+
+	"github.com/zentinelproxy/sidecar/internal/dataplane"
+)
+
+func TestConnectionMetrics(t *testing.T) {
+	m := newMetrics(t)
+	m.SetStats(func() dataplane.Stats {
+		return dataplane.Stats{Connections: []dataplane.ConnStats{
+			{Listener: "edge", Open: 3, Accepted: 200, RefusedMaxConnections: 171},
+			{Listener: "tls", Open: 1, Accepted: 1},
+		}}
+	})
+	v := values(t, m.Registry())
+	for name, want := range map[string]float64{
+		`sidecar_connections_open{listener="edge"}`:                                   3,
+		`sidecar_connections_open{listener="tls"}`:                                    1,
+		`sidecar_connections_accepted_total{listener="edge"}`:                         200,
+		`sidecar_connections_refused_total{listener="edge",reason="max_connections"}`: 171,
+		`sidecar_connections_refused_total{listener="tls",reason="max_connections"}`:  0,
+	} {
+		expect(t, v, name, want)
+	}
+}
