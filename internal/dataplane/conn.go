@@ -36,6 +36,8 @@ type eofConn struct {
 	eof     bool
 	hdrBuf  int
 	lineRun int
+	// got: a byte of a request arrived (not set by a TLS handshake).
+	got bool
 
 	// conns is the listener's connection set (nil on upstream
 	// connections); state holds connHeld and connClosed.
@@ -143,13 +145,16 @@ func (c *eofConn) Read(p []byte) (int, error) {
 		// TLS reports a FIN without close_notify as unexpected.
 		c.eof = true
 	}
-	if n > 0 && len(p) <= c.hdrBuf {
-		// Reads larger than the header buffer bypass it (body reads);
-		// header reads find their line feed within the first bytes.
-		if i := bytes.IndexByte(p[:n], '\n'); i < 0 {
-			c.lineRun += n
-		} else {
-			c.lineRun = 0
+	if n > 0 {
+		c.got = true
+		if len(p) <= c.hdrBuf {
+			// Reads larger than the header buffer bypass it (body reads);
+			// header reads find their line feed within the first bytes.
+			if i := bytes.IndexByte(p[:n], '\n'); i < 0 {
+				c.lineRun += n
+			} else {
+				c.lineRun = 0
+			}
 		}
 	}
 	return n, err
@@ -193,9 +198,9 @@ type connSet struct {
 	name string
 	max  int64
 
-	open              atomic.Int64
-	accepted, refused atomic.Uint64
-	refusedLog        everyLog
+	open                          atomic.Int64
+	accepted, refused, idleClosed atomic.Uint64
+	refusedLog                    everyLog
 }
 
 func newConnSet(name string, maxConns int) *connSet {
@@ -212,12 +217,16 @@ type ConnStats struct {
 	// RefusedMaxConnections: connections closed unanswered right after
 	// accept because max_connections were open.
 	RefusedMaxConnections uint64 `json:"refused_max_connections"`
+	// IdleClosed: connections closed unanswered at read_timeout because
+	// no byte of a first request arrived (kept-alive connections close
+	// silently at idle_timeout and are not counted).
+	IdleClosed uint64 `json:"idle_closed"`
 }
 
 func (cs *connSet) snapshot() ConnStats {
 	return ConnStats{
 		Listener: cs.name, Open: cs.open.Load(), Accepted: cs.accepted.Load(),
-		RefusedMaxConnections: cs.refused.Load(),
+		RefusedMaxConnections: cs.refused.Load(), IdleClosed: cs.idleClosed.Load(),
 	}
 }
 

@@ -456,9 +456,25 @@ func (s *Server) recoverPanic(rs *reqState) {
 }
 
 // parseError answers a request fasthttp could not parse, generically.
+//
+// A connection on which no byte of a request arrived is closed without
+// an answer, as nginx and net/http do: at read_timeout that is an idle
+// connection, and a client that picked it for its next request at that
+// moment would read a 408 for a request it never sent. (fasthttp itself
+// closes a kept-alive connection silently at idle_timeout.)
 func (s *Server) parseError(ctx *fasthttp.RequestCtx, err error) {
-	if ec, ok := ctx.Conn().(*eofConn); ok && ec.handshakeFailed() {
+	ec, _ := ctx.Conn().(*eofConn)
+	if ec != nil && ec.handshakeFailed() {
 		// No request was ever read: counted as a handshake error (tls.go).
+		ctx.SetConnectionClose()
+		return
+	}
+	if ec != nil && !ec.got {
+		if isTimeout(err) && ec.conns != nil {
+			ec.conns.idleClosed.Add(1)
+		}
+		// Closed now, the answer fasthttp writes next goes nowhere.
+		_ = ec.Close()
 		ctx.SetConnectionClose()
 		return
 	}

@@ -202,9 +202,28 @@ func TestConnectionLimit(t *testing.T) {
 			}},
 		}
 		for round := 0; round < 2; round++ {
+			// Idle connections (closed at read_timeout) alongside the
+			// rest, which runs one at a time: within the limits.
+			idle := make(chan error, 2)
+			for _, addr := range []string{plain, secure} {
+				go func() {
+					c, err := net.Dial("tcp", addr)
+					if err != nil {
+						idle <- err
+						return
+					}
+					defer c.Close()
+					idle <- closedUnanswered(c)
+				}()
+			}
 			for _, f := range flows {
 				if err := f.f(); err != nil {
 					t.Errorf("%s: %v", f.name, err)
+				}
+			}
+			for range 2 {
+				if err := <-idle; err != nil {
+					t.Errorf("idle until read_timeout: %v", err)
 				}
 			}
 		}

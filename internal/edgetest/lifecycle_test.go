@@ -21,10 +21,10 @@ import (
 	"github.com/zentinelproxy/sidecar/internal/testutil/testagent"
 )
 
-// The client connection's life at the edge, from accept to close: the
-// connection limit (connlimit_test.go) and the end of an Upgrade tunnel
-// (tunnelend_test.go). Here: the sidecar the tests run and the helpers
-// they share.
+// The client connection's life at the edge, from accept to close: idle
+// connections, the connection limit and the end of an Upgrade tunnel
+// (idle_test.go, connlimit_test.go, tunnelend_test.go). Here: the
+// sidecar they run and the helpers they share.
 
 // lcEnv is a sidecar with the suite's agent in front of the recording
 // upstream (host *.example) and a tunnel upstream (host tunnel.example).

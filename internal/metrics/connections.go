@@ -15,9 +15,11 @@ var (
 		"Client connections accepted per listener, refused ones included.", []string{"listener"}, nil)
 	descConnsRefused = prometheus.NewDesc(Namespace+"_connections_refused_total",
 		"Client connections closed unanswered right after accept, per listener and reason (max_connections: that many were open).", []string{"listener", "reason"}, nil)
+	descConnsIdle = prometheus.NewDesc(Namespace+"_connections_idle_closed_total",
+		"Client connections closed unanswered at read_timeout because no byte of a first request arrived, per listener.", []string{"listener"}, nil)
 )
 
-var connDescs = []*prometheus.Desc{descConnsOpen, descConnsAccepted, descConnsRefused}
+var connDescs = []*prometheus.Desc{descConnsOpen, descConnsAccepted, descConnsRefused, descConnsIdle}
 
 func collectConnections(ch chan<- prometheus.Metric, st *dataplane.Stats) {
 	for _, c := range st.Connections {
@@ -25,5 +27,6 @@ func collectConnections(ch chan<- prometheus.Metric, st *dataplane.Stats) {
 		ch <- prometheus.MustNewConstMetric(descConnsOpen, prometheus.GaugeValue, float64(c.Open), l)
 		ch <- prometheus.MustNewConstMetric(descConnsAccepted, prometheus.CounterValue, float64(c.Accepted), l)
 		ch <- prometheus.MustNewConstMetric(descConnsRefused, prometheus.CounterValue, float64(c.RefusedMaxConnections), l, "max_connections")
+		ch <- prometheus.MustNewConstMetric(descConnsIdle, prometheus.CounterValue, float64(c.IdleClosed), l)
 	}
 }

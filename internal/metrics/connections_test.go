@@ -10,7 +10,7 @@ func TestConnectionMetrics(t *testing.T) {
 	m := newMetrics(t)
 	m.SetStats(func() dataplane.Stats {
 		return dataplane.Stats{Connections: []dataplane.ConnStats{
-			{Listener: "edge", Open: 3, Accepted: 200, RefusedMaxConnections: 171},
+			{Listener: "edge", Open: 3, Accepted: 200, RefusedMaxConnections: 171, IdleClosed: 5},
 			{Listener: "tls", Open: 1, Accepted: 1},
 		}}
 	})
@@ -21,6 +21,7 @@ func TestConnectionMetrics(t *testing.T) {
 		`sidecar_connections_accepted_total{listener="edge"}`:                         200,
 		`sidecar_connections_refused_total{listener="edge",reason="max_connections"}`: 171,
 		`sidecar_connections_refused_total{listener="tls",reason="max_connections"}`:  0,
+		`sidecar_connections_idle_closed_total{listener="edge"}`:                      5,
 	} {
 		expect(t, v, name, want)
 	}
