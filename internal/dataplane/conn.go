@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -30,7 +31,8 @@ import (
 // And a read that follows a write yields first (see Read).
 //
 // A client connection also holds its place in its listener's connection
-// count (conns) until it closes or becomes a tunnel.
+// count (conns) until it closes or becomes a tunnel, and closes
+// lingeringly when marked so (lingerClose).
 type eofConn struct {
 	net.Conn
 	eof     bool
@@ -40,7 +42,7 @@ type eofConn struct {
 	got bool
 
 	// conns is the listener's connection set (nil on upstream
-	// connections); state holds connHeld and connClosed.
+	// connections); state holds connHeld, connLinger and connClosed.
 	conns *connSet
 	state atomic.Uint32
 
@@ -182,6 +184,7 @@ func (c *eofConn) SyscallConn() (syscall.RawConn, error) {
 // States of a client connection (eofConn.state).
 const (
 	connHeld   = 1 << iota // holds a place in its listener's count
+	connLinger             // to be closed lingeringly (markLinger)
 	connClosed             // Close ran
 )
 
@@ -189,29 +192,35 @@ const (
 // max_connections, and the bounds and counters of their ends.
 //
 // A connection takes its place when accepted and gives it back exactly
-// once: when it closes, or when it becomes a tunnel (max_tunnels
+// once: when it closes (after its lingering close, if any: it holds a
+// descriptor until then), or when it becomes a tunnel (max_tunnels
 // bounds those; fdlimit.go keeps both within the descriptor budget).
 // fasthttp closes every connection it served or hijacked through Close,
 // TLS handshake failures included; state makes a second Close (a
 // shutdown closing an idle connection, then its worker) a no-op.
 type connSet struct {
-	name string
-	max  int64
+	name        string
+	max         int64
+	lingerFor   time.Duration
+	lingerBytes int64
 
-	open                          atomic.Int64
-	accepted, refused, idleClosed atomic.Uint64
-	refusedLog                    everyLog
+	open                                   atomic.Int64
+	accepted, refused, idleClosed          atomic.Uint64
+	lingered, lingerTimeouts, lingerCapped atomic.Uint64
+	lingerDiscarded                        atomic.Uint64
+	lingering                              atomic.Int64 // marked, not yet closed (Shutdown waits)
+	refusedLog                             everyLog
 }
 
-func newConnSet(name string, maxConns int) *connSet {
-	return &connSet{name: name, max: int64(maxConns)}
+func newConnSet(name string, maxConns int, lingerFor time.Duration, lingerBytes int64) *connSet {
+	return &connSet{name: name, max: int64(maxConns), lingerFor: lingerFor, lingerBytes: lingerBytes}
 }
 
 // ConnStats count one listener's client connections.
 type ConnStats struct {
 	Listener string `json:"listener"`
 	// Open is the connections open now, tunnels excepted (they count as
-	// tunnels).
+	// tunnels), lingering closes included.
 	Open     int64  `json:"open"`
 	Accepted uint64 `json:"accepted"` // connections accepted (refused ones included)
 	// RefusedMaxConnections: connections closed unanswered right after
@@ -221,12 +230,22 @@ type ConnStats struct {
 	// no byte of a first request arrived (kept-alive connections close
 	// silently at idle_timeout and are not counted).
 	IdleClosed uint64 `json:"idle_closed"`
+	// LingeringCloses: closes that shut the connection down for writing
+	// and discarded what the client still sent; LingeringTimeouts and
+	// LingeringCapped of them ended at lingering_timeout and at
+	// max_lingering_bytes instead of at the client's end of stream.
+	LingeringCloses   uint64 `json:"lingering_closes"`
+	LingeringTimeouts uint64 `json:"lingering_timeouts"`
+	LingeringCapped   uint64 `json:"lingering_capped"`
+	LingeringBytes    uint64 `json:"lingering_bytes"` // bytes discarded by lingering closes
 }
 
 func (cs *connSet) snapshot() ConnStats {
 	return ConnStats{
 		Listener: cs.name, Open: cs.open.Load(), Accepted: cs.accepted.Load(),
 		RefusedMaxConnections: cs.refused.Load(), IdleClosed: cs.idleClosed.Load(),
+		LingeringCloses: cs.lingered.Load(), LingeringTimeouts: cs.lingerTimeouts.Load(),
+		LingeringCapped: cs.lingerCapped.Load(), LingeringBytes: cs.lingerDiscarded.Load(),
 	}
 }
 
@@ -254,18 +273,90 @@ func (c *eofConn) release() {
 	}
 }
 
-// Close implements net.Conn: once, and then gives the connection's place
-// back.
+// markLinger asks for a lingering close: the connection is to be closed
+// while the client may still be sending (a request refused before its
+// body was read, a request head refused). Closing a socket with unread
+// bytes, or with bytes still arriving, makes the kernel answer with a
+// reset, and a client whose write fails on it (Go's net/http, for one)
+// loses the answer it was sent.
+func (c *eofConn) markLinger() {
+	if c.conns != nil && c.state.Or(connLinger)&connLinger == 0 {
+		c.conns.lingering.Add(1)
+	}
+}
+
+// Close implements net.Conn: once, lingeringly when marked so, and then
+// gives the connection's place back.
 func (c *eofConn) Close() error {
-	if c.conns == nil {
+	cs := c.conns
+	if cs == nil {
 		return c.Conn.Close()
 	}
-	if c.state.Or(connClosed)&connClosed != 0 {
+	old := c.state.Or(connClosed)
+	if old&connClosed != 0 {
 		return nil
 	}
-	err := c.Conn.Close()
+	var err error
+	if old&connLinger != 0 {
+		if c.eof {
+			// The client ended its side: nothing more can arrive.
+			err = c.Conn.Close()
+		} else {
+			err = c.lingerClose(cs)
+		}
+		cs.lingering.Add(-1)
+	} else {
+		err = c.Conn.Close()
+	}
 	c.release()
 	return err
+}
+
+var lingerBufs = sync.Pool{New: func() any { b := make([]byte, 16<<10); return &b }}
+
+// lingerClose closes the connection the way nginx's lingering_close does:
+// it shuts down the write side (the client reads the end of the answer),
+// reads and discards what the client still sends until it closes, for at
+// most lingerFor and lingerBytes, and then closes. Bytes past those
+// bounds are the client's loss (the kernel resets the connection): a
+// client cannot hold a connection this way.
+func (c *eofConn) lingerClose(cs *connSet) error {
+	sock := c.Conn
+	if c.raw != nil {
+		sock = c.raw
+		if c.facts != nil {
+			_ = c.tls.CloseWrite() // close_notify, then the TCP FIN below
+		}
+	}
+	under := sock
+	if rc, ok := sock.(*rawio.Conn); ok {
+		under = rc.Conn
+	}
+	hc, ok := under.(interface{ CloseWrite() error })
+	if !ok || hc.CloseWrite() != nil {
+		return c.Conn.Close()
+	}
+	cs.lingered.Add(1)
+	_ = sock.SetReadDeadline(time.Now().Add(cs.lingerFor))
+	bp := lingerBufs.Get().(*[]byte)
+	var n int64
+	for {
+		k, err := sock.Read(*bp)
+		n += int64(k)
+		if n >= cs.lingerBytes {
+			cs.lingerCapped.Add(1)
+			break
+		}
+		if err != nil {
+			if isTimeout(err) {
+				cs.lingerTimeouts.Add(1)
+			}
+			break
+		}
+	}
+	lingerBufs.Put(bp)
+	cs.lingerDiscarded.Add(uint64(n))
+	return c.Conn.Close()
 }
 
 // everyLog lets one line of a kind through per interval; the next line

@@ -111,7 +111,7 @@ func New(cfg Config, agents map[string]agentmux.Agent, log zerolog.Logger) (*Ser
 		if clampTunnels(&l.cfg, budget, nofile, explicit, log) {
 			s.stats.connClamped.Add(1)
 		}
-		l.conns = newConnSet(lc.Name, l.cfg.MaxConnections)
+		l.conns = newConnSet(lc.Name, l.cfg.MaxConnections, lc.LingeringTimeout, int64(lc.MaxLingeringBytes))
 		l.srv = s.newFastServer(l)
 		s.lsts = append(s.lsts, l)
 		if interval == 0 || lc.DisconnectCheck < interval {
@@ -269,6 +269,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 			first = ctx.Err()
 		}
 	}
+	s.waitLingering(ctx)
 	s.drainTunnels(ctx)
 	s.stopShadows(ctx)
 	s.closeTLS()
@@ -295,6 +296,26 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		}
 	}
 	return first
+}
+
+// waitLingering waits for the lingering closes to end: each is bounded
+// by its listener's lingering_timeout, and the wait by ctx. The answers
+// they protect were written; cut, they could still be lost to a reset.
+func (s *Server) waitLingering(ctx context.Context) {
+	var tick *time.Ticker
+	for _, l := range s.lsts {
+		for l.conns.lingering.Load() > 0 {
+			if tick == nil {
+				tick = time.NewTicker(5 * time.Millisecond)
+				defer tick.Stop()
+			}
+			select {
+			case <-tick.C:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}
 }
 
 // stopShadows stops the shadow agents' workers and waits for them to
@@ -427,8 +448,12 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx, l *listener) {
 	streaming := rs.serve()
 	if rs.closeConn || (rs.hasReqBody && !rs.reqBodyEOF) {
 		// Asked for, a refused head, or unread body bytes that would be
-		// parsed as the next request.
+		// parsed as the next request: closed lingeringly, the client may
+		// still be sending.
 		ctx.SetConnectionClose()
+		if ec, ok := rs.conn.(*eofConn); ok {
+			ec.markLinger()
+		}
 	}
 	if !streaming {
 		rs.finish()
@@ -451,6 +476,9 @@ func (s *Server) recoverPanic(rs *reqState) {
 	rs.ctx.SetStatusCode(fasthttp.StatusInternalServerError)
 	rs.ctx.SetBodyString("internal error")
 	rs.ctx.SetConnectionClose()
+	if ec, ok := rs.ctx.Conn().(*eofConn); ok {
+		ec.markLinger()
+	}
 	s.stats.inflight.Add(-1)
 	rs.tbl.release()
 }
@@ -490,6 +518,11 @@ func (s *Server) parseError(ctx *fasthttp.RequestCtx, err error) {
 		status, body, reason = fasthttp.StatusRequestTimeout, "request timeout", rejectHeadTimeout
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):
 		status, body = fasthttp.StatusRequestEntityTooLarge, "request entity too large"
+	}
+	if reason != rejectHeadTimeout && ec != nil {
+		// The rest of the request may still be arriving. (A head that
+		// timed out stalled: nothing is on its way.)
+		ec.markLinger()
 	}
 	s.stats.rejected[reason].Add(1)
 	s.log.Debug().Err(err).Int("status", status).Msg("unparsable request")

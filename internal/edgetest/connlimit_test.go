@@ -3,6 +3,7 @@ package edgetest
 import (
 	"bufio"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -26,6 +27,7 @@ func TestConnectionLimit(t *testing.T) {
     address: 127.0.0.1:0
     read_timeout: 1s
     max_connections: 4
+    lingering_timeout: 1s
   - name: edge-tls
     address: 127.0.0.2:0
     read_timeout: 1s
@@ -141,6 +143,16 @@ func TestConnectionLimit(t *testing.T) {
 				defer c.Close()
 				up.Close()
 				return closedUnanswered(c)
+			}},
+			{"blocked POST with its body unread", func() error {
+				st, reset, err := blockedPost(plain, 64<<10)
+				switch {
+				case reset:
+					return errors.New("reset")
+				case err == nil && st != 403:
+					err = fmt.Errorf("status %d", st)
+				}
+				return err
 			}},
 			{"unparsable head", func() error {
 				c, err := net.Dial("tcp", plain)

@@ -22,8 +22,9 @@ import (
 )
 
 // The client connection's life at the edge, from accept to close: idle
-// connections, the connection limit and the end of an Upgrade tunnel
-// (idle_test.go, connlimit_test.go, tunnelend_test.go). Here: the
+// connections, the connection limit, closing after a refused request
+// (lingering close) and the end of an Upgrade tunnel (idle_test.go,
+// connlimit_test.go, linger_test.go, tunnelend_test.go). Here: the
 // sidecar they run and the helpers they share.
 
 // lcEnv is a sidecar with the suite's agent in front of the recording
