@@ -32,7 +32,7 @@ import (
 //
 // A client connection also holds its place in its listener's connection
 // count (conns) until it closes or becomes a tunnel, and closes
-// lingeringly when marked so (lingerClose).
+// lingeringly when marked so (linger).
 type eofConn struct {
 	net.Conn
 	eof     bool
@@ -285,8 +285,9 @@ func (c *eofConn) markLinger() {
 	}
 }
 
-// Close implements net.Conn: once, lingeringly when marked so, and then
-// gives the connection's place back.
+// Close implements net.Conn: once, lingeringly when marked so. The
+// connection's place is given back before its socket closes: a client
+// that sees the close and connects again finds it free.
 func (c *eofConn) Close() error {
 	cs := c.conns
 	if cs == nil {
@@ -296,31 +297,28 @@ func (c *eofConn) Close() error {
 	if old&connClosed != 0 {
 		return nil
 	}
-	var err error
-	if old&connLinger != 0 {
-		if c.eof {
-			// The client ended its side: nothing more can arrive.
-			err = c.Conn.Close()
-		} else {
-			err = c.lingerClose(cs)
-		}
-		cs.lingering.Add(-1)
-	} else {
-		err = c.Conn.Close()
+	// A client that ended its side (eof) sends nothing more.
+	lingered := old&connLinger != 0
+	if lingered && !c.eof {
+		c.linger(cs)
 	}
 	c.release()
+	err := c.Conn.Close()
+	if lingered {
+		cs.lingering.Add(-1)
+	}
 	return err
 }
 
 var lingerBufs = sync.Pool{New: func() any { b := make([]byte, 16<<10); return &b }}
 
-// lingerClose closes the connection the way nginx's lingering_close does:
-// it shuts down the write side (the client reads the end of the answer),
-// reads and discards what the client still sends until it closes, for at
-// most lingerFor and lingerBytes, and then closes. Bytes past those
-// bounds are the client's loss (the kernel resets the connection): a
-// client cannot hold a connection this way.
-func (c *eofConn) lingerClose(cs *connSet) error {
+// linger is the first half of a close the way nginx's lingering_close
+// does it: it shuts down the write side (the client reads the end of the
+// answer) and reads and discards what the client still sends until it
+// closes, for at most lingerFor and lingerBytes. Bytes past those bounds
+// are the client's loss (the close that follows resets the connection):
+// a client cannot hold a connection this way.
+func (c *eofConn) linger(cs *connSet) {
 	sock := c.Conn
 	if c.raw != nil {
 		sock = c.raw
@@ -334,7 +332,7 @@ func (c *eofConn) lingerClose(cs *connSet) error {
 	}
 	hc, ok := under.(interface{ CloseWrite() error })
 	if !ok || hc.CloseWrite() != nil {
-		return c.Conn.Close()
+		return
 	}
 	cs.lingered.Add(1)
 	_ = sock.SetReadDeadline(time.Now().Add(cs.lingerFor))
@@ -356,7 +354,6 @@ func (c *eofConn) lingerClose(cs *connSet) error {
 	}
 	lingerBufs.Put(bp)
 	cs.lingerDiscarded.Add(uint64(n))
-	return c.Conn.Close()
 }
 
 // everyLog lets one line of a kind through per interval; the next line
