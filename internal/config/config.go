@@ -172,6 +172,15 @@ type Listener struct {
 	// MaxTunnels caps the Upgrade tunnels open at once on the listener;
 	// past it an upgrade request gets 503 (default 1024).
 	MaxTunnels int `yaml:"max_tunnels"`
+	// LingeringTimeout bounds a lingering close: a connection closed while
+	// the client may still be sending (a request refused before its body
+	// was read) is shut down for writing, and what the client sends is
+	// read and discarded until it closes, for at most this long (default
+	// 5s).
+	LingeringTimeout time.Duration `yaml:"lingering_timeout"`
+	// MaxLingeringBytes bounds the bytes a lingering close discards
+	// (default 1MiB).
+	MaxLingeringBytes Size `yaml:"max_lingering_bytes"`
 }
 
 // Upstream is the service the sidecar proxies to.
@@ -552,6 +561,8 @@ func (c *Config) SetDefaults() {
 		setDur(&l.DisconnectCheck, 100*time.Millisecond)
 		setDur(&l.TunnelIdleTimeout, 5*time.Minute)
 		setInt(&l.MaxTunnels, 1024)
+		setDur(&l.LingeringTimeout, 5*time.Second)
+		setSize(&l.MaxLingeringBytes, 1<<20)
 	}
 	for i := range c.Upstreams {
 		u := &c.Upstreams[i]

@@ -120,12 +120,30 @@ func TestTLSOnUnixListenerRefused(t *testing.T) {
 }
 
 func TestTunnelLimitsValidated(t *testing.T) {
-	for key, val := range map[string]string{"max_tunnels": "-1", "tunnel_idle_timeout": "-1s"} {
+	for key, val := range map[string]string{"max_tunnels": "-1", "tunnel_idle_timeout": "-1s",
+		"lingering_timeout": "-1s", "max_lingering_bytes": "-1"} {
 		doc := strings.Replace(tlsDoc("", ""), "127.0.0.1:8443\n", "127.0.0.1:8443\n    "+key+": "+val+"\n", 1)
 		_, err := config.Parse([]byte(doc))
 		if err == nil || !strings.Contains(err.Error(), "listeners[0]."+key) {
 			t.Errorf("%s %s: %v", key, val, err)
 		}
+	}
+}
+
+func TestLingeringDefaults(t *testing.T) {
+	c, err := config.Parse([]byte(tlsDoc("", "")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l := c.Listeners[0]; l.LingeringTimeout != 5*time.Second || l.MaxLingeringBytes != 1<<20 {
+		t.Errorf("lingering_timeout %v, max_lingering_bytes %v, want 5s and 1MiB", l.LingeringTimeout, l.MaxLingeringBytes)
+	}
+	doc := strings.Replace(tlsDoc("", ""), "127.0.0.1:8443\n", "127.0.0.1:8443\n    lingering_timeout: 250ms\n    max_lingering_bytes: 64KiB\n", 1)
+	if c, err = config.Parse([]byte(doc)); err != nil {
+		t.Fatal(err)
+	}
+	if l := c.Listeners[0]; l.LingeringTimeout != 250*time.Millisecond || l.MaxLingeringBytes != 64<<10 {
+		t.Errorf("set: %v, %v", l.LingeringTimeout, l.MaxLingeringBytes)
 	}
 }
 

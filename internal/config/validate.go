@@ -84,6 +84,10 @@ func (v *validator) listeners() {
 		if l.MaxRequestBody < 0 {
 			v.failf(p+".max_request_body", "must not be negative")
 		}
+		v.positive(p+".lingering_timeout", l.LingeringTimeout)
+		if l.MaxLingeringBytes < 1 {
+			v.failf(p+".max_lingering_bytes", "must be positive")
+		}
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -28,11 +29,22 @@ import (
 // the buffer means the request line itself never ended: 414, not 431.
 //
 // And a read that follows a write yields first (see Read).
+//
+// A client connection also holds its place in its listener's connection
+// count (conns) until it closes or becomes a tunnel, and closes
+// lingeringly when marked so (linger).
 type eofConn struct {
 	net.Conn
 	eof     bool
 	hdrBuf  int
 	lineRun int
+	// got: a byte of a request arrived (not set by a TLS handshake).
+	got bool
+
+	// conns is the listener's connection set (nil on upstream
+	// connections); state holds connHeld, connLinger and connClosed.
+	conns *connSet
+	state atomic.Uint32
 
 	// On TLS listeners (tls.go): Conn is tls, raw the TCP socket under it
 	// (a *rawio.Conn, as rw).
@@ -135,13 +147,16 @@ func (c *eofConn) Read(p []byte) (int, error) {
 		// TLS reports a FIN without close_notify as unexpected.
 		c.eof = true
 	}
-	if n > 0 && len(p) <= c.hdrBuf {
-		// Reads larger than the header buffer bypass it (body reads);
-		// header reads find their line feed within the first bytes.
-		if i := bytes.IndexByte(p[:n], '\n'); i < 0 {
-			c.lineRun += n
-		} else {
-			c.lineRun = 0
+	if n > 0 {
+		c.got = true
+		if len(p) <= c.hdrBuf {
+			// Reads larger than the header buffer bypass it (body reads);
+			// header reads find their line feed within the first bytes.
+			if i := bytes.IndexByte(p[:n], '\n'); i < 0 {
+				c.lineRun += n
+			} else {
+				c.lineRun = 0
+			}
 		}
 	}
 	return n, err
@@ -166,9 +181,207 @@ func (c *eofConn) SyscallConn() (syscall.RawConn, error) {
 	return nil, errNoSyscallConn
 }
 
+// States of a client connection (eofConn.state).
+const (
+	connHeld   = 1 << iota // holds a place in its listener's count
+	connLinger             // to be closed lingeringly (markLinger)
+	connClosed             // Close ran
+)
+
+// connSet is a listener's client connections: their count against
+// max_connections, and the bounds and counters of their ends.
+//
+// A connection takes its place when accepted and gives it back exactly
+// once: when it closes (after its lingering close, if any: it holds a
+// descriptor until then), or when it becomes a tunnel (max_tunnels
+// bounds those; fdlimit.go keeps both within the descriptor budget).
+// fasthttp closes every connection it served or hijacked through Close,
+// TLS handshake failures included; state makes a second Close (a
+// shutdown closing an idle connection, then its worker) a no-op.
+type connSet struct {
+	name        string
+	max         int64
+	lingerFor   time.Duration
+	lingerBytes int64
+
+	open                                   atomic.Int64
+	accepted, refused, idleClosed          atomic.Uint64
+	lingered, lingerTimeouts, lingerCapped atomic.Uint64
+	lingerDiscarded                        atomic.Uint64
+	lingering                              atomic.Int64 // marked, not yet closed (Shutdown waits)
+	refusedLog                             everyLog
+}
+
+func newConnSet(name string, maxConns int, lingerFor time.Duration, lingerBytes int64) *connSet {
+	return &connSet{name: name, max: int64(maxConns), lingerFor: lingerFor, lingerBytes: lingerBytes}
+}
+
+// ConnStats count one listener's client connections.
+type ConnStats struct {
+	Listener string `json:"listener"`
+	// Open is the connections open now, tunnels excepted (they count as
+	// tunnels), lingering closes included.
+	Open     int64  `json:"open"`
+	Accepted uint64 `json:"accepted"` // connections accepted (refused ones included)
+	// RefusedMaxConnections: connections closed unanswered right after
+	// accept because max_connections were open.
+	RefusedMaxConnections uint64 `json:"refused_max_connections"`
+	// IdleClosed: connections closed unanswered at read_timeout because
+	// no byte of a first request arrived (kept-alive connections close
+	// silently at idle_timeout and are not counted).
+	IdleClosed uint64 `json:"idle_closed"`
+	// LingeringCloses: closes that shut the connection down for writing
+	// and discarded what the client still sent; LingeringTimeouts and
+	// LingeringCapped of them ended at lingering_timeout and at
+	// max_lingering_bytes instead of at the client's end of stream.
+	LingeringCloses   uint64 `json:"lingering_closes"`
+	LingeringTimeouts uint64 `json:"lingering_timeouts"`
+	LingeringCapped   uint64 `json:"lingering_capped"`
+	LingeringBytes    uint64 `json:"lingering_bytes"` // bytes discarded by lingering closes
+}
+
+func (cs *connSet) snapshot() ConnStats {
+	return ConnStats{
+		Listener: cs.name, Open: cs.open.Load(), Accepted: cs.accepted.Load(),
+		RefusedMaxConnections: cs.refused.Load(), IdleClosed: cs.idleClosed.Load(),
+		LingeringCloses: cs.lingered.Load(), LingeringTimeouts: cs.lingerTimeouts.Load(),
+		LingeringCapped: cs.lingerCapped.Load(), LingeringBytes: cs.lingerDiscarded.Load(),
+	}
+}
+
+// admit takes a place for a new connection, or reports that max are
+// taken.
+func (cs *connSet) admit() bool {
+	cs.accepted.Add(1)
+	if cs.open.Add(1) > cs.max {
+		cs.open.Add(-1)
+		return false
+	}
+	return true
+}
+
+// hold makes c a client connection of cs, holding the place admit took.
+func (c *eofConn) hold(cs *connSet) {
+	c.conns = cs
+	c.state.Store(connHeld)
+}
+
+// release gives the connection's place back, once.
+func (c *eofConn) release() {
+	if c.conns != nil && c.state.And(^uint32(connHeld))&connHeld != 0 {
+		c.conns.open.Add(-1)
+	}
+}
+
+// markLinger asks for a lingering close: the connection is to be closed
+// while the client may still be sending (a request refused before its
+// body was read, a request head refused). Closing a socket with unread
+// bytes, or with bytes still arriving, makes the kernel answer with a
+// reset, and a client whose write fails on it (Go's net/http, for one)
+// loses the answer it was sent.
+func (c *eofConn) markLinger() {
+	if c.conns != nil && c.state.Or(connLinger)&connLinger == 0 {
+		c.conns.lingering.Add(1)
+	}
+}
+
+// Close implements net.Conn: once, lingeringly when marked so. The
+// connection's place is given back before its socket closes: a client
+// that sees the close and connects again finds it free.
+func (c *eofConn) Close() error {
+	cs := c.conns
+	if cs == nil {
+		return c.Conn.Close()
+	}
+	old := c.state.Or(connClosed)
+	if old&connClosed != 0 {
+		return nil
+	}
+	// A client that ended its side (eof) sends nothing more.
+	lingered := old&connLinger != 0
+	if lingered && !c.eof {
+		c.linger(cs)
+	}
+	c.release()
+	err := c.Conn.Close()
+	if lingered {
+		cs.lingering.Add(-1)
+	}
+	return err
+}
+
+var lingerBufs = sync.Pool{New: func() any { b := make([]byte, 16<<10); return &b }}
+
+// linger is the first half of a close the way nginx's lingering_close
+// does it: it shuts down the write side (the client reads the end of the
+// answer) and reads and discards what the client still sends until it
+// closes, for at most lingerFor and lingerBytes. Bytes past those bounds
+// are the client's loss (the close that follows resets the connection):
+// a client cannot hold a connection this way.
+func (c *eofConn) linger(cs *connSet) {
+	sock := c.Conn
+	if c.raw != nil {
+		sock = c.raw
+		if c.facts != nil {
+			_ = c.tls.CloseWrite() // close_notify, then the TCP FIN below
+		}
+	}
+	under := sock
+	if rc, ok := sock.(*rawio.Conn); ok {
+		under = rc.Conn
+	}
+	hc, ok := under.(interface{ CloseWrite() error })
+	if !ok || hc.CloseWrite() != nil {
+		return
+	}
+	cs.lingered.Add(1)
+	_ = sock.SetReadDeadline(time.Now().Add(cs.lingerFor))
+	bp := lingerBufs.Get().(*[]byte)
+	var n int64
+	for {
+		k, err := sock.Read(*bp)
+		n += int64(k)
+		if n >= cs.lingerBytes {
+			cs.lingerCapped.Add(1)
+			break
+		}
+		if err != nil {
+			if isTimeout(err) {
+				cs.lingerTimeouts.Add(1)
+			}
+			break
+		}
+	}
+	lingerBufs.Put(bp)
+	cs.lingerDiscarded.Add(uint64(n))
+}
+
+// everyLog lets one line of a kind through per interval; the next line
+// let through carries the count of those held back ("suppressed").
+type everyLog struct {
+	last       atomic.Int64 // unix nanoseconds of the last line
+	suppressed atomic.Uint64
+}
+
+func (r *everyLog) allow(every time.Duration) (bool, uint64) {
+	now := time.Now().UnixNano()
+	last := r.last.Load()
+	if (last != 0 && now-last < int64(every)) || !r.last.CompareAndSwap(last, now) {
+		r.suppressed.Add(1)
+		return false, 0
+	}
+	return true, r.suppressed.Swap(0)
+}
+
 // eofListener wraps accepted connections in eofConn (one allocation per
-// connection, none per request) and keeps accepting through resource
-// exhaustion.
+// connection, none per request), enforces max_connections and keeps
+// accepting through resource exhaustion.
+//
+// A connection past max_connections is closed at once, unanswered,
+// counted and logged (at most once per acceptLogEvery). fasthttp's own
+// limit (Server.Concurrency) writes a 503 right after accept: a client
+// reads that as the answer to whatever it sends next, or logs it as an
+// unsolicited response on an idle connection.
 //
 // fasthttp ends Serve on any accept error that is not a timeout, and the
 // sidecar used to take that for a failed listener and shut down: running
@@ -180,12 +393,12 @@ type eofListener struct {
 	net.Listener
 	hdrBuf int
 	tls    *listenerTLS // nil: plain
+	conns  *connSet
 	log    zerolog.Logger
 	stats  *counters
 	closed atomic.Bool
-	// lastLog rate-limits the exhaustion warning (unix nanoseconds).
-	lastLog    atomic.Int64
-	suppressed atomic.Uint64
+	// exhausted rate-limits the exhaustion warning.
+	exhausted everyLog
 }
 
 // Accept backoff bounds (net/http's).
@@ -200,11 +413,21 @@ func (l *eofListener) Accept() (net.Conn, error) {
 	for {
 		c, err := l.Listener.Accept()
 		if err == nil {
-			if l.tls != nil {
-				return l.wrapTLS(c), nil
+			if l.conns != nil && !l.conns.admit() {
+				l.refuse(c)
+				continue
 			}
-			rc := rawio.Wrap(c)
-			return newEOFConn(rc, rc, l.hdrBuf), nil
+			var e *eofConn
+			if l.tls != nil {
+				e = l.wrapTLS(c)
+			} else {
+				rc := rawio.Wrap(c)
+				e = newEOFConn(rc, rc, l.hdrBuf)
+			}
+			if l.conns != nil {
+				e.hold(l.conns)
+			}
+			return e, nil
 		}
 		if !acceptRetryable(err) || l.closed.Load() {
 			return nil, err
@@ -229,21 +452,32 @@ func (l *eofListener) Close() error {
 }
 
 func (l *eofListener) logExhausted(err error, delay time.Duration) {
-	now := time.Now().UnixNano()
-	last := l.lastLog.Load()
-	if last != 0 && now-last < int64(acceptLogEvery) {
-		l.suppressed.Add(1)
-		return
-	}
-	if !l.lastLog.CompareAndSwap(last, now) {
-		l.suppressed.Add(1)
+	ok, n := l.exhausted.allow(acceptLogEvery)
+	if !ok {
 		return
 	}
 	e := l.log.Warn().Err(err).Dur("retry_in", delay).Str("address", l.Addr().String())
-	if n := l.suppressed.Swap(0); n > 0 {
+	if n > 0 {
 		e = e.Uint64("suppressed", n)
 	}
 	e.Msg("accept failed (out of file descriptors or memory?); backing off, existing connections keep being served")
+}
+
+// refuse closes a connection accepted past max_connections without a
+// byte written.
+func (l *eofListener) refuse(c net.Conn) {
+	cs := l.conns
+	cs.refused.Add(1)
+	_ = c.Close()
+	ok, n := cs.refusedLog.allow(acceptLogEvery)
+	if !ok {
+		return
+	}
+	e := l.log.Warn().Str("listener", cs.name).Int64("max_connections", cs.max).Str("client", c.RemoteAddr().String())
+	if n > 0 {
+		e = e.Uint64("suppressed", n)
+	}
+	e.Msg("connection refused: max_connections are open; closed unanswered")
 }
 
 // acceptRetryable reports the accept errors that are about resources, not

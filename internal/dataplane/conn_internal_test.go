@@ -233,10 +233,7 @@ func TestClientAddrText(t *testing.T) {
 func TestTLSConnCountsWaits(t *testing.T) {
 	l := &eofListener{tls: &listenerTLS{base: &tls.Config{}}}
 	_, a := testutil.ConnPair(t, "tcp")
-	c, ok := l.wrapTLS(a).(*eofConn)
-	if !ok {
-		t.Fatalf("wrapTLS returned %T", c)
-	}
+	c := l.wrapTLS(a)
 	if c.rw == nil || c.tls == nil {
 		t.Fatalf("TLS connection without its counted socket (rw %v) or TLS state", c.rw)
 	}

@@ -64,8 +64,8 @@ func clampConnections(l *config.Listener, budget int, nofile uint64, log zerolog
 }
 
 // clampTunnels keeps l's tunnels within the listener's descriptor budget.
-// A tunnel's client connection is not one of max_connections (the HTTP
-// server lets go of a hijacked connection), yet it holds a descriptor
+// A tunnel's client connection is not one of max_connections (it leaves
+// the listener's count when the tunnel starts), yet it holds a descriptor
 // like one (its upstream side counts against the upstream's max_conns):
 // max_connections and max_tunnels together must fit the budget. Tunnels
 // keep at most half of it. explicit says the operator set either limit;

@@ -150,6 +150,9 @@ type Stats struct {
 	TLS TLSStats `json:"tls"`
 	// Tunnels counts the Upgrade (WebSocket) tunnels and their bytes.
 	Tunnels TunnelStats `json:"tunnels"`
+	// Connections counts each listener's client connections (conn.go),
+	// in configuration order.
+	Connections []ConnStats `json:"connections"`
 	// Rejected counts request heads answered 400/408/414/431 by reason
 	// (RejectReasons).
 	Rejected map[string]uint64 `json:"rejected"`

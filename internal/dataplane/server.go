@@ -61,10 +61,11 @@ type Server struct {
 }
 
 type listener struct {
-	cfg config.Listener
-	srv *fasthttp.Server
-	tls *listenerTLS // nil: plain HTTP
-	tun tunnelSet    // open Upgrade tunnels (upgrade.go)
+	cfg   config.Listener
+	srv   *fasthttp.Server
+	tls   *listenerTLS // nil: plain HTTP
+	tun   tunnelSet    // open Upgrade tunnels (upgrade.go)
+	conns *connSet     // client connections (conn.go)
 }
 
 // New builds a server for cfg. agents holds one instance per agent of
@@ -110,6 +111,7 @@ func New(cfg Config, agents map[string]agentmux.Agent, log zerolog.Logger) (*Ser
 		if clampTunnels(&l.cfg, budget, nofile, explicit, log) {
 			s.stats.connClamped.Add(1)
 		}
+		l.conns = newConnSet(lc.Name, l.cfg.MaxConnections, lc.LingeringTimeout, int64(lc.MaxLingeringBytes))
 		l.srv = s.newFastServer(l)
 		s.lsts = append(s.lsts, l)
 		if interval == 0 || lc.DisconnectCheck < interval {
@@ -133,7 +135,7 @@ func (s *Server) newFastServer(l *listener) *fasthttp.Server {
 		Handler:                      func(ctx *fasthttp.RequestCtx) { s.handle(ctx, l) },
 		ErrorHandler:                 s.parseError,
 		Logger:                       fastLogger{log: s.log},
-		Concurrency:                  l.cfg.MaxConnections,
+		Concurrency:                  fastConcurrency(l.cfg.MaxConnections),
 		ReadBufferSize:               int(l.cfg.ReadBufferSize),
 		WriteBufferSize:              int(l.cfg.WriteBufferSize),
 		ReadTimeout:                  l.cfg.ReadTimeout,
@@ -145,6 +147,16 @@ func (s *Server) newFastServer(l *listener) *fasthttp.Server {
 		CloseOnShutdown:              true,
 		SecureErrorLogMessage:        true,
 	}
+}
+
+// fastConcurrency is fasthttp's worker limit for a listener of maxConns
+// connections. The listener enforces max_connections itself (conn.go);
+// fasthttp's limit, which answers 503 past it, only has to stay out of
+// its way. A worker outlives its connection's place by the moment
+// between Close and its return to the pool, so the limit is well above
+// maxConns (a limit costs fasthttp nothing until workers are used).
+func fastConcurrency(maxConns int) int {
+	return max(fasthttp.DefaultConcurrency, 2*maxConns)
 }
 
 // Serve serves HTTP on ln with the settings of the first configured
@@ -190,7 +202,7 @@ func (s *Server) serve(l *listener, ln net.Listener) error {
 	s.serves.Add(1)
 	s.mu.Unlock()
 	defer s.serves.Done()
-	return l.srv.Serve(&eofListener{Listener: ln, hdrBuf: int(l.cfg.ReadBufferSize), tls: l.tls, log: s.log, stats: &s.stats})
+	return l.srv.Serve(&eofListener{Listener: ln, hdrBuf: int(l.cfg.ReadBufferSize), tls: l.tls, conns: l.conns, log: s.log, stats: &s.stats})
 }
 
 // ListenAndServe listens on every configured listener and serves until
@@ -257,6 +269,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 			first = ctx.Err()
 		}
 	}
+	s.waitLingering(ctx)
 	s.drainTunnels(ctx)
 	s.stopShadows(ctx)
 	s.closeTLS()
@@ -283,6 +296,26 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		}
 	}
 	return first
+}
+
+// waitLingering waits for the lingering closes to end: each is bounded
+// by its listener's lingering_timeout, and the wait by ctx. The answers
+// they protect were written; cut, they could still be lost to a reset.
+func (s *Server) waitLingering(ctx context.Context) {
+	var tick *time.Ticker
+	for _, l := range s.lsts {
+		for l.conns.lingering.Load() > 0 {
+			if tick == nil {
+				tick = time.NewTicker(5 * time.Millisecond)
+				defer tick.Stop()
+			}
+			select {
+			case <-tick.C:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}
 }
 
 // stopShadows stops the shadow agents' workers and waits for them to
@@ -363,7 +396,14 @@ func (s *Server) Swap(cfg *config.Config, agents map[string]agentmux.Agent) erro
 }
 
 // Stats returns the server's counters.
-func (s *Server) Stats() Stats { return s.stats.snapshot() }
+func (s *Server) Stats() Stats {
+	st := s.stats.snapshot()
+	st.Connections = make([]ConnStats, len(s.lsts))
+	for i, l := range s.lsts {
+		st.Connections[i] = l.conns.snapshot()
+	}
+	return st
+}
 
 // Routes returns the route names of the current table, in configuration
 // order.
@@ -408,8 +448,12 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx, l *listener) {
 	streaming := rs.serve()
 	if rs.closeConn || (rs.hasReqBody && !rs.reqBodyEOF) {
 		// Asked for, a refused head, or unread body bytes that would be
-		// parsed as the next request.
+		// parsed as the next request: closed lingeringly, the client may
+		// still be sending.
 		ctx.SetConnectionClose()
+		if ec, ok := rs.conn.(*eofConn); ok {
+			ec.markLinger()
+		}
 	}
 	if !streaming {
 		rs.finish()
@@ -432,14 +476,33 @@ func (s *Server) recoverPanic(rs *reqState) {
 	rs.ctx.SetStatusCode(fasthttp.StatusInternalServerError)
 	rs.ctx.SetBodyString("internal error")
 	rs.ctx.SetConnectionClose()
+	if ec, ok := rs.ctx.Conn().(*eofConn); ok {
+		ec.markLinger()
+	}
 	s.stats.inflight.Add(-1)
 	rs.tbl.release()
 }
 
 // parseError answers a request fasthttp could not parse, generically.
+//
+// A connection on which no byte of a request arrived is closed without
+// an answer, as nginx and net/http do: at read_timeout that is an idle
+// connection, and a client that picked it for its next request at that
+// moment would read a 408 for a request it never sent. (fasthttp itself
+// closes a kept-alive connection silently at idle_timeout.)
 func (s *Server) parseError(ctx *fasthttp.RequestCtx, err error) {
-	if ec, ok := ctx.Conn().(*eofConn); ok && ec.handshakeFailed() {
+	ec, _ := ctx.Conn().(*eofConn)
+	if ec != nil && ec.handshakeFailed() {
 		// No request was ever read: counted as a handshake error (tls.go).
+		ctx.SetConnectionClose()
+		return
+	}
+	if ec != nil && !ec.got {
+		if isTimeout(err) && ec.conns != nil {
+			ec.conns.idleClosed.Add(1)
+		}
+		// Closed now, the answer fasthttp writes next goes nowhere.
+		_ = ec.Close()
 		ctx.SetConnectionClose()
 		return
 	}
@@ -455,6 +518,11 @@ func (s *Server) parseError(ctx *fasthttp.RequestCtx, err error) {
 		status, body, reason = fasthttp.StatusRequestTimeout, "request timeout", rejectHeadTimeout
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):
 		status, body = fasthttp.StatusRequestEntityTooLarge, "request entity too large"
+	}
+	if reason != rejectHeadTimeout && ec != nil {
+		// The rest of the request may still be arriving. (A head that
+		// timed out stalled: nothing is on its way.)
+		ec.markLinger()
 	}
 	s.stats.rejected[reason].Add(1)
 	s.log.Debug().Err(err).Int("status", status).Msg("unparsable request")

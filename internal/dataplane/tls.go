@@ -367,7 +367,7 @@ func (rs *reqState) forwardedProto() []byte {
 }
 
 // wrapTLS starts the server side of TLS on an accepted connection.
-func (l *eofListener) wrapTLS(c net.Conn) net.Conn {
+func (l *eofListener) wrapTLS(c net.Conn) *eofConn {
 	rc := rawio.Wrap(c)
 	tc := tls.Server(rc, l.tls.base)
 	e := newEOFConn(tc, rc, l.hdrBuf)

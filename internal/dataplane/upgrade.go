@@ -26,12 +26,14 @@ import (
 // not close) and that has an Upgrade header naming no HTTP version (h2c,
 // h2, HTTP/…: requests inside such a tunnel would bypass the agents) is
 // an upgrade; anything else loses both headers as before (hop-by-hop).
-// A tunnel ends when either side closes, when no byte went either way
-// for tunnel_idle_timeout, or at shutdown once the grace period is over.
+// A tunnel ends when either side closes or fails (the other side is
+// closed at once), when no byte went either way for
+// tunnel_idle_timeout, or at shutdown once the grace period is over.
 // Tunnels are capped per listener (max_tunnels, 503 past it; with
-// max_connections within the descriptor budget, fdlimit.go) and hold
-// their upstream connection against the upstream's max_conns until they
-// end.
+// max_connections within the descriptor budget, fdlimit.go); a tunnel's
+// client connection leaves the listener's max_connections count when
+// the tunnel starts. A tunnel holds its upstream connection against the
+// upstream's max_conns until it ends.
 
 var (
 	hdrConnection = []byte("Connection")
@@ -146,6 +148,7 @@ type tunnel struct {
 	last    atomic.Int64 // mono time of the last byte either way
 	guard   *time.Timer  // ends the tunnel if the hijack never happens
 	closing atomic.Bool  // closeBoth ran: pumps stop at their next error
+	cc      *eofConn     // the client connection, to leave the listener's count (nil in tests)
 
 	mu      sync.Mutex
 	client  net.Conn
@@ -275,6 +278,7 @@ func (rs *reqState) tunnel() bool {
 		return false
 	}
 	t := &tunnel{srv: s, set: &l.tun, up: conn, release: release, pre: pre, idle: l.cfg.TunnelIdleTimeout}
+	t.cc, _ = rs.conn.(*eofConn)
 	t.head = rs.head101()
 	t.last.Store(int64(mono()))
 	l.tun.add(t)
@@ -323,6 +327,11 @@ func (t *tunnel) run(c net.Conn) {
 	}
 	t.client, t.started = c, true
 	t.mu.Unlock()
+	if t.cc != nil {
+		// A tunnel counts against max_tunnels, no longer against
+		// max_connections (fdlimit.go budgets both).
+		t.cc.release()
+	}
 	// fasthttp releases c for reuse once this handler returns: forget it
 	// first (after end), so that a late closeBoth (a drain) never touches
 	// a connection that is no longer this tunnel's.
@@ -342,13 +351,17 @@ func (t *tunnel) run(c net.Conn) {
 		}
 		t.srv.stats.tun.bytesOut.Add(uint64(len(t.pre)))
 	}
+	// Either side's end of stream or error ends the tunnel at once: the
+	// pump that meets it closes both sides, so that the other pump,
+	// blocked on a peer that may stay silent until tunnel_idle_timeout,
+	// returns now and the client connection is closed behind it.
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		t.pump(c, t.up, &t.srv.stats.tun.bytesOut)
+		t.closeBoth()
 	}()
 	t.pump(t.up, c, &t.srv.stats.tun.bytesIn)
-	// One side ended: end the other so its pump returns.
 	t.closeBoth()
 	<-done
 }

@@ -146,8 +146,11 @@ func TestFDExhaustion(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// Exhaust: idle connections to the admin listener (net/http keeps
-	// them open), until the kernel queue of the data listener fills.
+	// Exhaust: kept-alive connections to the admin listener, more than
+	// the descriptors allow. Each sends a request at once, so that
+	// net/http holds it for its idle timeout (60s), not its header
+	// timeout (5s, which a loaded machine can outlast before the data
+	// listener is tried); the ones it cannot accept wait in its queue.
 	var hogs []net.Conn
 	defer func() {
 		for _, c := range hogs {
@@ -160,7 +163,19 @@ func TestFDExhaustion(t *testing.T) {
 			break
 		}
 		hogs = append(hogs, c)
+		_, _ = io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: "+sc.admin+"\r\n\r\n")
 	}
+	// Only once the admin listener has met the limit are the data
+	// connections made: before, the data listener could accept them
+	// while descriptors were left (and never fail).
+	testutil.WaitFor(t, "the admin listener to run out of descriptors", func() bool {
+		for _, line := range sc.log() {
+			if strings.Contains(line, `"component":"admin"`) && strings.Contains(line, "too many open files") {
+				return true
+			}
+		}
+		return !sc.alive()
+	})
 	// New data connections are queued by the kernel but cannot be
 	// accepted while descriptors are exhausted.
 	var pending []net.Conn

@@ -75,6 +75,9 @@ func (c *scrapeCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range tlsTunnelDescs {
 		ch <- d
 	}
+	for _, d := range connDescs {
+		ch <- d
+	}
 }
 
 func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
@@ -111,6 +114,7 @@ func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descLimits, prometheus.CounterValue, float64(st.LimitsExceeded))
 		ch <- prometheus.MustNewConstMetric(descInline, prometheus.CounterValue, float64(st.InlineBodies))
 		collectTLSTunnels(ch, &st)
+		collectConnections(ch, &st)
 	}
 	if f := c.m.reverse.Load(); f != nil {
 		for _, l := range (*f)() {
