@@ -25,6 +25,7 @@ import (
 	stdlog "log"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -181,7 +182,7 @@ func New(cfg Config) (*Server, error) {
 		WriteTimeout:      30 * time.Second,
 		IdleTimeout:       60 * time.Second,
 		MaxHeaderBytes:    16 << 10,
-		ErrorLog:          stdlog.New(cfg.Log.With().Str("component", "admin").Logger(), "", 0),
+		ErrorLog:          stdlog.New(&limitedLog{log: cfg.Log.With().Str("component", "admin").Logger()}, "", 0),
 	}
 	return s, nil
 }
@@ -369,4 +370,28 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(code)
 	_, _ = w.Write(append(b, '\n'))
+}
+
+// limitedLog is net/http's error log for the admin listener: at most one
+// line per refuseLogEvery, the next one carrying how many were dropped.
+// Out of file descriptors, net/http logs every accept retry ("Accept
+// error: … retrying in 1s"), a line a second for as long as it lasts, and
+// a client that opens and drops TLS or malformed connections can make it
+// log one line per connection.
+type limitedLog struct {
+	log   zerolog.Logger
+	limit logLimit
+}
+
+func (l *limitedLog) Write(p []byte) (int, error) {
+	ok, suppressed := l.limit.allow(time.Now())
+	if !ok {
+		return len(p), nil
+	}
+	e := l.log.Warn()
+	if suppressed > 0 {
+		e = e.Int("suppressed", suppressed)
+	}
+	e.Msg(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
 }

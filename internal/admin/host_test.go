@@ -2,6 +2,7 @@ package admin
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -214,5 +215,33 @@ func TestHostRefusalLogLimited(t *testing.T) {
 	_, body := rawRequest(t, addr, "GET", "/metrics", "localhost")
 	if want := fmt.Sprintf(`sidecar_admin_refused_total{reason="host"} %d`, n); !strings.Contains(body, want) {
 		t.Errorf("/metrics lacks %q", want)
+	}
+}
+
+// TestErrorLogLimited: net/http's error lines (an accept retry every
+// second while descriptors are exhausted, one per broken connection) reach
+// the log at most once per refuseLogEvery, the next line carrying the
+// count of those dropped.
+func TestErrorLogLimited(t *testing.T) {
+	var buf bytes.Buffer
+	l := &limitedLog{log: zerolog.New(&buf)}
+	for i := 0; i < 50; i++ {
+		if _, err := fmt.Fprintf(l, "http: Accept error: accept tcp: too many open files; retrying in 1s\n"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := strings.Count(buf.String(), "\n"); n != 1 {
+		t.Fatalf("%d lines after 50 writes, want 1:\n%s", n, buf.String())
+	}
+	if strings.Contains(buf.String(), "suppressed") || !strings.Contains(buf.String(), `"message":"http: Accept error`) {
+		t.Fatalf("first line %q", buf.String())
+	}
+	l.limit.mu.Lock()
+	l.limit.next = time.Now().Add(-time.Second) // the window ended
+	l.limit.mu.Unlock()
+	buf.Reset()
+	fmt.Fprintf(l, "http: TLS handshake error\n")
+	if !strings.Contains(buf.String(), `"suppressed":49`) {
+		t.Fatalf("line after the window %q, want the 49 dropped counted", buf.String())
 	}
 }
