@@ -6,10 +6,12 @@ import (
 	"io"
 	"net"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/zentinelproxy/sidecar/internal/rawio"
 	"github.com/zentinelproxy/sidecar/protocol"
 )
 
@@ -545,6 +547,14 @@ func (rs *reqState) responseBody() bool {
 	up := &rs.upResp
 	stream := up.BodyStream()
 	cl := up.Header.ContentLength()
+	if !up.Header.IsHTTP11() {
+		// The client's response is the sidecar's message, sent in its
+		// own version (RFC 9110 §6.2, RFC 9112 §6.1), whatever the
+		// upstream spoke: an HTTP/1.0 status line on a chunked body is
+		// read by clients as a body delimited by the close that never
+		// comes on a kept-alive connection.
+		ctx.Response.Header.SetProtocol(protoHTTP11)
+	}
 	if !rs.respHasBody {
 		rs.upBodyDone = stream == nil || cl == 0
 		rs.finishResponseHeaders()
@@ -600,8 +610,90 @@ func (rs *reqState) responseBody() bool {
 	rs.respBody.total = int64(size)
 	rs.respStarted = true
 	rs.streaming = true
+	if size < 0 && !ctx.Request.Header.IsHTTP11() {
+		rs.closeDelimited()
+		return true
+	}
 	ctx.Response.SetBodyStream(&rs.respBody, size)
 	return true
+}
+
+// protoHTTP11 is the version of every response the sidecar sends.
+var protoHTTP11 = []byte("HTTP/1.1")
+
+// closeDelimited sends a body of unknown length to an HTTP/1.0 client,
+// which cannot read chunked framing (RFC 9112 §7.1: a server must not
+// send it to a client that did not say HTTP/1.1): no Content-Length, no
+// Transfer-Encoding, the end of the body is the close of the connection.
+// fasthttp frames every body stream of unknown length as chunked, so the
+// response is written through ctx.Hijack: head and body by respStream,
+// on the client's connection, which fasthttp closes once it is done.
+func (rs *reqState) closeDelimited() {
+	h := &rs.ctx.Response.Header
+	h.SetContentLength(-1) // drops a Content-Length the agents may change
+	h.Del(fasthttp.HeaderTransferEncoding)
+	h.SetContentLength(-2) // identity, with Connection: close
+	b := &rs.respBody
+	b.hijack.Store(0)
+	// fasthttp skips the hijack handler only when it cannot reset the
+	// connection's deadline or flush earlier responses: the guard then
+	// ends the request.
+	b.guard = time.AfterFunc(rs.lst.cfg.ReadTimeout, b.abandonHijack)
+	rs.ctx.HijackSetNoResponse(true)
+	rs.ctx.Hijack(b.hijacked)
+}
+
+// hijacked is the hijack handler of closeDelimited: head, body, close.
+func (b *respStream) hijacked(c net.Conn) {
+	if !b.hijack.CompareAndSwap(0, 1) {
+		return
+	}
+	b.guard.Stop()
+	rs := b.rs
+	rs.scratch = rs.ctx.Response.Header.AppendBytes(rs.scratch[:0])
+	b.touch()
+	_, err := c.Write(rs.scratch)
+	if err == nil {
+		_, err = b.WriteTo(c)
+	}
+	if rs.respAbort {
+		// A close-delimited body cut off looks complete: a reset says
+		// it is not.
+		resetOnClose(rs.conn)
+	}
+	_ = b.CloseWithError(err)
+}
+
+// abandonHijack ends a request whose hijack handler never ran.
+func (b *respStream) abandonHijack() {
+	if !b.hijack.CompareAndSwap(0, 1) {
+		return
+	}
+	rs := b.rs
+	rs.outcome = "client gone"
+	rs.cancel()
+	_ = b.CloseWithError(nil)
+}
+
+// resetOnClose makes the close of the client connection c a reset
+// (SO_LINGER 0) when it is TCP.
+func resetOnClose(c net.Conn) {
+	for {
+		switch t := c.(type) {
+		case *net.TCPConn:
+			_ = t.SetLinger(0)
+			return
+		case *eofConn:
+			c = t.Conn
+			if t.raw != nil {
+				c = t.raw
+			}
+		case *rawio.Conn:
+			c = t.Conn
+		default:
+			return
+		}
+	}
 }
 
 // smallResponse relays a response body of known length no agent inspects
@@ -650,9 +742,14 @@ type respStream struct {
 	written int64
 	// total is the body's length when known, else -1.
 	total int64
+	// hijack and guard: an HTTP/1.0 client's body of unknown length
+	// (closeDelimited); hijack is 1 once the handler or the guard ran.
+	hijack atomic.Int32
+	guard  *time.Timer
 }
 
 func (b *respStream) reset() {
+	b.guard = nil
 	b.pending = nil
 	b.eof = false
 	b.extend = time.Time{}
