@@ -52,13 +52,18 @@ type bodySource struct {
 	ec         *eofConn
 	untilClose bool
 	max        int64 // 0: no limit
-	// buf, when set, is the buffer r drains (an upstream response's): once
-	// it holds the rest of a framed body, reading it needs no deadline.
-	buf *bufio.Reader
+	// buf, when set, is the buffer r drains: once it holds the rest of a
+	// framed body, reading it needs no deadline; and what it holds joins
+	// the chunk being read (coalesce.go), as do bytes waiting in sock.
+	buf  *bufio.Reader
+	sock *rawio.Conn
+	// joined counts the Reads that joined an earlier one's chunk.
+	joined *atomic.Uint64
 }
 
 // read reads into p: until p is full or the body ends when fill is set,
-// else whatever one read returns. last reports the end of the body.
+// else what one read returns and every byte already received after it
+// (coalesce.go). last reports the end of the body.
 func (s *bodySource) read(p []byte, fill bool) (n int, last bool, err error) {
 	// The bytes read ahead (prefix) were counted in s.n when first read:
 	// only what comes from s.r now is new.
@@ -71,8 +76,19 @@ func (s *bodySource) read(p []byte, fill bool) (n int, last bool, err error) {
 	if s.r == nil {
 		s.eof = true
 	}
-	zero := 0
-	for n < len(p) && !s.eof && (fill || n == 0) {
+	zero, joined := 0, uint64(0)
+	defer func() {
+		if joined > 0 && s.joined != nil {
+			s.joined.Add(joined)
+		}
+	}()
+	for n < len(p) && !s.eof {
+		if n > 0 && !fill {
+			if !s.more() {
+				break
+			}
+			joined++
+		}
 		s.touch(int64(n - pre))
 		m, rerr := s.r.Read(p[n:])
 		n += m
@@ -289,6 +305,11 @@ func (rs *reqState) reqSource() int {
 	}
 	src.want = rs.total[0]
 	src.max = int64(rs.lst.cfg.MaxRequestBody)
+	src.buf = bodyStreamReader.reader(src.r)
+	if ec, ok := rs.conn.(*eofConn); ok {
+		src.sock = ec.rw
+	}
+	src.joined = &rs.srv.stats.joined[0]
 	return cl
 }
 
@@ -567,6 +588,8 @@ func (rs *reqState) responseBody() bool {
 	src.untilClose = cl == -2
 	src.idle = rs.rt.up.cfg.IdleTimeout
 	src.buf = rs.upBR
+	src.sock = rawOf(src.conn)
+	src.joined = &rs.srv.stats.joined[1]
 	rs.total[1] = int64(cl)
 	if cl < 0 {
 		rs.total[1] = -1

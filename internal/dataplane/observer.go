@@ -147,6 +147,12 @@ type Stats struct {
 	// UpstreamDiscardedClosed counts pooled upstream connections found
 	// closed (FIN or reset) before a request was written on them.
 	UpstreamDiscardedClosed uint64 `json:"upstream_discarded_closed"`
+	// RequestBodyReadsJoined and ResponseBodyReadsJoined count the reads
+	// of a body's framing (a chunk of a chunked body, mostly) whose bytes
+	// joined an earlier read's in one body chunk, because they were
+	// already received (coalesce.go).
+	RequestBodyReadsJoined  uint64 `json:"request_body_reads_joined"`
+	ResponseBodyReadsJoined uint64 `json:"response_body_reads_joined"`
 	EndpointRetries         uint64 `json:"endpoint_retries"`   // attempts moved to another upstream endpoint after a connection failure
 	TraceInvalid            uint64 `json:"trace_invalid"`      // malformed traceparent headers removed (with their tracestate)
 	TracestateInvalid       uint64 `json:"tracestate_invalid"` // malformed tracestate headers removed (valid traceparent kept)
@@ -171,6 +177,7 @@ type counters struct {
 	acceptErrors, connClamped, absoluteForm, upStale, upRetries atomic.Uint64
 	upEndpointRetries                                           atomic.Uint64
 	upUnsolicited, upClosed                                     atomic.Uint64
+	joined                                                      [2]atomic.Uint64 // per phase
 	traceInvalid, tracestateInvalid, traceGenerated             atomic.Uint64
 	limits, inlined                                             atomic.Uint64
 	tls                                                         tlsCounters
@@ -199,6 +206,8 @@ func (c *counters) snapshot() Stats {
 		UpstreamRetries:              c.upRetries.Load(),
 		UpstreamDiscardedUnsolicited: c.upUnsolicited.Load(),
 		UpstreamDiscardedClosed:      c.upClosed.Load(),
+		RequestBodyReadsJoined:       c.joined[0].Load(),
+		ResponseBodyReadsJoined:      c.joined[1].Load(),
 		EndpointRetries:              c.upEndpointRetries.Load(),
 		TraceInvalid:                 c.traceInvalid.Load(),
 		TracestateInvalid:            c.tracestateInvalid.Load(),
