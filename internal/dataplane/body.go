@@ -26,6 +26,9 @@ var (
 	errNoProgress = errors.New("dataplane: body reader makes no progress")
 	// errTooLarge: a chunked request body grew past max_request_body.
 	errTooLarge = errors.New("dataplane: request body over max_request_body")
+	// errTooSlow: a request body fell behind body_min_rate by more than
+	// body_timeout.
+	errTooSlow = errors.New("dataplane: request body slower than body_min_rate")
 )
 
 // clientError is a failure reading the client's request body.
@@ -59,6 +62,20 @@ type bodySource struct {
 	sock *rawio.Conn
 	// joined counts the Reads that joined an earlier one's chunk.
 	joined *atomic.Uint64
+	// The minimum rate of a request body (listeners' body_min_rate), in
+	// bytes per second (0: none). credit is how far the body may still
+	// fall behind it: it starts at idle (body_timeout), each Read spends
+	// the time it waited on the client and earns 1/rate s per byte, and
+	// it never grows past idle. Time spent elsewhere (on agents, on the
+	// upstream) is not charged: only the client's own pace counts. A
+	// trickle of a byte now and then, which body_timeout alone lets
+	// through, runs out of credit. slow: the read deadline in force is
+	// the credit's.
+	rate   int64
+	credit time.Duration
+	slow   bool
+	// ready: reqSource has set the request's body up.
+	ready bool
 }
 
 // read reads into p: until p is full or the body ends when fill is set,
@@ -89,8 +106,22 @@ func (s *bodySource) read(p []byte, fill bool) (n int, last bool, err error) {
 			}
 			joined++
 		}
+		var t0 time.Duration
+		if s.rate > 0 {
+			if s.credit <= 0 {
+				s.n += int64(n - pre)
+				return n, false, errTooSlow
+			}
+			t0 = mono()
+		}
 		s.touch(int64(n - pre))
 		m, rerr := s.r.Read(p[n:])
+		if s.rate > 0 {
+			s.credit = min(s.credit-(mono()-t0)+time.Duration(int64(m)*int64(time.Second)/s.rate), s.idle)
+			if rerr != nil && s.slow && isTimeout(rerr) {
+				rerr = errTooSlow
+			}
+		}
 		n += m
 		switch {
 		case rerr == io.EOF:
@@ -135,6 +166,16 @@ func (s *bodySource) touch(got int64) {
 		return
 	}
 	now := time.Now()
+	if s.rate > 0 && s.credit < s.idle {
+		// Behind the minimum rate: this read may wait for what is left
+		// of the credit only. Set on every read while it lasts (two
+		// atomic stores on a rawio connection).
+		s.slow = true
+		s.extended = time.Time{}
+		_ = s.conn.SetReadDeadline(now.Add(s.credit))
+		return
+	}
+	s.slow = false
 	if now.Sub(s.extended) > s.idle/4 {
 		s.extended = now
 		_ = s.conn.SetReadDeadline(now.Add(s.idle))
@@ -294,6 +335,10 @@ func (rs *reqState) requestBody() bool {
 func (rs *reqState) reqSource() int {
 	req := &rs.ctx.Request
 	src := &rs.reqSrc
+	if src.ready {
+		return req.Header.ContentLength()
+	}
+	src.ready = true
 	src.r = req.BodyStream()
 	src.conn = rs.conn
 	src.ec, _ = rs.conn.(*eofConn)
@@ -310,6 +355,8 @@ func (rs *reqState) reqSource() int {
 		src.sock = ec.rw
 	}
 	src.joined = &rs.srv.stats.joined[0]
+	src.rate = int64(rs.lst.cfg.MinBodyRate())
+	src.credit = src.idle
 	return cl
 }
 
@@ -550,6 +597,9 @@ func (rs *reqState) bodyReadFailed(p protocol.Phase, err error) {
 		switch {
 		case errors.Is(err, errTooLarge):
 			rs.local(fasthttp.StatusRequestEntityTooLarge, "request entity too large", "body over max_request_body")
+		case errors.Is(err, errTooSlow):
+			rs.srv.stats.bodyTooSlow.Add(1)
+			rs.local(fasthttp.StatusRequestTimeout, "request timeout", "request body below body_min_rate")
 		case isTimeout(err):
 			rs.local(fasthttp.StatusRequestTimeout, "request timeout", rs.outcome)
 		default:

@@ -153,12 +153,15 @@ type Stats struct {
 	// already received (coalesce.go).
 	RequestBodyReadsJoined  uint64 `json:"request_body_reads_joined"`
 	ResponseBodyReadsJoined uint64 `json:"response_body_reads_joined"`
-	EndpointRetries         uint64 `json:"endpoint_retries"`   // attempts moved to another upstream endpoint after a connection failure
-	TraceInvalid            uint64 `json:"trace_invalid"`      // malformed traceparent headers removed (with their tracestate)
-	TracestateInvalid       uint64 `json:"tracestate_invalid"` // malformed tracestate headers removed (valid traceparent kept)
-	TraceGenerated          uint64 `json:"trace_generated"`    // traceparent headers made for requests without a valid one
-	LimitsExceeded          uint64 `json:"limits_exceeded"`    // agent replies over their header limits (failure policy applied)
-	InlineBodies            uint64 `json:"inline_bodies"`      // RequestHeaders events that carried chunk 0 of the request body (inline_body)
+	// RequestBodyTooSlow counts request bodies answered 408 for falling
+	// behind their listener's body_min_rate.
+	RequestBodyTooSlow uint64 `json:"request_body_too_slow"`
+	EndpointRetries    uint64 `json:"endpoint_retries"`   // attempts moved to another upstream endpoint after a connection failure
+	TraceInvalid       uint64 `json:"trace_invalid"`      // malformed traceparent headers removed (with their tracestate)
+	TracestateInvalid  uint64 `json:"tracestate_invalid"` // malformed tracestate headers removed (valid traceparent kept)
+	TraceGenerated     uint64 `json:"trace_generated"`    // traceparent headers made for requests without a valid one
+	LimitsExceeded     uint64 `json:"limits_exceeded"`    // agent replies over their header limits (failure policy applied)
+	InlineBodies       uint64 `json:"inline_bodies"`      // RequestHeaders events that carried chunk 0 of the request body (inline_body)
 	// TLS counts the listeners' handshakes and certificate reloads.
 	TLS TLSStats `json:"tls"`
 	// Tunnels counts the Upgrade (WebSocket) tunnels and their bytes.
@@ -178,6 +181,7 @@ type counters struct {
 	upEndpointRetries                                           atomic.Uint64
 	upUnsolicited, upClosed                                     atomic.Uint64
 	joined                                                      [2]atomic.Uint64 // per phase
+	bodyTooSlow                                                 atomic.Uint64
 	traceInvalid, tracestateInvalid, traceGenerated             atomic.Uint64
 	limits, inlined                                             atomic.Uint64
 	tls                                                         tlsCounters
@@ -208,6 +212,7 @@ func (c *counters) snapshot() Stats {
 		UpstreamDiscardedClosed:      c.upClosed.Load(),
 		RequestBodyReadsJoined:       c.joined[0].Load(),
 		ResponseBodyReadsJoined:      c.joined[1].Load(),
+		RequestBodyTooSlow:           c.bodyTooSlow.Load(),
 		EndpointRetries:              c.upEndpointRetries.Load(),
 		TraceInvalid:                 c.traceInvalid.Load(),
 		TracestateInvalid:            c.tracestateInvalid.Load(),

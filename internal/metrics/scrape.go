@@ -48,8 +48,10 @@ var (
 		"Upstream connections closed instead of reused, by reason: unsolicited (the upstream sent bytes no request asked for) or closed (a pooled connection found closed before a request was written on it).", []string{"reason"}, nil)
 	descBodyJoined = prometheus.NewDesc(Namespace+"_body_reads_joined_total",
 		"Reads of a body's framing (mostly chunks of a chunked body) whose bytes joined an earlier read's in one body chunk because they were already received, by phase (request, response).", []string{"phase"}, nil)
+	descBodyTooSlow = prometheus.NewDesc(Namespace+"_request_body_too_slow_total",
+		"Request bodies answered 408 for falling behind their listener's body_min_rate by more than body_timeout.", nil, nil)
 	// exchangeDescs are described apart from the list above.
-	exchangeDescs = []*prometheus.Desc{descUpDiscarded, descBodyJoined}
+	exchangeDescs = []*prometheus.Desc{descUpDiscarded, descBodyJoined, descBodyTooSlow}
 
 	descSendWaits = prometheus.NewDesc(Namespace+"_agent_send_waits_total",
 		"Events that waited for room in a connection's pending bytes (max_pending_bytes), per agent.", []string{"agent"}, nil)
@@ -125,6 +127,7 @@ func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descUpDiscarded, prometheus.CounterValue, float64(st.UpstreamDiscardedClosed), "closed")
 		ch <- prometheus.MustNewConstMetric(descBodyJoined, prometheus.CounterValue, float64(st.RequestBodyReadsJoined), "request")
 		ch <- prometheus.MustNewConstMetric(descBodyJoined, prometheus.CounterValue, float64(st.ResponseBodyReadsJoined), "response")
+		ch <- prometheus.MustNewConstMetric(descBodyTooSlow, prometheus.CounterValue, float64(st.RequestBodyTooSlow))
 		ch <- prometheus.MustNewConstMetric(descLimits, prometheus.CounterValue, float64(st.LimitsExceeded))
 		ch <- prometheus.MustNewConstMetric(descInline, prometheus.CounterValue, float64(st.InlineBodies))
 		collectTLSTunnels(ch, &st)
