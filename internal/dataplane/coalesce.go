@@ -31,7 +31,8 @@ import (
 //     that flushes whole chunks is never held back.
 //   - With the reader empty, bytes waiting in the socket (a MSG_PEEK of
 //     one byte that does not block, rawio.Conn.Pending): the Read's one
-//     read(2) gets them.
+//     read(2) gets them. Under TLS the socket holds records: a record
+//     only partly arrived is waited for, its rest being on its way.
 //
 // The reader of an upstream response is the request's own (rs.upBR). The
 // reader of a client's request belongs to fasthttp's connection and is
