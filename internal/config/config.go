@@ -157,6 +157,11 @@ type Listener struct {
 	MaxConnections int `yaml:"max_connections"`
 	// MaxRequestBody rejects larger request bodies with 413 (0: no limit).
 	MaxRequestBody Size `yaml:"max_request_body"`
+	// BodyMinRate is the least average rate, in bytes per second, at
+	// which a request body must arrive (absent: DefaultBodyMinRate; 0:
+	// none). A body that falls more than body_timeout behind it is
+	// answered 408; only the time spent waiting on the client counts.
+	BodyMinRate *Size `yaml:"body_min_rate"`
 	// TrustForwarded keeps the client's X-Forwarded-Proto/-Host and appends
 	// to its X-Forwarded-For. Off (default), the sidecar is the edge and
 	// replaces all three.
@@ -181,6 +186,18 @@ type Listener struct {
 	// MaxLingeringBytes bounds the bytes a lingering close discards
 	// (default 1MiB).
 	MaxLingeringBytes Size `yaml:"max_lingering_bytes"`
+}
+
+// DefaultBodyMinRate is body_min_rate when absent: a body must average
+// 1 KiB/s, with body_timeout (60s by default) of slack.
+const DefaultBodyMinRate Size = 1 << 10
+
+// MinBodyRate is the listener's body_min_rate (0: none).
+func (l *Listener) MinBodyRate() Size {
+	if l.BodyMinRate == nil {
+		return DefaultBodyMinRate
+	}
+	return *l.BodyMinRate
 }
 
 // Upstream is the service the sidecar proxies to.

@@ -88,6 +88,9 @@ func (v *validator) listeners() {
 		if l.MaxLingeringBytes < 1 {
 			v.failf(p+".max_lingering_bytes", "must be positive")
 		}
+		if l.BodyMinRate != nil && *l.BodyMinRate < 0 {
+			v.failf(p+".body_min_rate", "must not be negative (0: none)")
+		}
 	}
 }
 

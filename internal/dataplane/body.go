@@ -6,10 +6,12 @@ import (
 	"io"
 	"net"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/zentinelproxy/sidecar/internal/rawio"
 	"github.com/zentinelproxy/sidecar/protocol"
 )
 
@@ -24,6 +26,9 @@ var (
 	errNoProgress = errors.New("dataplane: body reader makes no progress")
 	// errTooLarge: a chunked request body grew past max_request_body.
 	errTooLarge = errors.New("dataplane: request body over max_request_body")
+	// errTooSlow: a request body fell behind body_min_rate by more than
+	// body_timeout.
+	errTooSlow = errors.New("dataplane: request body slower than body_min_rate")
 )
 
 // clientError is a failure reading the client's request body.
@@ -50,13 +55,32 @@ type bodySource struct {
 	ec         *eofConn
 	untilClose bool
 	max        int64 // 0: no limit
-	// buf, when set, is the buffer r drains (an upstream response's): once
-	// it holds the rest of a framed body, reading it needs no deadline.
-	buf *bufio.Reader
+	// buf, when set, is the buffer r drains: once it holds the rest of a
+	// framed body, reading it needs no deadline; and what it holds joins
+	// the chunk being read (coalesce.go), as do bytes waiting in sock.
+	buf  *bufio.Reader
+	sock *rawio.Conn
+	// joined counts the Reads that joined an earlier one's chunk.
+	joined *atomic.Uint64
+	// The minimum rate of a request body (listeners' body_min_rate), in
+	// bytes per second (0: none). credit is how far the body may still
+	// fall behind it: it starts at idle (body_timeout), each Read spends
+	// the time it waited on the client and earns 1/rate s per byte, and
+	// it never grows past idle. Time spent elsewhere (on agents, on the
+	// upstream) is not charged: only the client's own pace counts. A
+	// trickle of a byte now and then, which body_timeout alone lets
+	// through, runs out of credit. slow: the read deadline in force is
+	// the credit's.
+	rate   int64
+	credit time.Duration
+	slow   bool
+	// ready: reqSource has set the request's body up.
+	ready bool
 }
 
 // read reads into p: until p is full or the body ends when fill is set,
-// else whatever one read returns. last reports the end of the body.
+// else what one read returns and every byte already received after it
+// (coalesce.go). last reports the end of the body.
 func (s *bodySource) read(p []byte, fill bool) (n int, last bool, err error) {
 	// The bytes read ahead (prefix) were counted in s.n when first read:
 	// only what comes from s.r now is new.
@@ -69,10 +93,35 @@ func (s *bodySource) read(p []byte, fill bool) (n int, last bool, err error) {
 	if s.r == nil {
 		s.eof = true
 	}
-	zero := 0
-	for n < len(p) && !s.eof && (fill || n == 0) {
+	zero, joined := 0, uint64(0)
+	defer func() {
+		if joined > 0 && s.joined != nil {
+			s.joined.Add(joined)
+		}
+	}()
+	for n < len(p) && !s.eof {
+		if n > 0 && !fill {
+			if !s.more() {
+				break
+			}
+			joined++
+		}
+		var t0 time.Duration
+		if s.rate > 0 {
+			if s.credit <= 0 {
+				s.n += int64(n - pre)
+				return n, false, errTooSlow
+			}
+			t0 = mono()
+		}
 		s.touch(int64(n - pre))
 		m, rerr := s.r.Read(p[n:])
+		if s.rate > 0 {
+			s.credit = min(s.credit-(mono()-t0)+time.Duration(int64(m)*int64(time.Second)/s.rate), s.idle)
+			if rerr != nil && s.slow && isTimeout(rerr) {
+				rerr = errTooSlow
+			}
+		}
 		n += m
 		switch {
 		case rerr == io.EOF:
@@ -117,6 +166,16 @@ func (s *bodySource) touch(got int64) {
 		return
 	}
 	now := time.Now()
+	if s.rate > 0 && s.credit < s.idle {
+		// Behind the minimum rate: this read may wait for what is left
+		// of the credit only. Set on every read while it lasts (two
+		// atomic stores on a rawio connection).
+		s.slow = true
+		s.extended = time.Time{}
+		_ = s.conn.SetReadDeadline(now.Add(s.credit))
+		return
+	}
+	s.slow = false
 	if now.Sub(s.extended) > s.idle/4 {
 		s.extended = now
 		_ = s.conn.SetReadDeadline(now.Add(s.idle))
@@ -276,6 +335,10 @@ func (rs *reqState) requestBody() bool {
 func (rs *reqState) reqSource() int {
 	req := &rs.ctx.Request
 	src := &rs.reqSrc
+	if src.ready {
+		return req.Header.ContentLength()
+	}
+	src.ready = true
 	src.r = req.BodyStream()
 	src.conn = rs.conn
 	src.ec, _ = rs.conn.(*eofConn)
@@ -287,6 +350,13 @@ func (rs *reqState) reqSource() int {
 	}
 	src.want = rs.total[0]
 	src.max = int64(rs.lst.cfg.MaxRequestBody)
+	src.buf = bodyStreamReader.reader(src.r)
+	if ec, ok := rs.conn.(*eofConn); ok {
+		src.sock = ec.rw
+	}
+	src.joined = &rs.srv.stats.joined[0]
+	src.rate = int64(rs.lst.cfg.MinBodyRate())
+	src.credit = src.idle
 	return cl
 }
 
@@ -527,6 +597,9 @@ func (rs *reqState) bodyReadFailed(p protocol.Phase, err error) {
 		switch {
 		case errors.Is(err, errTooLarge):
 			rs.local(fasthttp.StatusRequestEntityTooLarge, "request entity too large", "body over max_request_body")
+		case errors.Is(err, errTooSlow):
+			rs.srv.stats.bodyTooSlow.Add(1)
+			rs.local(fasthttp.StatusRequestTimeout, "request timeout", "request body below body_min_rate")
 		case isTimeout(err):
 			rs.local(fasthttp.StatusRequestTimeout, "request timeout", rs.outcome)
 		default:
@@ -545,6 +618,14 @@ func (rs *reqState) responseBody() bool {
 	up := &rs.upResp
 	stream := up.BodyStream()
 	cl := up.Header.ContentLength()
+	if !up.Header.IsHTTP11() {
+		// The client's response is the sidecar's message, sent in its
+		// own version (RFC 9110 §6.2, RFC 9112 §6.1), whatever the
+		// upstream spoke: an HTTP/1.0 status line on a chunked body is
+		// read by clients as a body delimited by the close that never
+		// comes on a kept-alive connection.
+		ctx.Response.Header.SetProtocol(protoHTTP11)
+	}
 	if !rs.respHasBody {
 		rs.upBodyDone = stream == nil || cl == 0
 		rs.finishResponseHeaders()
@@ -557,6 +638,8 @@ func (rs *reqState) responseBody() bool {
 	src.untilClose = cl == -2
 	src.idle = rs.rt.up.cfg.IdleTimeout
 	src.buf = rs.upBR
+	src.sock = rawOf(src.conn)
+	src.joined = &rs.srv.stats.joined[1]
 	rs.total[1] = int64(cl)
 	if cl < 0 {
 		rs.total[1] = -1
@@ -600,8 +683,90 @@ func (rs *reqState) responseBody() bool {
 	rs.respBody.total = int64(size)
 	rs.respStarted = true
 	rs.streaming = true
+	if size < 0 && !ctx.Request.Header.IsHTTP11() {
+		rs.closeDelimited()
+		return true
+	}
 	ctx.Response.SetBodyStream(&rs.respBody, size)
 	return true
+}
+
+// protoHTTP11 is the version of every response the sidecar sends.
+var protoHTTP11 = []byte("HTTP/1.1")
+
+// closeDelimited sends a body of unknown length to an HTTP/1.0 client,
+// which cannot read chunked framing (RFC 9112 §7.1: a server must not
+// send it to a client that did not say HTTP/1.1): no Content-Length, no
+// Transfer-Encoding, the end of the body is the close of the connection.
+// fasthttp frames every body stream of unknown length as chunked, so the
+// response is written through ctx.Hijack: head and body by respStream,
+// on the client's connection, which fasthttp closes once it is done.
+func (rs *reqState) closeDelimited() {
+	h := &rs.ctx.Response.Header
+	h.SetContentLength(-1) // drops a Content-Length the agents may change
+	h.Del(fasthttp.HeaderTransferEncoding)
+	h.SetContentLength(-2) // identity, with Connection: close
+	b := &rs.respBody
+	b.hijack.Store(0)
+	// fasthttp skips the hijack handler only when it cannot reset the
+	// connection's deadline or flush earlier responses: the guard then
+	// ends the request.
+	b.guard = time.AfterFunc(rs.lst.cfg.ReadTimeout, b.abandonHijack)
+	rs.ctx.HijackSetNoResponse(true)
+	rs.ctx.Hijack(b.hijacked)
+}
+
+// hijacked is the hijack handler of closeDelimited: head, body, close.
+func (b *respStream) hijacked(c net.Conn) {
+	if !b.hijack.CompareAndSwap(0, 1) {
+		return
+	}
+	b.guard.Stop()
+	rs := b.rs
+	rs.scratch = rs.ctx.Response.Header.AppendBytes(rs.scratch[:0])
+	b.touch()
+	_, err := c.Write(rs.scratch)
+	if err == nil {
+		_, err = b.WriteTo(c)
+	}
+	if rs.respAbort {
+		// A close-delimited body cut off looks complete: a reset says
+		// it is not.
+		resetOnClose(rs.conn)
+	}
+	_ = b.CloseWithError(err)
+}
+
+// abandonHijack ends a request whose hijack handler never ran.
+func (b *respStream) abandonHijack() {
+	if !b.hijack.CompareAndSwap(0, 1) {
+		return
+	}
+	rs := b.rs
+	rs.outcome = "client gone"
+	rs.cancel()
+	_ = b.CloseWithError(nil)
+}
+
+// resetOnClose makes the close of the client connection c a reset
+// (SO_LINGER 0) when it is TCP.
+func resetOnClose(c net.Conn) {
+	for {
+		switch t := c.(type) {
+		case *net.TCPConn:
+			_ = t.SetLinger(0)
+			return
+		case *eofConn:
+			c = t.Conn
+			if t.raw != nil {
+				c = t.raw
+			}
+		case *rawio.Conn:
+			c = t.Conn
+		default:
+			return
+		}
+	}
 }
 
 // smallResponse relays a response body of known length no agent inspects
@@ -650,9 +815,14 @@ type respStream struct {
 	written int64
 	// total is the body's length when known, else -1.
 	total int64
+	// hijack and guard: an HTTP/1.0 client's body of unknown length
+	// (closeDelimited); hijack is 1 once the handler or the guard ran.
+	hijack atomic.Int32
+	guard  *time.Timer
 }
 
 func (b *respStream) reset() {
+	b.guard = nil
 	b.pending = nil
 	b.eof = false
 	b.extend = time.Time{}

@@ -31,13 +31,18 @@
 //
 // Per route and agent, a body phase is off, buffered or streamed (auto:
 // streamed when the agent declares supports_streaming). Buffered bodies
-// are read up to the agent's limit before the upstream is contacted; past
+// are read up to the agent's limit before the upstream is contacted (a
+// request body every agent buffers, before any agent is asked, so that a
+// slow upload holds none of an agent's in-flight slots); past
 // the limit the message is refused (413 for a request, 502 for a
 // response) or passes uninspected with X-Sidecar-Inspection: skipped and a
 // counter. Streamed bodies go chunk by chunk through the agents, each chunk
 // forwarded (unchanged, replaced or dropped) as soon as the agents
 // answered for it, so memory stays at one chunk per request however large
 // the body; a final allow ends an agent's say over the rest of the body.
+// A chunk takes every byte already received, up to its size, so chunks
+// follow bytes rather than the sender's framing (coalesce.go). A request
+// body slower than its listener's body_min_rate is answered 408.
 // A body an agent may rewrite is sent chunked (or, buffered, with its new
 // Content-Length). A header decision does not end an agent's say over the
 // body: an agent that handles a body phase gets its chunks.

@@ -115,29 +115,20 @@ func (rs *reqState) inlineAfter(i int, d *protocol.Decision) {
 // bytes read stay in rs.inReq for the usual path.
 func (rs *reqState) planInline() {
 	rs.inl.planned = true
+	if rs.inl.err != nil {
+		return // reading ahead already failed (bufferAhead)
+	}
 	cl := rs.reqSource()
 	limit, chunk := rs.inlineBounds()
 	if limit < 0 || (cl >= 0 && int64(cl) > int64(limit)) {
 		return
 	}
 	src := &rs.reqSrc
-	in := rs.inReq[:0]
-	var err error
-	for !src.eof && len(in) <= limit {
-		want := min(limit+1-len(in), 64<<10)
-		in = slices.Grow(in, want)
-		var n int
-		n, _, err = src.read(in[len(in):len(in)+want], true)
-		in = in[:len(in)+n]
-		if err != nil {
-			break
-		}
-	}
-	rs.inReq, rs.inl.pre = in, true
-	if err != nil {
+	if err := rs.readAhead(limit); err != nil {
 		rs.inl.err = err
 		return
 	}
+	in := rs.inReq
 	if !src.eof || len(in) > limit {
 		return
 	}
@@ -244,4 +235,91 @@ func (rs *reqState) replayPreRead() {
 	if rs.inl.pre {
 		rs.reqSrc.prefix = rs.inReq
 	}
+}
+
+// readAhead reads the request body into rs.inReq, after the bytes read
+// ahead before (if any), until it ends or holds more than limit bytes.
+func (rs *reqState) readAhead(limit int) error {
+	src := &rs.reqSrc
+	in := rs.inReq[:0]
+	if rs.inl.pre {
+		in = rs.inReq
+	}
+	var err error
+	for !src.eof && len(in) <= limit {
+		want := min(limit+1-len(in), 64<<10)
+		in = slices.Grow(in, want)
+		var n int
+		n, _, err = src.read(in[len(in):len(in)+want], true)
+		in = in[:len(in)+n]
+		if err != nil {
+			break
+		}
+	}
+	rs.inReq, rs.inl.pre = in, true
+	return err
+}
+
+// bufferAhead reads a request body that every agent of the route that
+// will see it buffers, up to the largest of their limits, before the
+// first agent exchange begins. An exchange holds one of its agent's
+// in-flight slots (max_concurrent_requests) from the request headers on:
+// were the body read after them, a client uploading slowly would hold the
+// slot for the whole upload, and a few such clients would starve the
+// agent of slots for every other request. Buffering is for this: nginx
+// reads a buffered body before it contacts its upstream the same way.
+//
+// A body that some agent streams is not read ahead: that agent is to see
+// it as it comes, and holds its slot meanwhile; so does every request
+// whose body goes to the upstream unbuffered while an agent waits for the
+// response. body_min_rate bounds how long a slow client can do that.
+//
+// A read that fails here is reported where the body phase would have met
+// it (requestBody, as for an inline body): the agents still see the
+// request's headers, and the client gets its 408 or 413 after them. A
+// client that went away ends the request at once.
+func (rs *reqState) bufferAhead() bool {
+	if !rs.hasReqBody {
+		return true
+	}
+	limit := rs.aheadLimit()
+	if limit <= 0 {
+		return true
+	}
+	if cl := rs.reqSource(); cl > limit {
+		return true // over every limit: not buffered (bufferBody)
+	}
+	if err := rs.readAhead(limit); err != nil {
+		if staleConn(err) {
+			rs.bodyReadFailed(protocol.PhaseRequest, err)
+			return false
+		}
+		rs.inl.err = err
+	}
+	return true
+}
+
+// aheadLimit is the largest request body limit among the route's agents
+// that may see the body, or 0 when none does or one of them streams it.
+// Agents not begun yet count by their configuration and what their
+// connection announced (as in inlineBounds); one whose capabilities are
+// unknown (no live connection) counts as buffering, by its limit.
+func (rs *reqState) aheadLimit() int {
+	limit := 0
+	for j := 0; j < rs.nslots; j++ {
+		sl := &rs.slots[j]
+		pol := &sl.ra.body[0]
+		if pol.mode == bodyNone {
+			continue
+		}
+		caps, known := rs.knownCaps(sl)
+		if known && !caps.HandlesRequestBody {
+			continue
+		}
+		if pol.mode == bodyStreaming || (pol.mode == bodyAuto && known && caps.SupportsStreaming) {
+			return 0
+		}
+		limit = max(limit, pol.limit)
+	}
+	return limit
 }

@@ -140,12 +140,28 @@ type Stats struct {
 	AbsoluteForm      uint64 `json:"absolute_form"`      // absolute-form targets rewritten to origin-form
 	UpstreamStale     uint64 `json:"upstream_stale"`     // idle pools dropped after a stale keep-alive connection
 	UpstreamRetries   uint64 `json:"upstream_retries"`   // requests replayed on another connection after a stale one
-	EndpointRetries   uint64 `json:"endpoint_retries"`   // attempts moved to another upstream endpoint after a connection failure
-	TraceInvalid      uint64 `json:"trace_invalid"`      // malformed traceparent headers removed (with their tracestate)
-	TracestateInvalid uint64 `json:"tracestate_invalid"` // malformed tracestate headers removed (valid traceparent kept)
-	TraceGenerated    uint64 `json:"trace_generated"`    // traceparent headers made for requests without a valid one
-	LimitsExceeded    uint64 `json:"limits_exceeded"`    // agent replies over their header limits (failure policy applied)
-	InlineBodies      uint64 `json:"inline_bodies"`      // RequestHeaders events that carried chunk 0 of the request body (inline_body)
+	// UpstreamDiscardedUnsolicited counts upstream connections closed
+	// because the upstream sent bytes no request asked for (past the end
+	// of a response, or while the connection sat in the pool).
+	UpstreamDiscardedUnsolicited uint64 `json:"upstream_discarded_unsolicited"`
+	// UpstreamDiscardedClosed counts pooled upstream connections found
+	// closed (FIN or reset) before a request was written on them.
+	UpstreamDiscardedClosed uint64 `json:"upstream_discarded_closed"`
+	// RequestBodyReadsJoined and ResponseBodyReadsJoined count the reads
+	// of a body's framing (a chunk of a chunked body, mostly) whose bytes
+	// joined an earlier read's in one body chunk, because they were
+	// already received (coalesce.go).
+	RequestBodyReadsJoined  uint64 `json:"request_body_reads_joined"`
+	ResponseBodyReadsJoined uint64 `json:"response_body_reads_joined"`
+	// RequestBodyTooSlow counts request bodies answered 408 for falling
+	// behind their listener's body_min_rate.
+	RequestBodyTooSlow uint64 `json:"request_body_too_slow"`
+	EndpointRetries    uint64 `json:"endpoint_retries"`   // attempts moved to another upstream endpoint after a connection failure
+	TraceInvalid       uint64 `json:"trace_invalid"`      // malformed traceparent headers removed (with their tracestate)
+	TracestateInvalid  uint64 `json:"tracestate_invalid"` // malformed tracestate headers removed (valid traceparent kept)
+	TraceGenerated     uint64 `json:"trace_generated"`    // traceparent headers made for requests without a valid one
+	LimitsExceeded     uint64 `json:"limits_exceeded"`    // agent replies over their header limits (failure policy applied)
+	InlineBodies       uint64 `json:"inline_bodies"`      // RequestHeaders events that carried chunk 0 of the request body (inline_body)
 	// TLS counts the listeners' handshakes and certificate reloads.
 	TLS TLSStats `json:"tls"`
 	// Tunnels counts the Upgrade (WebSocket) tunnels and their bytes.
@@ -163,6 +179,9 @@ type counters struct {
 	upErrors, upTimeouts, clientGone, aborted                   atomic.Uint64
 	acceptErrors, connClamped, absoluteForm, upStale, upRetries atomic.Uint64
 	upEndpointRetries                                           atomic.Uint64
+	upUnsolicited, upClosed                                     atomic.Uint64
+	joined                                                      [2]atomic.Uint64 // per phase
+	bodyTooSlow                                                 atomic.Uint64
 	traceInvalid, tracestateInvalid, traceGenerated             atomic.Uint64
 	limits, inlined                                             atomic.Uint64
 	tls                                                         tlsCounters
@@ -173,31 +192,36 @@ type counters struct {
 
 func (c *counters) snapshot() Stats {
 	st := Stats{
-		Requests:          c.requests.Load(),
-		Blocked:           c.blocked.Load(),
-		FailOpen:          c.failOpen.Load(),
-		FailClosed:        c.failClosed.Load(),
-		MutationsRefused:  c.refused.Load(),
-		InspectionSkipped: c.skipped.Load(),
-		UpstreamErrors:    c.upErrors.Load(),
-		UpstreamTimeouts:  c.upTimeouts.Load(),
-		ClientGone:        c.clientGone.Load(),
-		ResponseAborted:   c.aborted.Load(),
-		InFlight:          c.inflight.Load(),
-		AcceptErrors:      c.acceptErrors.Load(),
-		ListenersClamped:  c.connClamped.Load(),
-		AbsoluteForm:      c.absoluteForm.Load(),
-		UpstreamStale:     c.upStale.Load(),
-		UpstreamRetries:   c.upRetries.Load(),
-		EndpointRetries:   c.upEndpointRetries.Load(),
-		TraceInvalid:      c.traceInvalid.Load(),
-		TracestateInvalid: c.tracestateInvalid.Load(),
-		TraceGenerated:    c.traceGenerated.Load(),
-		LimitsExceeded:    c.limits.Load(),
-		InlineBodies:      c.inlined.Load(),
-		TLS:               c.tls.snapshot(),
-		Tunnels:           c.tun.snapshot(),
-		Rejected:          make(map[string]uint64, numRejects),
+		Requests:                     c.requests.Load(),
+		Blocked:                      c.blocked.Load(),
+		FailOpen:                     c.failOpen.Load(),
+		FailClosed:                   c.failClosed.Load(),
+		MutationsRefused:             c.refused.Load(),
+		InspectionSkipped:            c.skipped.Load(),
+		UpstreamErrors:               c.upErrors.Load(),
+		UpstreamTimeouts:             c.upTimeouts.Load(),
+		ClientGone:                   c.clientGone.Load(),
+		ResponseAborted:              c.aborted.Load(),
+		InFlight:                     c.inflight.Load(),
+		AcceptErrors:                 c.acceptErrors.Load(),
+		ListenersClamped:             c.connClamped.Load(),
+		AbsoluteForm:                 c.absoluteForm.Load(),
+		UpstreamStale:                c.upStale.Load(),
+		UpstreamRetries:              c.upRetries.Load(),
+		UpstreamDiscardedUnsolicited: c.upUnsolicited.Load(),
+		UpstreamDiscardedClosed:      c.upClosed.Load(),
+		RequestBodyReadsJoined:       c.joined[0].Load(),
+		ResponseBodyReadsJoined:      c.joined[1].Load(),
+		RequestBodyTooSlow:           c.bodyTooSlow.Load(),
+		EndpointRetries:              c.upEndpointRetries.Load(),
+		TraceInvalid:                 c.traceInvalid.Load(),
+		TracestateInvalid:            c.tracestateInvalid.Load(),
+		TraceGenerated:               c.traceGenerated.Load(),
+		LimitsExceeded:               c.limits.Load(),
+		InlineBodies:                 c.inlined.Load(),
+		TLS:                          c.tls.snapshot(),
+		Tunnels:                      c.tun.snapshot(),
+		Rejected:                     make(map[string]uint64, numRejects),
 	}
 	for i := range c.rejected {
 		st.Rejected[RejectReasons[i]] = c.rejected[i].Load()

@@ -327,7 +327,7 @@ func (rs *reqState) serve() bool {
 		rs.local(fasthttp.StatusRequestEntityTooLarge, "request body too large", "body over max_request_body")
 		return false
 	}
-	if !rs.requestHeaders() || !rs.requestBody() || !rs.forward() {
+	if !rs.bufferAhead() || !rs.requestHeaders() || !rs.requestBody() || !rs.forward() {
 		return false
 	}
 	if rs.upgrade || rs.upResp.StatusCode() == fasthttp.StatusSwitchingProtocols {

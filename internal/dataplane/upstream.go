@@ -2,6 +2,7 @@ package dataplane
 
 import (
 	"bufio"
+	"crypto/tls"
 	"errors"
 	"io"
 	"net"
@@ -84,7 +85,7 @@ func (rs *reqState) forward() bool {
 		ep.requests.Add(1)
 		ep.inflight.Add(1)
 		rs.upEP = ep
-		cc, err := ep.hc.AcquireConn(0, false)
+		cc, err := acquireConn(rs, ep, ep.hc.AcquireConn, ep.hc.CloseConn)
 		if err != nil {
 			ep.inflight.Add(-1)
 			rs.upEP = nil
@@ -112,10 +113,8 @@ func (rs *reqState) forward() bool {
 			rs.outcome = "client gone"
 			return false
 		}
-		last := cc.LastUseTime()
-		reused := !last.IsZero()
-		// The clock is read only for a request that could be held.
-		hold := reused && rs.reqMode == reqBodyNone && rs.idempotent() && time.Since(last) < holdWithin
+		reused := !cc.LastUseTime().IsZero()
+		hold := reused && rs.reqMode == reqBodyNone && rs.idempotent()
 		err = rs.sendRequest(conn, hold)
 		if err != nil {
 			var ue *upstreamError
@@ -176,6 +175,83 @@ func (rs *reqState) forward() bool {
 		}
 		return rs.upstreamFailed(err)
 	}
+}
+
+// maxDiscards bounds the pooled connections one request may find closed
+// or holding stray bytes before it dials instead (the pool's idle
+// connections are dropped at that point).
+const maxDiscards = 16
+
+// acquireConn takes a connection to ep from its pool (or dials one). A
+// pooled connection is looked at before a request is written on it: one
+// the upstream closed while it sat idle (EOF, reset) or one with bytes
+// waiting that no request asked for is closed and the next taken. The
+// stray bytes would otherwise be read as the answer to the request
+// written next, and every later request on that connection would get the
+// answer to the one before it (HTTP/1.1 has no request ids).
+//
+// The look is one recvfrom(2) with MSG_PEEK|MSG_DONTWAIT per reused
+// connection (rawio.Conn.Pending). nginx and HAProxy learn the same from
+// their event loops, for which a readable idle connection is an event;
+// here the runtime's poller keeps that readiness to itself, so it costs
+// the system call. In exchange, a request without a body on a reused
+// connection always has its write held to the read of the answer
+// (holdWrites): the peek sees the FIN that a held read would miss, so
+// the rule that held only connections used within the last few
+// milliseconds is gone, and its clock read with it.
+//
+// The pool's connection type is unexported: it is inferred from the
+// HostClient's methods (acquire and closeConn), as in putConn.
+func acquireConn[C pooledConn](rs *reqState, ep *endpoint, acquire func(time.Duration, bool) (C, error), closeConn func(C)) (C, error) {
+	flushed := false
+	for n := 0; ; n++ {
+		cc, err := acquire(0, false)
+		if err != nil || cc.LastUseTime().IsZero() {
+			return cc, err
+		}
+		rc := rawOf(cc.Conn())
+		if rc == nil {
+			return cc, nil
+		}
+		data, perr := rc.Pending()
+		if !data && perr == nil {
+			return cc, nil
+		}
+		closeConn(cc)
+		if data {
+			rs.srv.stats.upUnsolicited.Add(1)
+		} else {
+			rs.srv.stats.upClosed.Add(1)
+		}
+		if (perr != nil && !flushed) || n+1 == maxDiscards {
+			// A pooled connection the upstream closed while idle: after
+			// an upstream restart (or its idle timeout) the older idle
+			// ones are closed too, the pool being used last in, first
+			// out. Drop them all rather than finding out one at a time.
+			flushed = true
+			ep.hc.CloseIdleConnections()
+			rs.srv.stats.upStale.Add(1)
+		}
+	}
+}
+
+// pooledConn is what acquireConn needs of a pooled connection.
+type pooledConn interface {
+	Conn() net.Conn
+	LastUseTime() time.Time
+}
+
+// rawOf is the socket under an upstream connection (beneath its TLS, if
+// any), or nil when it is not a raw socket.
+func rawOf(c net.Conn) *rawio.Conn {
+	if uc, ok := c.(*upConn); ok {
+		c = uc.Conn
+	}
+	if tc, ok := c.(*tls.Conn); ok {
+		c = tc.NetConn()
+	}
+	rc, _ := c.(*rawio.Conn)
+	return rc
 }
 
 // nextEndpoint is the endpoint of the next attempt after tried failed, or
@@ -305,28 +381,22 @@ func (rs *reqState) sendRequest(conn net.Conn, hold bool) error {
 	return err
 }
 
-// holdWithin is how recently a pooled connection must have answered for
-// the next request on it to be held (holdWrites). A held read does not
-// look at the socket before it waits, so it does not see a FIN that came
-// while the connection sat idle: a peer that closed fully answers the
-// held request with a reset, which wakes the read, but one that only
-// half-closed and keeps reading (Apache's lingering close of an expired
-// keep-alive connection) answers nothing, and the request would wait for
-// its response timeout instead of failing at once and being replayed.
-// Servers close idle keep-alive connections after seconds, and say
-// Connection: close when they close after an answer, so a connection that
-// answered within the last few milliseconds has not been closed idle;
-// under load, pooled connections are reused within microseconds to a few
-// milliseconds, which is where the saved read counts.
-const holdWithin = 10 * time.Millisecond
-
 // holdWrites has the request's last write go out with the read of the
 // response (rawio.Conn.HoldWrites): the read that would find nothing yet
 // (EAGAIN) is not made, one system call fewer per request, which costs
 // 1.2–1.5 µs on a paravirtualized guest. Only for a request without a
-// body and a replayable method, on a connection that answered within
-// holdWithin: a failed write then shows at the read, where staleConn
-// still recognises it and replayable still allows the retry.
+// body and a replayable method, on a reused connection: a failed write
+// then shows at the read, where staleConn still recognises it and
+// replayable still allows the retry.
+//
+// A held read does not look at the socket before it waits, so it would
+// not see a FIN that came while the connection sat idle: a peer that
+// closed fully answers the held request with a reset, which wakes the
+// read, but one that only half-closed and keeps reading (Apache's
+// lingering close of an expired keep-alive connection) answers nothing,
+// and the request would wait for its response timeout. acquireConn's
+// peek, just before, is what sees that FIN; what remains is a FIN that
+// arrives in the microseconds between the peek and the write.
 func holdWrites(conn net.Conn) {
 	if uc, ok := conn.(*upConn); ok {
 		if rc, ok := uc.Conn.(*rawio.Conn); ok {
@@ -446,6 +516,12 @@ func (rs *reqState) releaseUpstream() {
 	rs.upEP.inflight.Add(-1)
 	rs.upEP = nil
 	discard := aborted || rs.upClose || !rs.upBodyDone
+	if !discard && rs.upBR != nil && rs.upBR.Buffered() > 0 {
+		// Bytes past the end of the response answer no request: the
+		// connection is done (acquireConn explains why).
+		discard = true
+		rs.srv.stats.upUnsolicited.Add(1)
+	}
 	_ = rs.upResp.CloseBodyStream()
 	if rs.upBR != nil {
 		hc.ReleaseReader(rs.upBR)

@@ -44,6 +44,15 @@ var (
 		"Requests replayed on another upstream connection after a stale keep-alive connection failed before any response byte.", nil, nil)
 	descUpFlushes = prometheus.NewDesc(Namespace+"_upstream_pool_flushes_total",
 		"Idle upstream pools dropped at a stale keep-alive connection (an upstream restart).", nil, nil)
+	descUpDiscarded = prometheus.NewDesc(Namespace+"_upstream_conns_discarded_total",
+		"Upstream connections closed instead of reused, by reason: unsolicited (the upstream sent bytes no request asked for) or closed (a pooled connection found closed before a request was written on it).", []string{"reason"}, nil)
+	descBodyJoined = prometheus.NewDesc(Namespace+"_body_reads_joined_total",
+		"Reads of a body's framing (mostly chunks of a chunked body) whose bytes joined an earlier read's in one body chunk because they were already received, by phase (request, response).", []string{"phase"}, nil)
+	descBodyTooSlow = prometheus.NewDesc(Namespace+"_request_body_too_slow_total",
+		"Request bodies answered 408 for falling behind their listener's body_min_rate by more than body_timeout.", nil, nil)
+	// exchangeDescs are described apart from the list above.
+	exchangeDescs = []*prometheus.Desc{descUpDiscarded, descBodyJoined, descBodyTooSlow}
+
 	descSendWaits = prometheus.NewDesc(Namespace+"_agent_send_waits_total",
 		"Events that waited for room in a connection's pending bytes (max_pending_bytes), per agent.", []string{"agent"}, nil)
 	descCtlDropped = prometheus.NewDesc(Namespace+"_agent_control_frames_dropped_total",
@@ -73,6 +82,9 @@ func (c *scrapeCollector) Describe(ch chan<- *prometheus.Desc) {
 		ch <- d
 	}
 	for _, d := range tlsTunnelDescs {
+		ch <- d
+	}
+	for _, d := range exchangeDescs {
 		ch <- d
 	}
 	for _, d := range connDescs {
@@ -111,6 +123,11 @@ func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descClamped, prometheus.GaugeValue, float64(st.ListenersClamped))
 		ch <- prometheus.MustNewConstMetric(descUpRetries, prometheus.CounterValue, float64(st.UpstreamRetries))
 		ch <- prometheus.MustNewConstMetric(descUpFlushes, prometheus.CounterValue, float64(st.UpstreamStale))
+		ch <- prometheus.MustNewConstMetric(descUpDiscarded, prometheus.CounterValue, float64(st.UpstreamDiscardedUnsolicited), "unsolicited")
+		ch <- prometheus.MustNewConstMetric(descUpDiscarded, prometheus.CounterValue, float64(st.UpstreamDiscardedClosed), "closed")
+		ch <- prometheus.MustNewConstMetric(descBodyJoined, prometheus.CounterValue, float64(st.RequestBodyReadsJoined), "request")
+		ch <- prometheus.MustNewConstMetric(descBodyJoined, prometheus.CounterValue, float64(st.ResponseBodyReadsJoined), "response")
+		ch <- prometheus.MustNewConstMetric(descBodyTooSlow, prometheus.CounterValue, float64(st.RequestBodyTooSlow))
 		ch <- prometheus.MustNewConstMetric(descLimits, prometheus.CounterValue, float64(st.LimitsExceeded))
 		ch <- prometheus.MustNewConstMetric(descInline, prometheus.CounterValue, float64(st.InlineBodies))
 		collectTLSTunnels(ch, &st)

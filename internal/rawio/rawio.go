@@ -61,6 +61,12 @@ type Conn struct {
 	wn      int
 	werr    syscall.Errno
 
+	// Pending's callback and results (peek.go), under rmu.
+	peekFn func(uintptr)
+	pbuf   [1]byte
+	peekN  int
+	perr   syscall.Errno
+
 	// Held writes (HoldWrites): pend[pn:] waits for the next Read.
 	holding  bool
 	sendHeld bool // the Read's first callback writes pend before reading
@@ -170,6 +176,7 @@ func Wrap(c net.Conn) net.Conn {
 	rw := &Conn{Conn: c, rc: rc}
 	rw.readFn = rw.read
 	rw.writeFn = rw.writeCB
+	rw.peekFn = rw.peek
 	return rw
 }
 
