@@ -281,6 +281,11 @@ func (r *reader) handle(id uint64, st *reqState, ev *Event) (reading bool) {
 	return true
 }
 
+// testHookTimerFired, when set by a test, is told that d's hand-off timer
+// fired: between two runs of a burst (between), or during a run, which it
+// then hands off.
+var testHookTimerFired atomic.Pointer[func(d *Dispatcher, between bool)]
+
 // handOff runs when a handler run by the reading goroutine takes long:
 // another goroutine continues the read loop.
 func (r *reader) handOff() {
@@ -297,6 +302,9 @@ func (r *reader) handOff() {
 			// either sees the mark (and arms the timer again) or has
 			// claimed the word first (and this firing takes it over).
 			if r.handling.CompareAndSwap(0, expiredMark) {
+				if hook := testHookTimerFired.Load(); hook != nil {
+					(*hook)(r.d, true)
+				}
 				return
 			}
 			continue
@@ -304,6 +312,9 @@ func (r *reader) handOff() {
 		if r.handling.CompareAndSwap(n, 0) {
 			break
 		}
+	}
+	if hook := testHookTimerFired.Load(); hook != nil {
+		(*hook)(r.d, false)
 	}
 	r.slowUntil.Store(time.Now().Add(slowFor).UnixNano())
 	r.armed = false // fired: the new reader arms it afresh
