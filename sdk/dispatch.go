@@ -43,10 +43,19 @@ type Event struct {
 	body     BodyReply
 	next     *Event
 	buf      []byte // see Buffer
-	// deadline is when the proxy stops waiting for the answer: when the
-	// event was dispatched plus its timeout_ms (zero: unknown).
-	deadline time.Time
+	// dl is when the proxy stops waiting for the answer (see mono): when
+	// the event was dispatched plus its timeout_ms (0: unknown).
+	dl time.Duration
 }
+
+// Deadlines are monotonic clock readings, as offsets from a process-wide
+// epoch: time.Since reads the monotonic clock alone, half the cost of the
+// wall and monotonic reading of time.Now, and an event's deadline costs a
+// reading when it is read and one when its handler returns.
+var epoch = time.Now()
+
+// mono is the monotonic time since epoch; never 0 after it.
+func mono() time.Duration { return time.Since(epoch) }
 
 // Buffer is storage that stays with the Event through the pool: a
 // transport whose decoded messages alias the bytes they were decoded from
@@ -119,8 +128,8 @@ func ReleaseEvent(ev *Event) {
 // deadline (context.DeadlineExceeded) once the event's timeout_ms has
 // passed since the event was read.
 type reqState struct {
-	d        *Dispatcher // values come from its context
-	deadline time.Time   // the event's (zero: none of its own); fixed
+	d        *Dispatcher   // values come from its context
+	deadline time.Duration // the event's, a mono reading (0: none of its own); fixed
 	mu       sync.Mutex
 	done     chan struct{} // made on first Done() or end
 	err      error
@@ -142,10 +151,13 @@ var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); retu
 // that is earlier or the event has none.
 func (r *reqState) Deadline() (time.Time, bool) {
 	d, ok := r.d.base.Deadline()
-	if r.deadline.IsZero() || ok && d.Before(r.deadline) {
+	if r.deadline == 0 {
 		return d, ok
 	}
-	return r.deadline, true
+	if own := epoch.Add(r.deadline); !ok || own.Before(d) {
+		return own, true
+	}
+	return d, true
 }
 
 // Value is the connection context's.
@@ -155,10 +167,10 @@ func (r *reqState) Done() <-chan struct{} {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.done == nil {
-		if r.err == nil && !r.deadline.IsZero() {
+		if r.err == nil && r.deadline != 0 {
 			// A channel that must close at the deadline: the one timer of
 			// the context (Err alone reads the clock instead).
-			if left := time.Until(r.deadline); left > 0 {
+			if left := r.deadline - mono(); left > 0 {
 				r.timer = time.AfterFunc(left, r.expire)
 			} else {
 				r.err = context.DeadlineExceeded
@@ -176,7 +188,7 @@ func (r *reqState) Done() <-chan struct{} {
 func (r *reqState) Err() error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.err == nil && !r.deadline.IsZero() && !time.Now().Before(r.deadline) {
+	if r.err == nil && r.deadline != 0 && mono() >= r.deadline {
 		r.endLocked(context.DeadlineExceeded)
 	}
 	return r.err
@@ -264,9 +276,9 @@ func (d *Dispatcher) dispatch(ev *Event, r *reader) (reading bool) {
 	id := ev.RequestID()
 	// The event's deadline counts from now, when it was read: the proxy
 	// gives up timeout_ms after it sent it.
-	ev.deadline = time.Time{}
+	ev.dl = 0
 	if ms := ev.timeoutMs(); ms > 0 {
-		ev.deadline = time.Now().Add(time.Duration(ms) * time.Millisecond)
+		ev.dl = mono() + time.Duration(ms)*time.Millisecond
 	}
 	d.mu.Lock()
 	if st := d.reqs[id]; st != nil {
@@ -285,7 +297,7 @@ func (d *Dispatcher) dispatch(ev *Event, r *reader) (reading bool) {
 		ReleaseEvent(ev)
 		return true
 	}
-	st := &reqState{d: d, deadline: ev.deadline} // the handler's context: fresh, never reused
+	st := &reqState{d: d, deadline: ev.dl} // the handler's context: fresh, never reused
 	d.reqs[id] = st
 	d.running++
 	if d.lim != nil && !d.lim.acquireOrQueue(st, id, ev) {
@@ -321,7 +333,7 @@ func (d *Dispatcher) run(id uint64, st *reqState, ev *Event, queue, fresh bool) 
 		d.mu.Lock()
 		ev = st.head
 		if ev != nil {
-			next := &reqState{d: d, deadline: ev.deadline, head: ev.next, tail: st.tail}
+			next := &reqState{d: d, deadline: ev.dl, head: ev.next, tail: st.tail}
 			if next.head == nil {
 				next.tail = nil
 			}
@@ -360,7 +372,7 @@ func (d *Dispatcher) live(id uint64, st *reqState, fresh bool) bool {
 		dropped.canceled.Add(1)
 		return false
 	}
-	if fresh || st.deadline.IsZero() || time.Now().Before(st.deadline) {
+	if fresh || st.deadline == 0 || mono() < st.deadline {
 		return true
 	}
 	st.expire()
