@@ -9,6 +9,7 @@ import (
 func sampleRequestHeaders() *RequestHeaders {
 	return &RequestHeaders{
 		RequestID: 123456789,
+		TimeoutMs: 1000,
 		Method:    bs("POST"),
 		URI:       bs("/api/v1/users/42/orders?expand=items&limit=50"),
 		HasBody:   true,
@@ -44,12 +45,13 @@ func sampleBodyChunk() *BodyChunk {
 	for i := range data {
 		data[i] = byte(i * 7)
 	}
-	return &BodyChunk{RequestID: 123456789, ChunkIndex: 3, Data: data, TotalSize: 65536, Progress: 16384}
+	return &BodyChunk{RequestID: 123456789, TimeoutMs: 1000, ChunkIndex: 3, Data: data, TotalSize: 65536, Progress: 16384}
 }
 
 func sampleResponseHeaders() *ResponseHeaders {
 	return &ResponseHeaders{
 		RequestID:  123456789,
+		TimeoutMs:  1000,
 		StatusCode: 200,
 		HasBody:    true,
 		Headers: hdrs(

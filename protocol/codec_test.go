@@ -298,6 +298,9 @@ func TestRoundTripRequestHeaders(t *testing.T) {
 				Headers: hdrs("x-bad", "a\xffb\xc3", "x-trunc", "\xe6\x97", "x-surrogate", "\xed\xa0\x80")},
 			want: RequestHeaders{Method: bs("GET"), URI: bs("/\ufffd"),
 				Headers: hdrs("x-bad", "a\ufffdb\ufffd", "x-trunc", "\ufffd\ufffd", "x-surrogate", "\ufffd\ufffd\ufffd")}},
+		{name: "timeout", in: RequestHeaders{RequestID: 9, TimeoutMs: 1000, Method: bs("GET"), URI: bs("/")}},
+		{name: "largest timeout", in: RequestHeaders{RequestID: 9, TimeoutMs: math.MaxUint32, Method: bs("GET"), URI: bs("/"), HasBody: true,
+			HasInlineBody: true, InlineBody: BodyChunk{Data: bs("x"), IsLast: true, TotalSize: 1, Progress: 1}}},
 		{name: "port out of range omitted",
 			in:   RequestHeaders{Method: bs("GET"), URI: bs("/"), Metadata: Metadata{ClientPort: 70000}},
 			want: RequestHeaders{Method: bs("GET"), URI: bs("/")}},
@@ -344,6 +347,8 @@ func TestRoundTripBodyChunk(t *testing.T) {
 		{"three bytes", TypeResponseBodyChunk, BodyChunk{RequestID: 1, Data: bs("abc"), TotalSize: 3, Progress: 3, IsLast: true}},
 		{"all byte values", TypeResponseBodyChunk, BodyChunk{RequestID: 7, ChunkIndex: math.MaxUint32, Data: all, TotalSize: math.MaxInt64, Progress: -1}},
 		{"large", TypeRequestBodyChunk, BodyChunk{RequestID: 2, ChunkIndex: 3, Data: large, TotalSize: -1, Progress: 12345}},
+		{"timeout", TypeRequestBodyChunk, BodyChunk{RequestID: 2, TimeoutMs: 850, ChunkIndex: 1, Data: bs("ab"), TotalSize: -1, Progress: -1}},
+		{"response timeout", TypeResponseBodyChunk, BodyChunk{RequestID: 2, TimeoutMs: math.MaxUint32, Data: bs("ab"), IsLast: true, TotalSize: 2, Progress: 2}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -375,6 +380,7 @@ func TestRoundTripResponseHeaders(t *testing.T) {
 		{RequestID: 1, StatusCode: 200, HasBody: true, Headers: hdrs("content-type", "text/html", "set-cookie", "a=1", "set-cookie", "b=2")},
 		{RequestID: 2, StatusCode: 599},
 		{RequestID: 3, StatusCode: -1, Headers: hdrs("x", "\x00")},
+		{RequestID: 4, TimeoutMs: 1, StatusCode: 204},
 	}
 	for i, in := range tests {
 		payload := AppendResponseHeaders(nil, &in)
@@ -789,6 +795,10 @@ func TestDecodeErrors(t *testing.T) {
 		{"request_id overflow", "request_headers", `{"request_id":18446744073709551616}`, ErrProtocolField},
 		{"request_id huge", "decision", `{"request_id":99999999999999999999999,"decision":"allow"}`, ErrProtocolField},
 		{"chunk_index overflow", "request_body_chunk", `{"chunk_index":4294967296}`, ErrProtocolField},
+		{"timeout_ms overflow", "request_headers", `{"timeout_ms":4294967296}`, ErrProtocolField},
+		{"timeout_ms negative", "response_headers", `{"timeout_ms":-1}`, ErrProtocolField},
+		{"timeout_ms fraction", "request_body_chunk", `{"timeout_ms":1.5}`, ErrProtocolField},
+		{"timeout_ms string", "response_body_chunk", `{"timeout_ms":"1000"}`, ErrProtocolField},
 		{"chunk_index negative", "body_mutation", `{"chunk_index":-1}`, ErrProtocolField},
 		{"total_size negative", "request_body_chunk", `{"total_size":-2}`, ErrProtocolField},
 		{"total_size overflow", "request_body_chunk", `{"total_size":9223372036854775808}`, ErrProtocolField},

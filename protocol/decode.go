@@ -54,6 +54,8 @@ func (m *RequestHeaders) Decode(payload []byte) error {
 		switch string(key) {
 		case "request_id":
 			m.RequestID, _, err = s.u64("request_id", math.MaxUint64)
+		case "timeout_ms":
+			m.TimeoutMs, err = s.timeoutMs()
 		case "method":
 			m.Method, err = s.strVal("method")
 		case "uri":
@@ -288,6 +290,8 @@ func (s *scanner) chunkFields(m *BodyChunk) func(key []byte) error {
 		switch string(key) {
 		case "request_id":
 			m.RequestID, _, err = s.u64("request_id", math.MaxUint64)
+		case "timeout_ms":
+			m.TimeoutMs, err = s.timeoutMs()
 		case "chunk_index":
 			var v uint64
 			v, _, err = s.u64("chunk_index", math.MaxUint32)
@@ -307,6 +311,12 @@ func (s *scanner) chunkFields(m *BodyChunk) func(key []byte) error {
 		}
 		return err
 	}
+}
+
+// timeoutMs reads an event's timeout_ms, a u32; null reads as 0 (unknown).
+func (s *scanner) timeoutMs() (uint32, error) {
+	v, _, err := s.u64("timeout_ms", math.MaxUint32)
+	return uint32(v), err
 }
 
 // size reads a non-negative byte count; null reads as -1 (unknown).
@@ -364,6 +374,8 @@ func (m *ResponseHeaders) Decode(payload []byte) error {
 		switch string(key) {
 		case "request_id":
 			m.RequestID, _, err = s.u64("request_id", math.MaxUint64)
+		case "timeout_ms":
+			m.TimeoutMs, err = s.timeoutMs()
 		case "status_code":
 			var v int64
 			v, _, err = s.i64("status_code", minInt32, maxInt32)

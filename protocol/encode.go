@@ -22,10 +22,12 @@ import (
 // Headers are grouped into the name → [values] object form in order of
 // first appearance (equal names need not be adjacent; names are compared
 // exactly, so pass them lower-case). metadata is always written, with its
-// empty fields omitted (client_port when not in 1..65535).
+// empty fields omitted (client_port when not in 1..65535); timeout_ms
+// only when not 0.
 func AppendRequestHeaders(dst []byte, m *RequestHeaders) []byte {
 	dst = append(dst, `{"request_id":`...)
 	dst = strconv.AppendUint(dst, m.RequestID, 10)
+	dst = appendTimeout(dst, m.TimeoutMs)
 	dst = append(dst, `,"method":`...)
 	dst = appendString(dst, m.Method)
 	dst = append(dst, `,"uri":`...)
@@ -66,6 +68,17 @@ func appendMetadata(dst []byte, md *Metadata) []byte {
 	dst = appendOptString(dst, n, `"tls_client_subject":`, md.TLSClientSubject)
 	dst = appendOptString(dst, n, `"tls_client_san":`, md.TLSClientSAN)
 	return append(dst, '}')
+}
+
+// appendTimeout writes `,"timeout_ms":N` unless ms is 0 (unknown). It
+// follows request_id in every event, so that it is written in one place
+// of each and never inside an inline body.
+func appendTimeout(dst []byte, ms uint32) []byte {
+	if ms == 0 {
+		return dst
+	}
+	dst = append(dst, `,"timeout_ms":`...)
+	return strconv.AppendUint(dst, uint64(ms), 10)
 }
 
 // appendOptString writes key and v unless v is empty, with a comma when the
@@ -229,11 +242,12 @@ func seenBefore(h Headers, name []byte) bool {
 // AppendBodyChunk appends a body chunk payload. t selects the progress key:
 // TypeRequestBodyChunk writes "bytes_received", TypeResponseBodyChunk
 // "bytes_sent". total_size and the progress field are omitted when negative
-// (unknown).
+// (unknown), timeout_ms when 0.
 func AppendBodyChunk(dst []byte, m *BodyChunk, t MsgType) []byte {
 	dst = slices.Grow(dst, 128+base64.StdEncoding.EncodedLen(len(m.Data)))
 	dst = append(dst, `{"request_id":`...)
 	dst = strconv.AppendUint(dst, m.RequestID, 10)
+	dst = appendTimeout(dst, m.TimeoutMs)
 	dst = append(dst, ',')
 	return appendChunkFields(dst, m, t)
 }
@@ -269,6 +283,7 @@ func appendChunkFields(dst []byte, m *BodyChunk, t MsgType) []byte {
 func AppendResponseHeaders(dst []byte, m *ResponseHeaders) []byte {
 	dst = append(dst, `{"request_id":`...)
 	dst = strconv.AppendUint(dst, m.RequestID, 10)
+	dst = appendTimeout(dst, m.TimeoutMs)
 	dst = append(dst, `,"status_code":`...)
 	dst = strconv.AppendInt(dst, int64(m.StatusCode), 10)
 	dst = append(dst, `,"headers":`...)

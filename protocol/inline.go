@@ -20,12 +20,14 @@ func appendInlineBody(dst []byte, c *BodyChunk) []byte {
 // inlineBody reads the value of "inline_body" into c: an object with the
 // members of a body chunk. null reads as absent and leaves c zero; in a
 // present chunk total_size and the progress stay -1 when absent, as for a
-// BodyChunk.
+// BodyChunk. A timeout_ms inside it is ignored: the event's applies.
 func (s *scanner) inlineBody(c *BodyChunk) (present bool, err error) {
 	*c = BodyChunk{}
 	if s.null() {
 		return false, nil
 	}
 	c.TotalSize, c.Progress = -1, -1
-	return s.nested("inline_body", ctxInlineBody, s.chunkFields(c))
+	present, err = s.nested("inline_body", ctxInlineBody, s.chunkFields(c))
+	c.TimeoutMs = 0 // the event's own counts; none is sent in here
+	return present, err
 }

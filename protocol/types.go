@@ -188,6 +188,10 @@ type Metadata struct {
 // RequestHeaders (0x10) opens a request.
 type RequestHeaders struct {
 	RequestID uint64
+	// TimeoutMs is how long the proxy waits for the answer to this event,
+	// in milliseconds from when it sent it ("timeout_ms"); 0: unknown (an
+	// older proxy, or no bound). See docs/protocol.md §7.7.
+	TimeoutMs uint32
 	Method    []byte
 	URI       []byte
 	HasBody   bool
@@ -213,7 +217,11 @@ func (m *RequestHeaders) Reset() {
 // BodyChunk is a RequestBodyChunk (0x11) or ResponseBodyChunk (0x13); the
 // frame type says which. Data holds the decoded bytes (base64 on the wire).
 type BodyChunk struct {
-	RequestID  uint64
+	RequestID uint64
+	// TimeoutMs is the event's answer timeout, as in RequestHeaders. It is
+	// not on the wire for the inline body of a RequestHeaders (the
+	// event's own counts).
+	TimeoutMs  uint32
 	ChunkIndex uint32
 	Data       []byte
 	IsLast     bool
@@ -234,7 +242,9 @@ func (m *BodyChunk) Reset() {
 
 // ResponseHeaders (0x12) carries the upstream response's status and headers.
 type ResponseHeaders struct {
-	RequestID  uint64
+	RequestID uint64
+	// TimeoutMs is the event's answer timeout, as in RequestHeaders.
+	TimeoutMs  uint32
 	StatusCode int
 	Headers    Headers
 	HasBody    bool

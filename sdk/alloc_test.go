@@ -57,6 +57,24 @@ func TestAllocsDispatch(t *testing.T) {
 	}
 }
 
+// TestAllocsDispatchDeadline is TestAllocsDispatch for an event with a
+// timeout_ms: its deadline costs the handler's context no allocation
+// (nor a timer) unless the handler asks for Done.
+func TestAllocsDispatchDeadline(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	out := &signalSender{sent: make(chan struct{}, 1)}
+	d := NewDispatcher(context.Background(), &Base{Caps: protocol.Capabilities{HandlesRequestHeaders: true}}, out)
+	defer d.Close()
+	payload := protocol.AppendRequestHeaders(nil, &protocol.RequestHeaders{TimeoutMs: 60000, Method: []byte("GET"), URI: []byte("/"),
+		Headers: protocol.Headers{{Name: []byte("host"), Value: []byte("example.com")}}})
+	allocs := allocsPerEvent(t, payload, d.Dispatch, out.sent)
+	if allocs != 1 {
+		t.Fatalf("%.2f allocations per event, want exactly 1 (the handler's context)", allocs)
+	}
+}
+
 // TestAllocsDispatchProtobuf is TestAllocsDispatch for an event that
 // arrives with a protobuf payload (protobuf_payloads negotiated): its
 // decoding into the pooled event's buffer costs nothing either.

@@ -10,8 +10,12 @@ package sdk
 //
 // OnCancel is called for each CancelRequest, and for each request with an
 // event in progress when CancelAll arrives or the connection ends, after
-// the context of a running handler of that request was canceled. It runs
-// on the connection's read loop: it must return quickly and never block.
+// the context of a running handler of that request was canceled; and for
+// each event the SDK drops because its deadline (the proxy's timeout_ms)
+// passed before a handler could start on it, since the proxy has then
+// given up on its request. It runs on the connection's read loop (or the
+// goroutine that found the event expired): it must return quickly and
+// never block.
 // It may be called for a request the handler does not know (already
 // answered in full, or whose events never came), and concurrently with a
 // handler of that request that has not yet seen its context end.

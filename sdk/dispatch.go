@@ -43,7 +43,19 @@ type Event struct {
 	body     BodyReply
 	next     *Event
 	buf      []byte // see Buffer
+	// dl is when the proxy stops waiting for the answer (see mono): when
+	// the event was dispatched plus its timeout_ms (0: unknown).
+	dl time.Duration
 }
+
+// Deadlines are monotonic clock readings, as offsets from a process-wide
+// epoch: time.Since reads the monotonic clock alone, half the cost of the
+// wall and monotonic reading of time.Now, and an event's deadline costs a
+// reading when it is read and one when its handler returns.
+var epoch = time.Now()
+
+// mono is the monotonic time since epoch; never 0 after it.
+func mono() time.Duration { return time.Since(epoch) }
 
 // Buffer is storage that stays with the Event through the pool: a
 // transport whose decoded messages alias the bytes they were decoded from
@@ -61,6 +73,17 @@ func (e *Event) RequestID() uint64 {
 		return e.ResponseHeaders.RequestID
 	}
 	return e.Chunk.RequestID
+}
+
+// timeoutMs is the event's timeout_ms (0: unknown).
+func (e *Event) timeoutMs() uint32 {
+	switch e.Type {
+	case protocol.TypeRequestHeaders:
+		return e.RequestHeaders.TimeoutMs
+	case protocol.TypeResponseHeaders:
+		return e.ResponseHeaders.TimeoutMs
+	}
+	return e.Chunk.TimeoutMs
 }
 
 // Decode fills the event from a frame payload of type t.
@@ -92,36 +115,67 @@ func ReleaseEvent(ev *Event) {
 
 // reqState serializes the events of a request while its handler runs and
 // is the context that handler sees. It is allocated fresh each time a
-// handler starts for a request and never reused, so it keeps the
+// handler starts for an event and never reused, so it keeps the
 // context.Context contract for as long as anything holds it: Done returns
-// the same channel on every call, and once canceled it stays canceled.
-// That single small allocation (Done's channel is made only when asked
-// for) is the whole cost: context.WithCancel would allocate more and
-// register with the connection's context on every request; here the
-// Dispatcher cancels its requests itself.
+// the same channel on every call, and once done it stays done. That
+// single small allocation (Done's channel, and the timer of a deadline,
+// are made only when asked for) is the whole cost: context.WithCancel
+// would allocate more and register with the connection's context on
+// every request; here the Dispatcher cancels its requests itself.
 //
-// It is canceled when the handler returns with nothing queued behind it,
-// on a CancelRequest for its request, on CancelAll and when the connection
-// ends.
+// It is canceled when the handler returns, on a CancelRequest for its
+// request, on CancelAll and when the connection ends; it is past its
+// deadline (context.DeadlineExceeded) once the event's timeout_ms has
+// passed since the event was read.
 type reqState struct {
-	d    *Dispatcher // values and deadline come from its context
-	mu   sync.Mutex
-	done chan struct{} // made on first Done() or cancel
-	err  error
-	head *Event // queued behind the running one (only with pipelining proxies); guarded by d.mu
-	tail *Event
+	d        *Dispatcher   // values come from its context
+	deadline time.Duration // the event's, a mono reading (0: none of its own); fixed
+	mu       sync.Mutex
+	done     chan struct{} // made on first Done() or end
+	err      error
+	timer    *time.Timer // ends it at deadline once Done was asked for; guarded by mu
+	head     *Event      // queued behind the running one (only with pipelining proxies); guarded by d.mu
+	tail     *Event
+	// Waiting for a Limiter slot (see Limiter): the request's id and
+	// first event, and its place in the limiter's queue (guarded by the
+	// limiter's mu).
+	id           uint64
+	first        *Event
+	queued       bool
+	qprev, qnext *reqState
 }
 
 var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
-// Deadline and Value are the connection context's.
-func (r *reqState) Deadline() (time.Time, bool) { return r.d.base.Deadline() }
-func (r *reqState) Value(key any) any           { return r.d.base.Value(key) }
+// Deadline is the event's deadline, or the connection context's when
+// that is earlier or the event has none.
+func (r *reqState) Deadline() (time.Time, bool) {
+	d, ok := r.d.base.Deadline()
+	if r.deadline == 0 {
+		return d, ok
+	}
+	if own := epoch.Add(r.deadline); !ok || own.Before(d) {
+		return own, true
+	}
+	return d, true
+}
+
+// Value is the connection context's.
+func (r *reqState) Value(key any) any { return r.d.base.Value(key) }
 
 func (r *reqState) Done() <-chan struct{} {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.done == nil {
+		if r.err == nil && r.deadline != 0 {
+			// A channel that must close at the deadline: the one timer of
+			// the context (Err alone reads the clock instead).
+			if left := r.deadline - mono(); left > 0 {
+				r.timer = time.AfterFunc(left, r.expire)
+			} else {
+				r.err = context.DeadlineExceeded
+			}
+		}
 		if r.err != nil {
 			r.done = closedChan
 		} else {
@@ -134,18 +188,41 @@ func (r *reqState) Done() <-chan struct{} {
 func (r *reqState) Err() error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.err == nil && r.deadline != 0 && mono() >= r.deadline {
+		r.endLocked(context.DeadlineExceeded)
+	}
 	return r.err
 }
 
-func (r *reqState) cancel() {
+func (r *reqState) cancel() { r.end(context.Canceled) }
+func (r *reqState) expire() { r.end(context.DeadlineExceeded) }
+
+func (r *reqState) end(err error) {
 	r.mu.Lock()
-	if r.err == nil {
-		r.err = context.Canceled
-		if r.done != nil {
-			close(r.done)
-		}
-	}
+	r.endLocked(err)
 	r.mu.Unlock()
+}
+
+func (r *reqState) endLocked(err error) {
+	if r.err != nil {
+		return
+	}
+	r.err = err
+	if r.done != nil {
+		close(r.done)
+	}
+	if r.timer != nil {
+		r.timer.Stop()
+		r.timer = nil
+	}
+}
+
+// ended reports whether the context is known to have ended, without
+// reading the clock: a deadline that passed unnoticed is not seen.
+func (r *reqState) ended() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.err != nil
 }
 
 // Dispatcher runs a Handler for one connection: a goroutine per request
@@ -161,12 +238,20 @@ type Dispatcher struct {
 	// q is out as a queuer, or nil.
 	q queuer
 
+	// lim bounds the handler runs in progress (SetLimiter), or nil.
+	lim *Limiter
+
 	mu      sync.Mutex
 	reqs    map[uint64]*reqState
-	running int           // handler runs not finished; guarded by mu
+	running int           // handler runs not finished, or waiting for a slot; guarded by mu
 	drained chan struct{} // closed when running drops to 0 (Close waits); guarded by mu
 	workers *workerPool
 }
+
+// SetLimiter makes d's handler runs take a slot of l (see Limiter); call
+// it before the first event. The transports of this package and of
+// grpcsdk call it with their options' Limiter.
+func (d *Dispatcher) SetLimiter(l *Limiter) { d.lim = l }
 
 // NewDispatcher serves h on one connection whose replies go to out.
 func NewDispatcher(parent context.Context, h Handler, out Sender) *Dispatcher {
@@ -189,6 +274,12 @@ func (d *Dispatcher) Dispatch(ev *Event) { d.dispatch(ev, nil) }
 // and another goroutine took over reading meanwhile (see Serve).
 func (d *Dispatcher) dispatch(ev *Event, r *reader) (reading bool) {
 	id := ev.RequestID()
+	// The event's deadline counts from now, when it was read: the proxy
+	// gives up timeout_ms after it sent it.
+	ev.dl = 0
+	if ms := ev.timeoutMs(); ms > 0 {
+		ev.dl = mono() + time.Duration(ms)*time.Millisecond
+	}
 	d.mu.Lock()
 	if st := d.reqs[id]; st != nil {
 		// An event of this request is being handled: queue behind it.
@@ -206,9 +297,15 @@ func (d *Dispatcher) dispatch(ev *Event, r *reader) (reading bool) {
 		ReleaseEvent(ev)
 		return true
 	}
-	st := &reqState{d: d} // the handler's context: fresh, never reused
+	st := &reqState{d: d, deadline: ev.dl} // the handler's context: fresh, never reused
 	d.reqs[id] = st
 	d.running++
+	if d.lim != nil && !d.lim.acquireOrQueue(st, id, ev) {
+		// No free slot: the run waits in the limiter's queue, where a
+		// CancelRequest finds and drops it.
+		d.mu.Unlock()
+		return true
+	}
 	// Handling it right here saves the hand-off to a worker (a goroutine
 	// wake-up, often a thread wake-up): when nothing else is in progress,
 	// or, on a busy connection, when the handlers run here lately were
@@ -222,20 +319,29 @@ func (d *Dispatcher) dispatch(ev *Event, r *reader) (reading bool) {
 	return true
 }
 
-// run handles ev and the events of request id queued behind it. queue:
-// the replies may only be queued (see queuer).
-func (d *Dispatcher) run(id uint64, st *reqState, ev *Event, queue bool) {
+// run handles ev and the events of request id queued behind it, each with
+// a context of its own, and then gives back its Limiter slot. queue: the
+// replies may only be queued (see queuer). fresh: ev was read just now
+// (the reading goroutine runs it), so its deadline is not checked.
+func (d *Dispatcher) run(id uint64, st *reqState, ev *Event, queue, fresh bool) {
 	for ev != nil {
-		d.handle(st, ev, queue)
+		if d.live(id, st, fresh) {
+			d.handle(st, ev, queue)
+		}
+		fresh = false
 		ReleaseEvent(ev)
 		d.mu.Lock()
 		ev = st.head
 		if ev != nil {
-			st.head = ev.next
-			if st.head == nil {
-				st.tail = nil
+			next := &reqState{d: d, deadline: ev.dl, head: ev.next, tail: st.tail}
+			if next.head == nil {
+				next.tail = nil
 			}
 			ev.next = nil
+			st.head, st.tail = nil, nil
+			d.reqs[id] = next
+			st.cancel() // this event's context is over
+			st = next
 		} else {
 			delete(d.reqs, id)
 			// Expired for good: whatever still holds the context (a
@@ -250,6 +356,31 @@ func (d *Dispatcher) run(id uint64, st *reqState, ev *Event, queue bool) {
 		}
 		d.mu.Unlock()
 	}
+	if d.lim != nil {
+		d.lim.release()
+	}
+}
+
+// live reports whether the event whose context is st is still wanted, so
+// that the handler may start on it: its request was not canceled and its
+// deadline has not passed (not checked when fresh). An event that is not
+// is dropped without an answer (the proxy has given up on it; an answer
+// would be discarded as late) and counted; for one past its deadline, a
+// CancelObserver hears of its request, as for a CancelRequest.
+func (d *Dispatcher) live(id uint64, st *reqState, fresh bool) bool {
+	if st.ended() {
+		dropped.canceled.Add(1)
+		return false
+	}
+	if fresh || st.deadline == 0 || mono() < st.deadline {
+		return true
+	}
+	st.expire()
+	dropped.expired.Add(1)
+	if d.onCancel != nil {
+		d.onCancel.OnCancel(id)
+	}
+	return false
 }
 
 // send sends a reply, queued only if queue and out can.
@@ -321,9 +452,22 @@ func (d *Dispatcher) Cancel(id uint64) {
 		for ev := st.head; ev != nil; {
 			n := ev.next
 			ReleaseEvent(ev)
+			dropped.canceled.Add(1)
 			ev = n
 		}
 		st.head, st.tail = nil, nil
+		if d.lim != nil && d.lim.unqueue(st) {
+			// It was waiting for a slot: it never runs.
+			ReleaseEvent(st.first)
+			st.first = nil
+			dropped.canceled.Add(1)
+			delete(d.reqs, id)
+			d.running--
+			if d.running == 0 && d.drained != nil {
+				close(d.drained)
+				d.drained = nil
+			}
+		}
 	}
 	d.mu.Unlock()
 	if d.onCancel != nil {

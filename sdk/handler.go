@@ -3,9 +3,13 @@
 // connection to the proxy (DialAndServe). The same handler works over all
 // three.
 //
-// Requests of one connection are handled concurrently; the events of one
-// request reach the handler in order. A CancelRequest from the proxy cancels
-// the context of the event being handled for that request.
+// Requests of one connection are handled concurrently (bounded by a
+// Limiter when the options name one); the events of one request reach the
+// handler in order. A handler's context ends at its event's deadline (the
+// proxy's timeout_ms, counted from when the event was read), and a
+// CancelRequest from the proxy cancels it. An event whose request was
+// canceled, or whose deadline passed, before its handler could start is
+// dropped without an answer (ReadStats counts them).
 //
 // Messages passed to a handler are valid only during the call: copy what
 // you keep.

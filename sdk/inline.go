@@ -51,7 +51,7 @@ func (d *Dispatcher) inlineBody(ctx context.Context, ev *Event) error {
 		return nil
 	}
 	m := &ev.RequestHeaders.InlineBody
-	m.RequestID = ev.RequestHeaders.RequestID
+	m.RequestID, m.TimeoutMs = ev.RequestHeaders.RequestID, ev.RequestHeaders.TimeoutMs
 	r := &ev.body
 	r.Decision.Reset()
 	r.Mutation.Reset()

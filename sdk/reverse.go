@@ -83,6 +83,9 @@ type ReverseConfig struct {
 	// JSONPayloads keeps the connection's payloads JSON: the registration
 	// does not declare supports_protobuf_payloads (see Options.JSONPayloads).
 	JSONPayloads bool
+	// Limiter, when set, bounds how many handler calls run at once (see
+	// Options.Limiter); share one with the agent's other transports.
+	Limiter *Limiter
 	// OnRegistered, when set, is called with the proxy-assigned connection
 	// id after each accepted registration.
 	OnRegistered func(assignedID string)
@@ -206,7 +209,7 @@ func DialAndServe(ctx context.Context, cfg ReverseConfig, h Handler) error {
 
 func reverseLoop(ctx context.Context, cfg *ReverseConfig, h Handler, slot int) {
 	log := cfg.Logger.With().Str("proxy", cfg.Address).Str("agent_id", cfg.AgentID).Int("conn", slot).Logger()
-	o := Options{Name: cfg.AgentID, WriteTimeout: cfg.WriteTimeout, MaxPendingBytes: cfg.MaxPendingBytes, FrameTimeout: cfg.FrameTimeout, Logger: &log}
+	o := Options{Name: cfg.AgentID, WriteTimeout: cfg.WriteTimeout, MaxPendingBytes: cfg.MaxPendingBytes, FrameTimeout: cfg.FrameTimeout, Limiter: cfg.Limiter, Logger: &log}
 	redial.Loop(ctx, redial.Config{Min: cfg.BackoffMin, Max: cfg.BackoffMax, What: "reverse connection", Logger: log},
 		func(ctx context.Context) (func() error, error) {
 			nc, fr, assigned, enc, err := dialRegister(ctx, cfg, h)

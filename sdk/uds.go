@@ -75,6 +75,11 @@ type Options struct {
 	// paid, so they fall back to one wake-up in 16, but those still delay
 	// their batch (docs/operations.md, "Sharing a core with an agent").
 	NoYieldOnWake bool
+	// Limiter, when set, bounds how many handler calls run at once over
+	// the connections it is shared by (see Limiter); events beyond wait
+	// for a slot, and those the proxy gave up on meanwhile are dropped.
+	// Nil: no bound, every event is handled at once.
+	Limiter *Limiter
 	// SocketMode is the socket file's permission (default 0660: the proxy's
 	// user or group only).
 	SocketMode os.FileMode
@@ -253,6 +258,7 @@ func serveFrames(ctx context.Context, nc net.Conn, fr *uds.FrameReader, enc uds.
 	w := udswriter.NewWriter(nc, udswriter.Config{WriteTimeout: o.WriteTimeout, MaxPendingBytes: o.MaxPendingBytes, Encoding: enc}, func(error) { closeConn() })
 	out := udsSender{w: w, enc: enc}
 	d := NewDispatcher(ctx, h, out)
+	d.SetLimiter(o.Limiter)
 	stop := context.AfterFunc(ctx, closeConn)
 	defer func() {
 		stop()

@@ -61,7 +61,7 @@ func (p *workerPool) run(tk task) {
 
 func (p *workerPool) loop(w *worker, tk task) {
 	for tk.d != nil {
-		tk.d.run(tk.id, tk.st, tk.ev, false)
+		tk.d.run(tk.id, tk.st, tk.ev, false, false)
 		p.mu.Lock()
 		w.epoch = p.epoch
 		p.idle = append(p.idle, w)
@@ -271,7 +271,7 @@ func (r *reader) handle(id uint64, st *reqState, ev *Event) (reading bool) {
 		r.handling.Store(n) // before the timer runs, so that a firing finds the run
 		r.timer.Reset(HandOffAfter)
 	}
-	r.d.run(id, st, ev, queue)
+	r.d.run(id, st, ev, queue, true)
 	if !r.handling.CompareAndSwap(n, 0) {
 		return false // taken over: the timer is the new reader's now
 	}

@@ -29,7 +29,9 @@ func goldenMessages() map[string]struct {
 		msg protocol.Message
 	}
 	return map[string]gm{
-		"request_headers.hex":     {protocol.TypeRequestHeaders, rh},
+		"request_headers.hex": {protocol.TypeRequestHeaders, rh},
+		"request_headers_timeout.hex": {protocol.TypeRequestHeaders, &protocol.RequestHeaders{RequestID: 5, TimeoutMs: 1000, Method: []byte("GET"), URI: []byte("/"),
+			Headers: protocol.Headers{{Name: []byte("host"), Value: []byte("example.com")}}}},
 		"request_body_chunk.hex":  {protocol.TypeRequestBodyChunk, (&protocol.BodyChunk{RequestID: 1, ChunkIndex: 0, Data: []byte("hello"), IsLast: false, TotalSize: 11, Progress: 5}).As(protocol.PhaseRequest)},
 		"response_body_chunk.hex": {protocol.TypeResponseBodyChunk, (&protocol.BodyChunk{RequestID: 1, ChunkIndex: 2, Data: []byte("world"), IsLast: true, TotalSize: -1, Progress: -1}).As(protocol.PhaseResponse)},
 		"response_headers.hex": {protocol.TypeResponseHeaders, &protocol.ResponseHeaders{RequestID: 1, StatusCode: 200, HasBody: true,

@@ -129,3 +129,56 @@ func TestTablesThroughBinaries(t *testing.T) {
 		})
 	}
 }
+
+// TestDirectivesFlagsThroughBinaries: the shipped command's
+// -setup-directives file goes before the CRS rules (a SecAction setting
+// tx.allowed_methods refuses DELETE, which -allowed-methods allows by
+// default) and its -directives file after them (a rule exclusion lets
+// the scanner user agent through).
+func TestDirectivesFlagsThroughBinaries(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds two binaries; skipped with -short")
+	}
+	dir := t.TempDir()
+	sidecarBin := testutil.BuildBinary(t, "./cmd/sidecar")
+	agentBin := testutil.BuildBinary(t, "./examples/corazawaf/cmd/corazawaf")
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		_, _ = io.WriteString(w, `{"ok":true}`)
+	}))
+	defer up.Close()
+	setup := filepath.Join(dir, "crs-setup.conf")
+	extra := filepath.Join(dir, "exclusions.conf")
+	if err := os.WriteFile(setup, []byte("# as in crs-setup.conf\nSecAction \"id:900200,phase:1,pass,t:none,nolog,setvar:'tx.allowed_methods=GET HEAD POST OPTIONS'\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(extra, []byte("SecRuleRemoveById 913100\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(testutil.SocketDir(t), "waf.sock")
+	startProcess(t, agentBin, "-socket", sock, "-setup-directives", setup, "-directives", extra, "-handlers", "1")
+	testutil.WaitFor(t, "the agent's socket", func() bool {
+		_, err := os.Stat(sock)
+		return err == nil
+	})
+	cfgPath := filepath.Join(dir, "sidecar.yaml")
+	if err := os.WriteFile(cfgPath, fmt.Appendf(nil, sidecarYAML, up.Listener.Addr(), sock), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	base := "http://" + testutil.StartSidecar(t, exec.Command(sidecarBin, "run", "-config", cfgPath, "-log-level", "info")).Addr
+	client := &http.Client{Timeout: testutil.LongWait}
+	del := func(base string) *http.Request {
+		r := get("/items/7")(base)
+		r.Method = http.MethodDelete
+		return r
+	}
+	if r := doRequest(t, client, del(base)); r.status != http.StatusForbidden || r.ruleID != "911100" {
+		t.Errorf("DELETE: status %d rule %q, want 403 by 911100 (the setup's allowed methods)", r.status, r.ruleID)
+	}
+	if r := doRequest(t, client, get("/", "User-Agent", "sqlmap/1.7.2#stable (https://sqlmap.org)")(base)); r.status != http.StatusOK {
+		t.Errorf("scanner: status %d rule %q, want 200 (913100 removed after the rules)", r.status, r.ruleID)
+	}
+	if r := doRequest(t, client, get("/products?id=1%27%20OR%20%271%27%3D%271")(base)); r.status != http.StatusForbidden {
+		t.Errorf("sqli: status %d, want 403", r.status)
+	}
+}

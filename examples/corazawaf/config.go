@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // ErrConfig is returned (wrapped) for an unusable setting or exclusion.
@@ -91,8 +92,21 @@ type Config struct {
 	// into a miss. It saves a tenth to a third of the CPU of a request
 	// with arguments, more on long ones; Coraza calls it experimental.
 	RxPreFilter bool
-	// ExtraDirectives are SecLang directives appended after the rule set
-	// (e.g. SecRuleUpdateTargetById).
+	// SetupDirectives are SecLang directives placed before the CRS rules,
+	// as CRS's crs-setup.conf is: after crs-setup.conf.example and the
+	// agent's own settings from the fields above (rules 900900–900903), so
+	// that a SecAction here setting a tx variable (tx.allowed_methods,
+	// tx.blocking_paranoia_level, tx.arg_length, …) takes effect and wins
+	// over those fields. It may use the ids crs-setup.conf.example
+	// documents (900000, 900200, …), except 900990, which that file sets.
+	// Runtime rule exclusions (a SecRule with ctl:ruleRemoveById for a
+	// path) go here too: they must run before the rule they remove.
+	SetupDirectives string
+	// ExtraDirectives are SecLang directives placed after the rule set and
+	// the Exclusions: configure-time rule exclusions and changes, which
+	// need the rules loaded (SecRuleRemoveById, SecRuleRemoveByTag,
+	// SecRuleUpdateTargetById). A SecAction setting a CRS variable here
+	// runs after the rules that read it: use SetupDirectives for that.
 	ExtraDirectives string
 }
 
@@ -185,6 +199,34 @@ func (r RuleRange) String() string {
 		return strconv.Itoa(r.From)
 	}
 	return strconv.Itoa(r.From) + "-" + strconv.Itoa(r.To)
+}
+
+// MaxDirectivesFile bounds a directives file (ReadDirectivesFile): far
+// more than any hand-written configuration, little memory.
+const MaxDirectivesFile = 1 << 20
+
+// ReadDirectivesFile reads a file of SecLang directives for
+// SetupDirectives or ExtraDirectives: at most MaxDirectivesFile bytes of
+// UTF-8. Its Include directives name files of the embedded rule set
+// (@owasp_crs/…), not of the file system: the agent reads nothing else at
+// run time.
+func ReadDirectivesFile(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", fmt.Errorf("%w: directives: %v", ErrConfig, err)
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, MaxDirectivesFile+1))
+	if err != nil {
+		return "", fmt.Errorf("%w: directives: %s: %v", ErrConfig, path, err)
+	}
+	if len(b) > MaxDirectivesFile {
+		return "", fmt.Errorf("%w: directives: %s: larger than %d bytes", ErrConfig, path, MaxDirectivesFile)
+	}
+	if !utf8.Valid(b) {
+		return "", fmt.Errorf("%w: directives: %s: not UTF-8", ErrConfig, path)
+	}
+	return string(b), nil
 }
 
 // maxExclusionLine bounds one line of an exclusion list.

@@ -196,7 +196,7 @@ func TestLifecycleEveryPathCloses(t *testing.T) {
 
 func TestPendingExpire(t *testing.T) {
 	st := &counters{}
-	tb := newTable(100, time.Minute, st)
+	tb := newTable(100, time.Minute, st, func(e *entry, _ string) { closeEntry(e, st) })
 	h := newHandler(t, DefaultConfig())
 	now := time.Now()
 	for i := range 5 {
@@ -361,11 +361,12 @@ corazawaf_flagged_total{action="detected"} 0
 # HELP corazawaf_log_lines_dropped_total Request log lines dropped by the log rate limit.
 # TYPE corazawaf_log_lines_dropped_total counter
 corazawaf_log_lines_dropped_total 2
-# HELP corazawaf_transactions_closed_early_total Transactions closed before their last event, by reason: canceled (the proxy gave up), expired (pending_ttl), evicted (max_pending).
+# HELP corazawaf_transactions_closed_early_total Transactions closed before their last event, by reason: canceled (the proxy canceled the request), timeout (the event's deadline passed while the rules ran), expired (pending_ttl), evicted (max_pending).
 # TYPE corazawaf_transactions_closed_early_total counter
 corazawaf_transactions_closed_early_total{reason="canceled"} 0
 corazawaf_transactions_closed_early_total{reason="evicted"} 1
 corazawaf_transactions_closed_early_total{reason="expired"} 0
+corazawaf_transactions_closed_early_total{reason="timeout"} 0
 # HELP corazawaf_transactions_open Transactions open now.
 # TYPE corazawaf_transactions_open gauge
 corazawaf_transactions_open 2

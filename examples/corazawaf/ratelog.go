@@ -46,7 +46,7 @@ func (l *rateLog) allow(now time.Time) (ok bool, dropped uint64) {
 	return true, dropped
 }
 
-func (l *rateLog) log(e *entry, action, phase string, status int, ids []int, score int) {
+func (l *rateLog) log(e *entry, action, side string, status int, reason string, mt matches) {
 	if l.rate == 0 {
 		return
 	}
@@ -55,9 +55,13 @@ func (l *rateLog) log(e *entry, action, phase string, status int, ids []int, sco
 		return
 	}
 	ev := l.zl.Warn().Uint64("request_id", e.id).Str("transaction", e.tx.ID()).
-		Str("action", action).Str("phase", phase).Ints("rule_ids", ids).Int("anomaly_score", score)
+		Str("action", action).Str("phase", side).Ints("rule_ids", mt.ids).Int("anomaly_score", mt.score)
 	if status != 0 {
 		ev = ev.Int("status", status)
+	}
+	if reason != "" {
+		// An unanswered request: why, and what the rules had decided.
+		ev = ev.Str("reason", reason).Bool("would_block", mt.interrupted)
 	}
 	if dropped > 0 {
 		ev = ev.Uint64("lines_dropped", dropped)

@@ -13,21 +13,35 @@ type entry struct {
 	id    uint64
 	tx    types.Transaction
 	proto string // the request's HTTP version, for ProcessResponseHeaders
-	// phase2 is set once the request body phase (CRS phase 2) ran.
-	phase2 bool
-	seen   time.Time
-	elem   *list.Element
+	// phase2 is set once the request body phase (CRS phase 2) ran,
+	// response once the response phases started, logged once the
+	// logging phase (5) ran.
+	phase2, response, logged bool
+	seen                     time.Time
+	elem                     *list.Element
+}
+
+// logPhase runs the transaction's logging phase (CRS's phase 5: its
+// anomaly score summary, 980170) unless it ran: just before the answer
+// that ends the transaction, so that the answer reports it.
+func (e *entry) logPhase() {
+	if !e.logged {
+		e.logged = true
+		e.tx.ProcessLogging()
+	}
 }
 
 // table holds the transactions between the events of their request: a
 // transaction is taken out while a handler works on it, so that eviction
 // never closes one in use, and put back when more events are expected.
 // Every transaction is closed exactly once: by the handler that finishes
-// it, or by the table when it evicts, expires or shuts down.
+// it, or by the table when it evicts, expires or shuts down, which hands
+// it to drop (with the reason) to be logged and closed.
 type table struct {
 	max   int
 	ttl   time.Duration
 	stats *counters
+	drop  func(e *entry, reason string)
 
 	mu     sync.Mutex
 	byID   map[uint64]*entry
@@ -36,8 +50,8 @@ type table struct {
 	closed bool
 }
 
-func newTable(max int, ttl time.Duration, st *counters) *table {
-	return &table{max: max, ttl: ttl, stats: st, byID: make(map[uint64]*entry)}
+func newTable(max int, ttl time.Duration, st *counters, drop func(*entry, string)) *table {
+	return &table{max: max, ttl: ttl, stats: st, drop: drop, byID: make(map[uint64]*entry)}
 }
 
 // take removes and returns id's entry, or nil.
@@ -56,19 +70,24 @@ func (t *table) take(id uint64) *entry {
 // put stores e until its next event. Past the bound the oldest entries are
 // closed; after shutdown e itself is.
 func (t *table) put(e *entry, now time.Time) {
-	var drop []*entry
+	type dropped struct {
+		e      *entry
+		reason string
+	}
+	var drop []dropped
 	t.mu.Lock()
 	if t.closed {
 		t.mu.Unlock()
-		closeTx(e.tx, t.stats)
+		t.drop(e, reasonShutdown)
 		return
 	}
+	var replaced *entry
 	if old := t.byID[e.id]; old != nil {
 		// Two proxies (ids are unique per proxy process) with the same id:
 		// the older conversation loses its transaction.
 		delete(t.byID, old.id)
 		t.order.Remove(old.elem)
-		drop = append(drop, old)
+		replaced = old
 	}
 	if now.Sub(t.swept) >= t.ttl/4 {
 		t.swept = now
@@ -79,7 +98,7 @@ func (t *table) put(e *entry, now time.Time) {
 			}
 			t.order.Remove(f)
 			delete(t.byID, o.id)
-			drop = append(drop, o)
+			drop = append(drop, dropped{o, reasonExpired})
 			t.stats.expired.Add(1)
 		}
 	}
@@ -88,15 +107,18 @@ func (t *table) put(e *entry, now time.Time) {
 		o := f.Value.(*entry)
 		t.order.Remove(f)
 		delete(t.byID, o.id)
-		drop = append(drop, o)
+		drop = append(drop, dropped{o, reasonEvicted})
 		t.stats.evicted.Add(1)
 	}
 	e.seen = now
 	e.elem = t.order.PushBack(e)
 	t.byID[e.id] = e
 	t.mu.Unlock()
+	if replaced != nil {
+		closeEntry(replaced, t.stats)
+	}
 	for _, o := range drop {
-		closeTx(o.tx, t.stats)
+		t.drop(o.e, o.reason)
 	}
 }
 
@@ -119,14 +141,15 @@ func (t *table) close() {
 	t.order.Init()
 	t.mu.Unlock()
 	for _, e := range all {
-		closeTx(e.tx, t.stats)
+		t.drop(e, reasonShutdown)
 	}
 }
 
-// closeTx ends a transaction: the logging phase, then Close, which returns
-// it to Coraza's pool (and removes any upload temp files).
-func closeTx(tx types.Transaction, st *counters) {
-	tx.ProcessLogging()
-	_ = tx.Close()
+// closeEntry ends e's transaction: the logging phase unless it ran, then
+// Close, which returns it to Coraza's pool (and removes any upload temp
+// files).
+func closeEntry(e *entry, st *counters) {
+	e.logPhase()
+	_ = e.tx.Close()
 	st.open.Add(-1)
 }

@@ -639,7 +639,12 @@ type RequestHeaders struct {
 	// that declared supports_inline_body when the proxy offered the
 	// inline_body feature. Absent: no body in this event. The Decision to
 	// this event answers the headers and this chunk.
-	InlineBody    *RequestBodyChunk `protobuf:"bytes,6,opt,name=inline_body,json=inlineBody,proto3" json:"inline_body,omitempty"`
+	InlineBody *RequestBodyChunk `protobuf:"bytes,6,opt,name=inline_body,json=inlineBody,proto3" json:"inline_body,omitempty"`
+	// How many milliseconds the proxy waits for the answer to this event,
+	// counted from when it sent it: the smaller of its message timeout and
+	// what is left of the request's budget for this agent. 0: unknown. The
+	// same field number in every event an agent answers.
+	TimeoutMs     uint32 `protobuf:"varint,15,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -716,6 +721,13 @@ func (x *RequestHeaders) GetInlineBody() *RequestBodyChunk {
 	return nil
 }
 
+func (x *RequestHeaders) GetTimeoutMs() uint32 {
+	if x != nil {
+		return x.TimeoutMs
+	}
+	return 0
+}
+
 type RequestBodyChunk struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	ChunkIndex    uint32                 `protobuf:"varint,1,opt,name=chunk_index,json=chunkIndex,proto3" json:"chunk_index,omitempty"` // starts at 0, increases by 1
@@ -723,6 +735,8 @@ type RequestBodyChunk struct {
 	IsLast        bool                   `protobuf:"varint,3,opt,name=is_last,json=isLast,proto3" json:"is_last,omitempty"`
 	TotalSize     *int64                 `protobuf:"varint,4,opt,name=total_size,json=totalSize,proto3,oneof" json:"total_size,omitempty"`             // Content-Length when known
 	BytesReceived *int64                 `protobuf:"varint,5,opt,name=bytes_received,json=bytesReceived,proto3,oneof" json:"bytes_received,omitempty"` // request body bytes so far
+	// As RequestHeaders.timeout_ms; not sent in an inline_body.
+	TimeoutMs     uint32 `protobuf:"varint,15,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -792,11 +806,19 @@ func (x *RequestBodyChunk) GetBytesReceived() int64 {
 	return 0
 }
 
+func (x *RequestBodyChunk) GetTimeoutMs() uint32 {
+	if x != nil {
+		return x.TimeoutMs
+	}
+	return 0
+}
+
 type ResponseHeaders struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	StatusCode    uint32                 `protobuf:"varint,1,opt,name=status_code,json=statusCode,proto3" json:"status_code,omitempty"`
 	Headers       []*Header              `protobuf:"bytes,2,rep,name=headers,proto3" json:"headers,omitempty"`
 	HasBody       bool                   `protobuf:"varint,3,opt,name=has_body,json=hasBody,proto3" json:"has_body,omitempty"`
+	TimeoutMs     uint32                 `protobuf:"varint,15,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"` // as RequestHeaders.timeout_ms
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -852,6 +874,13 @@ func (x *ResponseHeaders) GetHasBody() bool {
 	return false
 }
 
+func (x *ResponseHeaders) GetTimeoutMs() uint32 {
+	if x != nil {
+		return x.TimeoutMs
+	}
+	return 0
+}
+
 type ResponseBodyChunk struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	ChunkIndex    uint32                 `protobuf:"varint,1,opt,name=chunk_index,json=chunkIndex,proto3" json:"chunk_index,omitempty"`
@@ -859,6 +888,7 @@ type ResponseBodyChunk struct {
 	IsLast        bool                   `protobuf:"varint,3,opt,name=is_last,json=isLast,proto3" json:"is_last,omitempty"`
 	TotalSize     *int64                 `protobuf:"varint,4,opt,name=total_size,json=totalSize,proto3,oneof" json:"total_size,omitempty"`
 	BytesSent     *int64                 `protobuf:"varint,5,opt,name=bytes_sent,json=bytesSent,proto3,oneof" json:"bytes_sent,omitempty"` // response body bytes so far
+	TimeoutMs     uint32                 `protobuf:"varint,15,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`      // as RequestHeaders.timeout_ms
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -924,6 +954,13 @@ func (x *ResponseBodyChunk) GetTotalSize() int64 {
 func (x *ResponseBodyChunk) GetBytesSent() int64 {
 	if x != nil && x.BytesSent != nil {
 		return *x.BytesSent
+	}
+	return 0
+}
+
+func (x *ResponseBodyChunk) GetTimeoutMs() uint32 {
+	if x != nil {
+		return x.TimeoutMs
 	}
 	return 0
 }
@@ -2153,7 +2190,7 @@ const file_agent_proto_rawDesc = "" +
 	"tls_cipher\x18\v \x01(\fR\ttlsCipher\x12&\n" +
 	"\x0ftls_server_name\x18\f \x01(\fR\rtlsServerName\x12,\n" +
 	"\x12tls_client_subject\x18\r \x01(\fR\x10tlsClientSubject\x12$\n" +
-	"\x0etls_client_san\x18\x0e \x01(\fR\ftlsClientSan\"\x90\x02\n" +
+	"\x0etls_client_san\x18\x0e \x01(\fR\ftlsClientSan\"\xaf\x02\n" +
 	"\x0eRequestHeaders\x12\x16\n" +
 	"\x06method\x18\x01 \x01(\fR\x06method\x12\x10\n" +
 	"\x03uri\x18\x02 \x01(\fR\x03uri\x123\n" +
@@ -2161,7 +2198,9 @@ const file_agent_proto_rawDesc = "" +
 	"\bhas_body\x18\x04 \x01(\bR\ahasBody\x12>\n" +
 	"\bmetadata\x18\x05 \x01(\v2\".zentinel.agent.v2.RequestMetadataR\bmetadata\x12D\n" +
 	"\vinline_body\x18\x06 \x01(\v2#.zentinel.agent.v2.RequestBodyChunkR\n" +
-	"inlineBody\"\xd2\x01\n" +
+	"inlineBody\x12\x1d\n" +
+	"\n" +
+	"timeout_ms\x18\x0f \x01(\rR\ttimeoutMs\"\xf1\x01\n" +
 	"\x10RequestBodyChunk\x12\x1f\n" +
 	"\vchunk_index\x18\x01 \x01(\rR\n" +
 	"chunkIndex\x12\x12\n" +
@@ -2169,14 +2208,18 @@ const file_agent_proto_rawDesc = "" +
 	"\ais_last\x18\x03 \x01(\bR\x06isLast\x12\"\n" +
 	"\n" +
 	"total_size\x18\x04 \x01(\x03H\x00R\ttotalSize\x88\x01\x01\x12*\n" +
-	"\x0ebytes_received\x18\x05 \x01(\x03H\x01R\rbytesReceived\x88\x01\x01B\r\n" +
+	"\x0ebytes_received\x18\x05 \x01(\x03H\x01R\rbytesReceived\x88\x01\x01\x12\x1d\n" +
+	"\n" +
+	"timeout_ms\x18\x0f \x01(\rR\ttimeoutMsB\r\n" +
 	"\v_total_sizeB\x11\n" +
-	"\x0f_bytes_received\"\x82\x01\n" +
+	"\x0f_bytes_received\"\xa1\x01\n" +
 	"\x0fResponseHeaders\x12\x1f\n" +
 	"\vstatus_code\x18\x01 \x01(\rR\n" +
 	"statusCode\x123\n" +
 	"\aheaders\x18\x02 \x03(\v2\x19.zentinel.agent.v2.HeaderR\aheaders\x12\x19\n" +
-	"\bhas_body\x18\x03 \x01(\bR\ahasBody\"\xc7\x01\n" +
+	"\bhas_body\x18\x03 \x01(\bR\ahasBody\x12\x1d\n" +
+	"\n" +
+	"timeout_ms\x18\x0f \x01(\rR\ttimeoutMs\"\xe6\x01\n" +
 	"\x11ResponseBodyChunk\x12\x1f\n" +
 	"\vchunk_index\x18\x01 \x01(\rR\n" +
 	"chunkIndex\x12\x12\n" +
@@ -2185,7 +2228,9 @@ const file_agent_proto_rawDesc = "" +
 	"\n" +
 	"total_size\x18\x04 \x01(\x03H\x00R\ttotalSize\x88\x01\x01\x12\"\n" +
 	"\n" +
-	"bytes_sent\x18\x05 \x01(\x03H\x01R\tbytesSent\x88\x01\x01B\r\n" +
+	"bytes_sent\x18\x05 \x01(\x03H\x01R\tbytesSent\x88\x01\x01\x12\x1d\n" +
+	"\n" +
+	"timeout_ms\x18\x0f \x01(\rR\ttimeoutMsB\r\n" +
 	"\v_total_sizeB\r\n" +
 	"\v_bytes_sent\"\xd4\x05\n" +
 	"\rAgentDecision\x120\n" +

@@ -17,6 +17,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -509,24 +510,27 @@ func (e *Exchange) Capabilities() protocol.Capabilities { return e.s.caps }
 // Decision, bounded by w and MessageTimeout.
 func (e *Exchange) RequestHeaders(w Wait, m *protocol.RequestHeaders) (*Reply, error) {
 	m.RequestID = e.id
-	return e.call(w, m, false, 0)
+	return e.call(w, m, &m.TimeoutMs, false, 0)
 }
 
 // ResponseHeaders sends m and waits for the Decision, bounded by w and
 // MessageTimeout.
 func (e *Exchange) ResponseHeaders(w Wait, m *protocol.ResponseHeaders) (*Reply, error) {
 	m.RequestID = e.id
-	return e.call(w, m, false, 0)
+	return e.call(w, m, &m.TimeoutMs, false, 0)
 }
 
 // BodyChunk sends one body chunk of the given phase and waits for the
 // Decision or the BodyMutation for it, bounded by w and MessageTimeout.
 func (e *Exchange) BodyChunk(w Wait, phase protocol.Phase, m *protocol.BodyChunk) (*Reply, error) {
 	m.RequestID = e.id
-	return e.call(w, m.As(phase), true, m.ChunkIndex)
+	return e.call(w, m.As(phase), &m.TimeoutMs, true, m.ChunkIndex)
 }
 
-func (e *Exchange) call(w Wait, msg protocol.Message, chunk bool, index uint32) (*Reply, error) {
+// call sends msg and waits for its reply. timeout is msg's timeout_ms
+// field, set here to the wait the event gets: the agent learns when the
+// proxy gives up on it.
+func (e *Exchange) call(w Wait, msg protocol.Message, timeout *uint32, chunk bool, index uint32) (*Reply, error) {
 	s := e.s
 	if e.err != nil {
 		return nil, e.err
@@ -542,6 +546,7 @@ func (e *Exchange) call(w Wait, msg protocol.Message, chunk bool, index uint32) 
 		}
 		dl, byMsg = s.deadline(w, now)
 	}
+	*timeout = timeoutMs(dl, now)
 	s.mu.Lock()
 	if s.err != nil {
 		err := s.err
@@ -625,6 +630,26 @@ func (e *Exchange) call(w Wait, msg protocol.Message, chunk bool, index uint32) 
 	}
 	s.completed.Add(1)
 	return r, nil
+}
+
+// timeoutMs is an event's timeout_ms: the wait from now to dl in whole
+// milliseconds, rounded up, at least 1 and at most the field's range; 0
+// when there is no deadline (unknown to the agent). Rounded up, and
+// counted by the agent from when it reads the event (later than now), the
+// agent's deadline is never earlier than the proxy's: it never gives up on
+// an event whose answer would still be taken.
+func timeoutMs(dl, now time.Time) uint32 {
+	if dl.IsZero() {
+		return 0
+	}
+	ms := (dl.Sub(now) + time.Millisecond - 1) / time.Millisecond
+	switch {
+	case ms < 1:
+		return 1
+	case ms > math.MaxUint32:
+		return math.MaxUint32
+	}
+	return uint32(ms)
 }
 
 // settle reads how a waiting event ended, once its token was taken. No

@@ -56,6 +56,7 @@ var Cases = []Case{
 	{"InlineBodyNegotiated", testInlineNegotiated},
 	{"InlineBodyWhole", testInlineWhole},
 	{"InlineBodyConversation", testInlineConversation},
+	{"EventTimeout", testEventTimeout},
 }
 
 // Run runs every case as a subtest.

@@ -27,6 +27,18 @@ func TestConformanceUDSJSON(t *testing.T) {
 	})
 }
 
+// TestDeadlinesUDS runs the deadline suite over a Unix socket, with
+// protobuf and with JSON payloads.
+func TestDeadlinesUDS(t *testing.T) {
+	for _, jsonOnly := range []bool{false, true} {
+		t.Run(map[bool]string{false: "protobuf", true: "json"}[jsonOnly], func(t *testing.T) {
+			conformance.RunDeadlines(t, func(t *testing.T, h sdk.Handler, lim *sdk.Limiter) agentmux.Agent {
+				return dialUDSWith(t, h, &sdk.Options{Name: "conformance", JSONPayloads: jsonOnly, Limiter: lim})
+			})
+		})
+	}
+}
+
 func dialUDS(t *testing.T, h sdk.Handler) agentmux.Agent {
 	t.Helper()
 	return dialUDSWith(t, h, &sdk.Options{Name: "conformance"})

@@ -21,6 +21,13 @@ func TestConformance(t *testing.T) {
 	})
 }
 
+// TestDeadlines runs the deadline suite over gRPC.
+func TestDeadlines(t *testing.T) {
+	conformance.RunDeadlines(t, func(t *testing.T, h sdk.Handler, lim *sdk.Limiter) agentmux.Agent {
+		return startPairWith(t, h, &grpcsdk.Options{Name: "test-agent", Limiter: lim}, nil).client
+	})
+}
+
 // pair is an agent served with grpcsdk.Serve and a Client connected to it.
 type pair struct {
 	client *grpcclient.Client
@@ -32,12 +39,18 @@ type pair struct {
 // the client config. Both are cleaned up with t.
 func startPair(t *testing.T, h sdk.Handler, tweak func(*grpcclient.Config)) *pair {
 	t.Helper()
+	return startPairWith(t, h, &grpcsdk.Options{Name: "test-agent"}, tweak)
+}
+
+// startPairWith is startPair with the agent's options.
+func startPairWith(t *testing.T, h sdk.Handler, opts *grpcsdk.Options, tweak func(*grpcclient.Config)) *pair {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	p := &pair{addr: ln.Addr().String()}
-	p.stop = serveAgent(t, ln, h)
+	p.stop = serveAgentWith(t, ln, h, opts)
 	cfg := grpcclient.DefaultConfig("conformance", p.addr)
 	cfg.MessageTimeout = 15 * time.Second
 	cfg.MaxInFlight = 256
@@ -62,9 +75,15 @@ func startPair(t *testing.T, h sdk.Handler, tweak func(*grpcclient.Config)) *pai
 // cleanup) is called.
 func serveAgent(t *testing.T, ln net.Listener, h sdk.Handler, sopts ...grpcServerOption) func() {
 	t.Helper()
+	return serveAgentWith(t, ln, h, &grpcsdk.Options{Name: "test-agent"}, sopts...)
+}
+
+// serveAgentWith is serveAgent with the agent's options.
+func serveAgentWith(t *testing.T, ln net.Listener, h sdk.Handler, opts *grpcsdk.Options, sopts ...grpcServerOption) func() {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- grpcsdk.Serve(ctx, ln, h, &grpcsdk.Options{Name: "test-agent"}, sopts...) }()
+	go func() { done <- grpcsdk.Serve(ctx, ln, h, opts, sopts...) }()
 	stopped := false
 	stop := func() {
 		if stopped {

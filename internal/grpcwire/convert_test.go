@@ -105,6 +105,13 @@ func protocolMessages() []struct {
 			RequestID: 14, Method: b("POST"), URI: b("/"), HasBody: true,
 			HasInlineBody: true, InlineBody: protocol.BodyChunk{IsLast: true, TotalSize: 0, Progress: 0},
 		}},
+		{"request headers timeout", protocol.TypeRequestHeaders, &protocol.RequestHeaders{
+			RequestID: 15, TimeoutMs: 1000, Method: b("POST"), URI: b("/"), HasBody: true,
+			HasInlineBody: true, InlineBody: protocol.BodyChunk{Data: b("first"), TotalSize: -1, Progress: -1},
+		}},
+		{"request chunk timeout", protocol.TypeRequestBodyChunk, &protocol.BodyChunk{RequestID: 15, TimeoutMs: 850, ChunkIndex: 1, Data: b("x"), IsLast: true, TotalSize: -1, Progress: -1}},
+		{"response headers timeout", protocol.TypeResponseHeaders, &protocol.ResponseHeaders{RequestID: 15, TimeoutMs: 4294967295, StatusCode: 200}},
+		{"response chunk timeout", protocol.TypeResponseBodyChunk, &protocol.BodyChunk{RequestID: 15, TimeoutMs: 1, Data: b("y"), TotalSize: -1, Progress: -1}},
 	}
 }
 

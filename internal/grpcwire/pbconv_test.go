@@ -59,6 +59,7 @@ func RequestHeadersToPB(dst *pb.RequestHeaders, m *protocol.RequestHeaders) {
 	dst.Method = m.Method
 	dst.Uri = m.URI
 	dst.HasBody = m.HasBody
+	dst.TimeoutMs = m.TimeoutMs
 	dst.Headers = headersToPB(dst.Headers, m.Headers)
 	md := dst.Metadata
 	if md == nil {
@@ -88,6 +89,7 @@ func RequestHeadersToPB(dst *pb.RequestHeaders, m *protocol.RequestHeaders) {
 			dst.InlineBody = new(pb.RequestBodyChunk)
 		}
 		RequestBodyChunkToPB(dst.InlineBody, &m.InlineBody)
+		dst.InlineBody.TimeoutMs = 0 // not sent in an inline body
 	} else {
 		dst.InlineBody = nil
 	}
@@ -100,6 +102,7 @@ func RequestHeadersFromPB(dst *protocol.RequestHeaders, id uint64, src *pb.Reque
 	dst.Method = src.GetMethod()
 	dst.URI = src.GetUri()
 	dst.HasBody = src.GetHasBody()
+	dst.TimeoutMs = src.GetTimeoutMs()
 	dst.Headers = headersFromPB(dst.Headers, src.GetHeaders())
 	if md := src.GetMetadata(); md != nil {
 		dst.Metadata = protocol.Metadata{
@@ -148,14 +151,14 @@ func fromOptInt64(p *int64) int64 {
 
 // RequestBodyChunkToPB fills dst from m.
 func RequestBodyChunkToPB(dst *pb.RequestBodyChunk, m *protocol.BodyChunk) {
-	dst.ChunkIndex, dst.Data, dst.IsLast = m.ChunkIndex, m.Data, m.IsLast
+	dst.ChunkIndex, dst.Data, dst.IsLast, dst.TimeoutMs = m.ChunkIndex, m.Data, m.IsLast, m.TimeoutMs
 	optInt64(&dst.TotalSize, m.TotalSize)
 	optInt64(&dst.BytesReceived, m.Progress)
 }
 
 // ResponseBodyChunkToPB fills dst from m.
 func ResponseBodyChunkToPB(dst *pb.ResponseBodyChunk, m *protocol.BodyChunk) {
-	dst.ChunkIndex, dst.Data, dst.IsLast = m.ChunkIndex, m.Data, m.IsLast
+	dst.ChunkIndex, dst.Data, dst.IsLast, dst.TimeoutMs = m.ChunkIndex, m.Data, m.IsLast, m.TimeoutMs
 	optInt64(&dst.TotalSize, m.TotalSize)
 	optInt64(&dst.BytesSent, m.Progress)
 }
@@ -163,11 +166,13 @@ func ResponseBodyChunkToPB(dst *pb.ResponseBodyChunk, m *protocol.BodyChunk) {
 // RequestBodyChunkFromPB fills dst (reset first) from src.
 func RequestBodyChunkFromPB(dst *protocol.BodyChunk, id uint64, src *pb.RequestBodyChunk) {
 	bodyChunkFromPB(dst, id, src.GetChunkIndex(), src.GetData(), src.GetIsLast(), src.TotalSize, src.BytesReceived)
+	dst.TimeoutMs = src.GetTimeoutMs()
 }
 
 // ResponseBodyChunkFromPB fills dst (reset first) from src.
 func ResponseBodyChunkFromPB(dst *protocol.BodyChunk, id uint64, src *pb.ResponseBodyChunk) {
 	bodyChunkFromPB(dst, id, src.GetChunkIndex(), src.GetData(), src.GetIsLast(), src.TotalSize, src.BytesSent)
+	dst.TimeoutMs = src.GetTimeoutMs()
 }
 
 func bodyChunkFromPB(dst *protocol.BodyChunk, id uint64, index uint32, data []byte, last bool, total, progress *int64) {
@@ -184,6 +189,7 @@ func ResponseHeadersToPB(dst *pb.ResponseHeaders, m *protocol.ResponseHeaders) {
 	}
 	dst.Headers = headersToPB(dst.Headers, m.Headers)
 	dst.HasBody = m.HasBody
+	dst.TimeoutMs = m.TimeoutMs
 }
 
 // ResponseHeadersFromPB fills dst (reset first) from src.
@@ -193,6 +199,7 @@ func ResponseHeadersFromPB(dst *protocol.ResponseHeaders, id uint64, src *pb.Res
 	dst.StatusCode = int(src.GetStatusCode())
 	dst.Headers = headersFromPB(dst.Headers, src.GetHeaders())
 	dst.HasBody = src.GetHasBody()
+	dst.TimeoutMs = src.GetTimeoutMs()
 }
 
 func headerOpsToPB(dst []*pb.HeaderOp, src []protocol.HeaderOp) []*pb.HeaderOp {

@@ -167,6 +167,14 @@ func randSize(r *rand.Rand) int64 {
 	return int64(r.IntN(1 << 20))
 }
 
+// randTimeout is an event's timeout_ms: often unknown (0), else any u32.
+func randTimeout(r *rand.Rand) uint32 {
+	if r.IntN(3) == 0 {
+		return 0
+	}
+	return r.Uint32()
+}
+
 func randList(r *rand.Rand) [][]byte {
 	var l [][]byte
 	for i := r.IntN(3); i > 0; i-- {
@@ -188,7 +196,7 @@ func randMessage(r *rand.Rand) (protocol.MsgType, any) {
 	id := r.Uint64()
 	switch r.IntN(8) {
 	case 0:
-		m := &protocol.RequestHeaders{RequestID: id, Method: randBytes(r, 7), URI: randBytes(r, 40), HasBody: r.IntN(2) == 0, Headers: randHeaders(r)}
+		m := &protocol.RequestHeaders{RequestID: id, TimeoutMs: randTimeout(r), Method: randBytes(r, 7), URI: randBytes(r, 40), HasBody: r.IntN(2) == 0, Headers: randHeaders(r)}
 		m.Metadata = protocol.Metadata{CorrelationID: randBytes(r, 8), ClientIP: randBytes(r, 8), ClientPort: r.IntN(65536),
 			Protocol: randBytes(r, 8), ServerName: randBytes(r, 8), RouteID: randBytes(r, 8), UpstreamID: randBytes(r, 8),
 			Traceparent: randBytes(r, 8), Timestamp: randBytes(r, 8)}
@@ -206,9 +214,9 @@ func randMessage(r *rand.Rand) (protocol.MsgType, any) {
 		if r.IntN(2) == 0 {
 			t = protocol.TypeResponseBodyChunk
 		}
-		return t, &protocol.BodyChunk{RequestID: id, ChunkIndex: r.Uint32(), Data: randBytes(r, 300), IsLast: r.IntN(2) == 0, TotalSize: randSize(r), Progress: randSize(r)}
+		return t, &protocol.BodyChunk{RequestID: id, TimeoutMs: randTimeout(r), ChunkIndex: r.Uint32(), Data: randBytes(r, 300), IsLast: r.IntN(2) == 0, TotalSize: randSize(r), Progress: randSize(r)}
 	case 3:
-		return protocol.TypeResponseHeaders, &protocol.ResponseHeaders{RequestID: id, StatusCode: r.IntN(600), Headers: randHeaders(r), HasBody: r.IntN(2) == 0}
+		return protocol.TypeResponseHeaders, &protocol.ResponseHeaders{RequestID: id, TimeoutMs: randTimeout(r), StatusCode: r.IntN(600), Headers: randHeaders(r), HasBody: r.IntN(2) == 0}
 	case 4, 5:
 		d := &protocol.Decision{RequestID: id, Kind: protocol.DecisionKind(r.IntN(4)), RequestHeaderOps: randOps(r), ResponseHeaderOps: randOps(r)}
 		switch d.Kind {

@@ -59,6 +59,7 @@ const (
 	fReqHasBody          = 4
 	fReqMetadata         = 5
 	fReqInlineBody       = 6
+	fEventTimeout        = 15 // timeout_ms of every event an agent answers
 	fChunkIndex          = 1
 	fChunkData           = 2
 	fChunkIsLast         = 3
@@ -295,7 +296,7 @@ func sizeRequestHeaders(m *protocol.RequestHeaders) int {
 	if m.HasInlineBody {
 		n += sizeMessageField(fReqInlineBody, sizeBodyChunk(&m.InlineBody))
 	}
-	return n
+	return n + sizeVarintField(fEventTimeout, uint64(m.TimeoutMs))
 }
 
 func appendRequestHeaders(dst []byte, m *protocol.RequestHeaders) []byte {
@@ -310,9 +311,12 @@ func appendRequestHeaders(dst []byte, m *protocol.RequestHeaders) []byte {
 		dst = appendMessageHeader(dst, fReqInlineBody, sizeBodyChunk(&m.InlineBody))
 		dst = appendBodyChunk(dst, &m.InlineBody)
 	}
-	return dst
+	return appendVarintField(dst, fEventTimeout, uint64(m.TimeoutMs))
 }
 
+// sizeBodyChunk and appendBodyChunk are a chunk's fields without its
+// timeout_ms, which an inline body does not carry; sizeChunkEvent and
+// appendChunkEvent add it for a chunk event.
 func sizeBodyChunk(m *protocol.BodyChunk) int {
 	return sizeVarintField(fChunkIndex, uint64(m.ChunkIndex)) + sizeBytesField(fChunkData, m.Data) +
 		sizeBoolField(fChunkIsLast, m.IsLast) + sizeOptInt64(fChunkTotal, m.TotalSize) +
@@ -327,6 +331,15 @@ func appendBodyChunk(dst []byte, m *protocol.BodyChunk) []byte {
 	return appendOptInt64(dst, fChunkProgress, m.Progress)
 }
 
+func sizeChunkEvent(m *protocol.BodyChunk) int {
+	return sizeBodyChunk(m) + sizeVarintField(fEventTimeout, uint64(m.TimeoutMs))
+}
+
+func appendChunkEvent(dst []byte, m *protocol.BodyChunk) []byte {
+	dst = appendBodyChunk(dst, m)
+	return appendVarintField(dst, fEventTimeout, uint64(m.TimeoutMs))
+}
+
 func statusField(s int) uint64 {
 	if s > 0 && s <= math.MaxUint32 {
 		return uint64(s)
@@ -336,13 +349,14 @@ func statusField(s int) uint64 {
 
 func sizeResponseHeaders(m *protocol.ResponseHeaders) int {
 	return sizeVarintField(fRespStatus, statusField(m.StatusCode)) + sizeHeaders(fRespHeaders, m.Headers) +
-		sizeBoolField(fRespHasBody, m.HasBody)
+		sizeBoolField(fRespHasBody, m.HasBody) + sizeVarintField(fEventTimeout, uint64(m.TimeoutMs))
 }
 
 func appendResponseHeaders(dst []byte, m *protocol.ResponseHeaders) []byte {
 	dst = appendVarintField(dst, fRespStatus, statusField(m.StatusCode))
 	dst = appendHeaders(dst, fRespHeaders, m.Headers)
-	return appendBoolField(dst, fRespHasBody, m.HasBody)
+	dst = appendBoolField(dst, fRespHasBody, m.HasBody)
+	return appendVarintField(dst, fEventTimeout, uint64(m.TimeoutMs))
 }
 
 func opCode(k protocol.HeaderOpKind) uint64 {
@@ -560,9 +574,9 @@ func Resolve(msg protocol.Message) (Resolved, error) {
 	case *protocol.RequestHeaders:
 		w.field, w.id, w.body = fEnvRequestHeaders, m.RequestID, sizeRequestHeaders(m)
 	case *protocol.RequestBodyChunk:
-		w.field, w.id, w.body = fEnvRequestChunk, m.RequestID, sizeBodyChunk((*protocol.BodyChunk)(m))
+		w.field, w.id, w.body = fEnvRequestChunk, m.RequestID, sizeChunkEvent((*protocol.BodyChunk)(m))
 	case *protocol.ResponseBodyChunk:
-		w.field, w.id, w.body = fEnvResponseChunk, m.RequestID, sizeBodyChunk((*protocol.BodyChunk)(m))
+		w.field, w.id, w.body = fEnvResponseChunk, m.RequestID, sizeChunkEvent((*protocol.BodyChunk)(m))
 	case *protocol.ResponseHeaders:
 		w.field, w.id, w.body = fEnvResponseHeaders, m.RequestID, sizeResponseHeaders(m)
 	case *protocol.Decision:
@@ -605,9 +619,9 @@ func (w *Resolved) Append(dst []byte) []byte {
 	case *protocol.RequestHeaders:
 		return appendRequestHeaders(dst, m)
 	case *protocol.RequestBodyChunk:
-		return appendBodyChunk(dst, (*protocol.BodyChunk)(m))
+		return appendChunkEvent(dst, (*protocol.BodyChunk)(m))
 	case *protocol.ResponseBodyChunk:
-		return appendBodyChunk(dst, (*protocol.BodyChunk)(m))
+		return appendChunkEvent(dst, (*protocol.BodyChunk)(m))
 	case *protocol.ResponseHeaders:
 		return appendResponseHeaders(dst, m)
 	case *protocol.Decision:
@@ -1037,6 +1051,8 @@ func (f *Frame) DecodeRequestHeaders(m *protocol.RequestHeaders) error {
 		switch {
 		case fl.num == fReqHasBody && fl.typ == protowire.VarintType:
 			m.HasBody = fl.u != 0
+		case fl.num == fEventTimeout && fl.typ == protowire.VarintType:
+			m.TimeoutMs = uint32(fl.u)
 		case fl.typ != protowire.BytesType:
 		case fl.num == fReqMethod:
 			m.Method = fl.b
@@ -1052,6 +1068,7 @@ func (f *Frame) DecodeRequestHeaders(m *protocol.RequestHeaders) error {
 				m.HasInlineBody, m.InlineBody = true, protocol.BodyChunk{TotalSize: -1, Progress: -1}
 			}
 			err = decodeBodyChunk(fl.b, &m.InlineBody)
+			m.InlineBody.TimeoutMs = 0 // the event's own counts
 		}
 		if err != nil {
 			return err
@@ -1086,6 +1103,8 @@ func decodeBodyChunk(b []byte, m *protocol.BodyChunk) error {
 			m.TotalSize = max(int64(fl.u), -1)
 		case fl.num == fChunkProgress:
 			m.Progress = max(int64(fl.u), -1)
+		case fl.num == fEventTimeout:
+			m.TimeoutMs = uint32(fl.u)
 		}
 	}
 	return fl.err
@@ -1103,6 +1122,8 @@ func (f *Frame) DecodeResponseHeaders(m *protocol.ResponseHeaders) error {
 			m.StatusCode = int(uint32(fl.u))
 		case fl.num == fRespHasBody && fl.typ == protowire.VarintType:
 			m.HasBody = fl.u != 0
+		case fl.num == fEventTimeout && fl.typ == protowire.VarintType:
+			m.TimeoutMs = uint32(fl.u)
 		case fl.num == fRespHeaders && fl.typ == protowire.BytesType:
 			var err error
 			if m.Headers, err = decodeHeaders(m.Headers, fl.b); err != nil {

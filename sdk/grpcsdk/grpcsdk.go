@@ -32,6 +32,9 @@ type Options struct {
 	Name string
 	// Logger receives stream events (default: none).
 	Logger *zerolog.Logger
+	// Limiter, when set, bounds how many handler calls run at once (see
+	// sdk.Limiter); share one with the agent's other transports.
+	Limiter *sdk.Limiter
 }
 
 func (o *Options) defaults() Options {
@@ -166,6 +169,7 @@ func (s *grpcService) ProcessStream(stream pb.AgentProcessorV2_ProcessStreamServ
 	sendDone := make(chan error, 1)
 	go func() { sendDone <- out.Run() }()
 	d := sdk.NewDispatcher(stream.Context(), s.h, grpcSender{out: out})
+	d.SetLimiter(s.o.Limiter)
 	// Each message is received into the buffer of a pooled Event (the
 	// decoded event aliases it), so receiving allocates nothing of ours; a
 	// message that is not an event leaves the Event spare for the next.

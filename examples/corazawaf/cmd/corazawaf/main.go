@@ -5,6 +5,19 @@
 //
 // Point an agent of the sidecar's config at the same socket path, with
 // request_body mode buffered so that bodies are inspected.
+//
+// Two files of SecLang directives complete the flags, in CRS's order:
+// -setup-directives is read before the CRS rules, as crs-setup.conf is (a
+// SecAction setting tx.* variables: tx.allowed_methods,
+// tx.blocking_paranoia_level, …, which wins over the flags; runtime
+// exclusions with ctl), -directives after them (configure-time
+// exclusions: SecRuleRemoveById, SecRuleUpdateTargetById).
+//
+// -handlers bounds the rule evaluations that run at once (default: the
+// CPUs the process may use). A request beyond waits for a slot, and one
+// whose deadline at the proxy passes meanwhile is never evaluated: under
+// an overload the CPU goes to requests that can still be answered in
+// time.
 package main
 
 import (
@@ -17,6 +30,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"time"
@@ -43,9 +57,15 @@ func main() {
 var errUsage = errors.New("usage")
 
 // serveMetrics serves the agent's metrics and Go's on addr until closed.
-func serveMetrics(addr string, h *corazawaf.Handler) (*http.Server, error) {
+func serveMetrics(addr string, h *corazawaf.Handler, lim *sdk.Limiter) (*http.Server, error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(h.Collector(), collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if lim != nil {
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "corazawaf_events_waiting",
+			Help: "Events waiting for a handler slot (-handlers) now.",
+		}, func() float64 { return float64(lim.Waiting()) }))
+	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("-metrics-address: %w", err)
@@ -75,6 +95,9 @@ func run(args []string) error {
 	fs.DurationVar(&cfg.PendingTTL, "pending-ttl", cfg.PendingTTL, "close a transaction whose next event has not come after this `duration`")
 	fs.BoolVar(&cfg.RxPreFilter, "rx-prefilter", cfg.RxPreFilter, "skip a rule's regular expression on inputs that lack the literals any match needs (Coraza's SecRxPreFilter)")
 	fs.IntVar(&cfg.LogRate, "log-rate", cfg.LogRate, "request log lines per second at most (0: none)")
+	setupFile := fs.String("setup-directives", "", "`file` of SecLang directives read before the CRS rules, like crs-setup.conf (SecAction setting tx.* variables, which wins over the flags; runtime exclusions with ctl)")
+	extraFile := fs.String("directives", "", "`file` of SecLang directives read after the CRS rules (SecRuleRemoveById, SecRuleRemoveByTag, SecRuleUpdateTargetById)")
+	handlers := fs.Int("handlers", runtime.GOMAXPROCS(0), "rule evaluations that run at once; more wait, and those the proxy gave up on meanwhile are dropped (0: no limit)")
 	level := fs.String("log-level", "info", "log `level`: debug, info, warn or error")
 	metricsAddr := fs.String("metrics-address", "", "serve Prometheus metrics on this `host:port` at /metrics (empty: off)")
 	if err := fs.Parse(args); err != nil {
@@ -100,6 +123,24 @@ func run(args []string) error {
 		}
 		cfg.Exclusions = append(cfg.Exclusions, rr...)
 	}
+	var err error
+	if *setupFile != "" {
+		if cfg.SetupDirectives, err = corazawaf.ReadDirectivesFile(*setupFile); err != nil {
+			return fmt.Errorf("-setup-directives: %w", err)
+		}
+	}
+	if *extraFile != "" {
+		if cfg.ExtraDirectives, err = corazawaf.ReadDirectivesFile(*extraFile); err != nil {
+			return fmt.Errorf("-directives: %w", err)
+		}
+	}
+	if *handlers < 0 {
+		return fmt.Errorf("%w: -handlers %d (want 0 or more)", errUsage, *handlers)
+	}
+	var lim *sdk.Limiter
+	if *handlers > 0 {
+		lim = sdk.NewLimiter(*handlers)
+	}
 	lv, err := zerolog.ParseLevel(*level)
 	if err != nil || lv == zerolog.NoLevel {
 		return fmt.Errorf("%w: -log-level %q", errUsage, *level)
@@ -114,7 +155,7 @@ func run(args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if *metricsAddr != "" {
-		srv, err := serveMetrics(*metricsAddr, h)
+		srv, err := serveMetrics(*metricsAddr, h, lim)
 		if err != nil {
 			return err
 		}
@@ -122,12 +163,17 @@ func run(args []string) error {
 		log.Info().Str("address", *metricsAddr).Msg("metrics")
 	}
 	log.Info().Str("socket", *socket).Str("mode", string(cfg.Mode)).Int("paranoia", cfg.ParanoiaLevel).
-		Int("inbound_threshold", cfg.InboundThreshold).Int("exclusions", len(cfg.Exclusions)).Msg("serving")
-	if err := sdk.ServeUDS(ctx, *socket, h, &sdk.Options{Name: "corazawaf", Logger: &log}); err != nil && ctx.Err() == nil {
+		Int("inbound_threshold", cfg.InboundThreshold).Int("exclusions", len(cfg.Exclusions)).
+		Bool("setup_directives", cfg.SetupDirectives != "").Bool("directives", cfg.ExtraDirectives != "").
+		Int("handlers", *handlers).Msg("serving")
+	if err := sdk.ServeUDS(ctx, *socket, h, &sdk.Options{Name: "corazawaf", Logger: &log, Limiter: lim}); err != nil && ctx.Err() == nil {
 		return err
 	}
 	s := h.Stats()
+	ds := sdk.ReadStats()
 	log.Info().Uint64("requests", s.Requests).Uint64("blocked", s.Blocked).Uint64("detected", s.Detected).
-		Uint64("expired", s.Expired).Uint64("evicted", s.Evicted).Msg("stopped")
+		Uint64("canceled", s.Canceled).Uint64("timed_out", s.TimedOut).
+		Uint64("expired", s.Expired).Uint64("evicted", s.Evicted).
+		Uint64("dropped_canceled", ds.DroppedCanceled).Uint64("dropped_deadline", ds.DroppedExpired).Msg("stopped")
 	return nil
 }
