@@ -2,7 +2,7 @@
 // (loopback by default) so that it is never reachable through the data
 // listeners:
 //
-//	GET  /metrics   Prometheus metrics
+//	GET  /metrics   Prometheus metrics (OpenMetrics when asked for)
 //	GET  /healthz   200 while the process runs
 //	GET  /readyz    200 when the sidecar can serve (listeners up, every
 //	                fail-closed agent connected), else 503 with the reason
@@ -195,6 +195,11 @@ func (s *Server) Handler() http.Handler {
 		mux.Handle("GET /metrics", promhttp.HandlerFor(prometheus.Gatherers{s.cfg.Gatherer, s.reg}, promhttp.HandlerOpts{
 			ErrorHandling:       promhttp.ContinueOnError,
 			MaxRequestsInFlight: 4,
+			// OpenMetrics 1.0.0 or 0.0.1 to a scraper that asks for it in
+			// Accept (Prometheus does by default); the text format 0.0.4
+			// to any other, "*/*" and no Accept included. No _created
+			// series: they would double the counters' series.
+			EnableOpenMetrics: true,
 		}))
 	}
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
