@@ -60,9 +60,10 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"runtime/debug"
 	"slices"
 	"strings"
+
+	buildinfo "github.com/zentinelproxy/sidecar/internal/version"
 )
 
 const usageText = `sidecar: an HTTP reverse proxy that lets policy agents decide on every request.
@@ -79,7 +80,7 @@ Usage:
   sidecar agent-check -transport uds|grpc|reverse -address ADDR [-pid PID] [-soak 60s] [-expect FILE] [-json]
         Check an agent in any language against the protocol (exit 1 on FAIL).
   sidecar version
-        Print the version.
+        Print the version, commit, commit date and Go version.
 
 Run "sidecar COMMAND -h" for the flags of a command.
 `
@@ -120,7 +121,7 @@ func sidecarMain(args []string, stdout, stderr io.Writer) int {
 	case "agent-check":
 		err = agentCheckCmd(rest, stdout, stderr)
 	case "version":
-		fmt.Fprintln(stdout, "sidecar", version())
+		fmt.Fprintln(stdout, "sidecar", buildinfo.Get())
 		return 0
 	case "help":
 		fmt.Fprint(stdout, usageText)
@@ -141,13 +142,9 @@ func sidecarMain(args []string, stdout, stderr io.Writer) int {
 	return 1
 }
 
-// version is the module version the binary was built from.
-func version() string {
-	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
-		return bi.Main.Version
-	}
-	return "(devel)"
-}
+// version is the version the binary was built with (see package
+// internal/version).
+func version() string { return buildinfo.Get().Version }
 
 // newFlagSet returns a flag set for a command that prints its usage to
 // stderr and returns errors instead of exiting.

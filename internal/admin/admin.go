@@ -38,6 +38,7 @@ import (
 	"github.com/zentinelproxy/sidecar/internal/config"
 	"github.com/zentinelproxy/sidecar/internal/dataplane"
 	"github.com/zentinelproxy/sidecar/internal/metrics"
+	"github.com/zentinelproxy/sidecar/internal/version"
 )
 
 // DefaultAddress is the admin listener's default address: loopback only.
@@ -60,6 +61,9 @@ type Config struct {
 	Address string
 	// Version is shown on /status.
 	Version string
+	// Build adds the commit and its date to /status (their zero values
+	// leave them out).
+	Build version.Info
 	// Gatherer serves /metrics (nil: 404).
 	Gatherer prometheus.Gatherer
 	// Ready decides /readyz: ok, or false and a short reason (nil: ready
@@ -114,6 +118,8 @@ func (c *Config) Validate() error {
 // Status is the /status document.
 type Status struct {
 	Version       string                  `json:"version"`
+	Commit        string                  `json:"commit,omitempty"`
+	CommitDate    string                  `json:"commit_date,omitempty"`
 	Started       time.Time               `json:"started"`
 	UptimeSeconds float64                 `json:"uptime_seconds"`
 	Ready         bool                    `json:"ready"`
@@ -277,6 +283,8 @@ func (s *Server) readyz(w http.ResponseWriter, _ *http.Request) {
 func (s *Server) Status() Status {
 	st := Status{
 		Version:       s.cfg.Version,
+		Commit:        s.cfg.Build.Commit,
+		CommitDate:    s.cfg.Build.Date,
 		Started:       s.started.UTC().Truncate(time.Second),
 		UptimeSeconds: time.Since(s.started).Truncate(time.Millisecond).Seconds(),
 		Routes:        []string{},

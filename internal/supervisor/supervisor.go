@@ -40,6 +40,7 @@ import (
 	"github.com/zentinelproxy/sidecar/internal/extproc"
 	"github.com/zentinelproxy/sidecar/internal/metrics"
 	"github.com/zentinelproxy/sidecar/internal/reverse"
+	"github.com/zentinelproxy/sidecar/internal/version"
 )
 
 // Defaults of Options.
@@ -88,7 +89,7 @@ type Options struct {
 
 // DefaultOptions returns Options with the default waits.
 func DefaultOptions() Options {
-	return Options{Version: "(devel)", AgentWait: DefaultAgentWait, Drain: DefaultDrain}
+	return Options{Version: version.Get().Version, AgentWait: DefaultAgentWait, Drain: DefaultDrain}
 }
 
 // Supervisor is one running sidecar. Create it with Start.
@@ -339,6 +340,7 @@ func (s *Supervisor) startAdmin(cfg *config.Config) error {
 	ac := admin.Config{
 		Address: cfg.Admin.Address,
 		Version: s.opts.Version,
+		Build:   version.Get(),
 		Ready:   s.Ready,
 		Routes: func() []string {
 			if srv := s.srv.Load(); srv != nil {
