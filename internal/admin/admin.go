@@ -79,7 +79,8 @@ type Config struct {
 	// /status.
 	Policy func() dataplane.PolicyStatus
 	// Reload re-reads and applies the configuration. An error wrapping
-	// config.ErrConfigSyntax or config.ErrConfigInvalid is the operator's
+	// config.ErrConfigSyntax, config.ErrConfigInvalid or
+	// config.ErrConfigUnreadable is the operator's
 	// (400); any other is the sidecar's (500). Nil: /reload answers 404.
 	Reload func() error
 	// Log receives reload outcomes and listener errors.
@@ -366,7 +367,7 @@ func (s *Server) reloadHandler(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case err == nil:
 		writeJSON(w, http.StatusOK, map[string]any{"reloaded": true, "reloads": s.ReloadStatus().Count})
-	case errors.Is(err, config.ErrConfigSyntax) || errors.Is(err, config.ErrConfigInvalid):
+	case errors.Is(err, config.ErrConfigSyntax) || errors.Is(err, config.ErrConfigInvalid) || errors.Is(err, config.ErrConfigUnreadable):
 		writeJSON(w, http.StatusBadRequest, map[string]any{"reloaded": false, "error": err.Error()})
 	default:
 		writeJSON(w, http.StatusInternalServerError, map[string]any{"reloaded": false, "error": err.Error()})
