@@ -111,8 +111,13 @@ routes: [{upstream: app, agents: [r]}]
 			}
 		})
 	}
-	if code, _, stderr := runMain("check-config", filepath.Join(t.TempDir(), "missing.yaml")); code != 1 || !strings.Contains(stderr, "missing.yaml") {
-		t.Errorf("missing file: exit %d, %s", code, stderr)
+	// A file that cannot be read is not a syntax error.
+	missing := filepath.Join(t.TempDir(), "missing.yaml")
+	for _, args := range [][]string{{"check-config", missing}, {"run", "-config", missing}} {
+		code, _, stderr := runMain(args...)
+		if want := "sidecar: config: cannot read " + missing + ": no such file or directory\n"; code != 1 || stderr != want {
+			t.Errorf("%v: exit %d, %q; want %q", args, code, stderr, want)
+		}
 	}
 }
 
@@ -139,5 +144,10 @@ func TestUsage(t *testing.T) {
 		if code != tc.code || !strings.Contains(stdout+stderr, tc.want) {
 			t.Errorf("%q: exit %d (want %d), output lacks %q:\n%s%s", tc.args, code, tc.code, tc.want, stdout, stderr)
 		}
+	}
+	// A command without flags prints no empty "Flags:" section.
+	_, _, stderr := runMain("check-config")
+	if !strings.HasPrefix(stderr, "check-config: FILE is required\nUsage: sidecar check-config FILE\n\nValidates FILE") || strings.Contains(stderr, "Flags:") {
+		t.Errorf("check-config usage:\n%s", stderr)
 	}
 }
