@@ -53,8 +53,15 @@ FROM base AS build-corazawaf
 RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
     CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/corazawaf ./examples/corazawaf/cmd/corazawaf
 
+# /sleep: the agent images' preStop hook (they have no shell), which keeps
+# an agent serving until the sidecar in front of it has drained.
+FROM base AS build-sleep
+RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
+    CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/sleep ./deploy/sleep
+
 FROM gcr.io/distroless/static:nonroot AS corazawaf
 COPY --from=build-corazawaf /out/corazawaf /corazawaf
+COPY --from=build-sleep /out/sleep /sleep
 COPY --from=base --chown=65532:65532 /out/run/sidecar /run/sidecar
 USER 65532:65532
 VOLUME ["/run/sidecar"]
@@ -63,6 +70,7 @@ CMD ["-socket", "/run/sidecar/waf.sock"]
 
 FROM gcr.io/distroless/static:nonroot AS wafagent
 COPY --from=build-wafagent /out/wafagent /wafagent
+COPY --from=build-sleep /out/sleep /sleep
 COPY --from=base --chown=65532:65532 /out/run/sidecar /run/sidecar
 USER 65532:65532
 VOLUME ["/run/sidecar"]

@@ -10,6 +10,7 @@
 //	sidecar -config FILE ...             (the same as run)
 //	sidecar check-config FILE
 //	sidecar agent-check -transport uds|grpc|reverse -address ADDR [flags]
+//	sidecar sleep DURATION
 //	sidecar version
 //
 // demo starts everything needed to try the sidecar on one machine, without
@@ -87,6 +88,8 @@ Usage:
         Validate FILE as run would; print OK or the error with its key and line (exit 1).
   sidecar agent-check -transport uds|grpc|reverse -address ADDR [-pid PID] [-soak 60s] [-expect FILE] [-json]
         Check an agent in any language against the protocol (exit 1 on FAIL).
+  sidecar sleep DURATION
+        Wait, then exit 0: a preStop hook for an image without a shell.
   sidecar version
         Print the version, commit, commit date and Go version.
 
@@ -128,6 +131,8 @@ func sidecarMain(args []string, stdout, stderr io.Writer) int {
 		err = demoCmd(rest, stdout, stderr)
 	case "agent-check":
 		err = agentCheckCmd(rest, stdout, stderr)
+	case "sleep":
+		err = sleepCmd(rest, stderr)
 	case "version":
 		fmt.Fprintln(stdout, "sidecar", buildinfo.Get())
 		return 0

@@ -138,6 +138,11 @@ func TestUsage(t *testing.T) {
 		{[]string{"demo", "-print-config"}, 0, "listeners:"},
 		{[]string{"demo", "extra"}, 2, `unexpected argument "extra"`},
 		{[]string{"version"}, 0, "sidecar "},
+		{[]string{"sleep", "0s"}, 0, ""},
+		{[]string{"sleep", "0"}, 0, ""},
+		{[]string{"sleep"}, 2, "sleep: DURATION is required"},
+		{[]string{"sleep", "soon"}, 2, `sleep: "soon" is not a duration (5s, 1m) or a number of seconds`},
+		{[]string{"sleep", "2h"}, 2, "sleep: 2h0m0s is not in 0..1h0m0s"},
 	}
 	for _, tc := range tests {
 		code, stdout, stderr := runMain(tc.args...)
