@@ -12,6 +12,7 @@
 //	sidecar agent-check -transport uds|grpc|reverse -address ADDR [flags]
 //	sidecar sleep DURATION
 //	sidecar version
+//	sidecar completion bash|zsh|fish
 //
 // demo starts everything needed to try the sidecar on one machine, without
 // network access or root: a built-in upstream service, the example agent of
@@ -92,6 +93,8 @@ Usage:
         Wait, then exit 0: a preStop hook for an image without a shell.
   sidecar version
         Print the version, commit, commit date and Go version.
+  sidecar completion bash|zsh|fish
+        Print the shell completion script.
 
 Run "sidecar COMMAND -h" for the flags of a command.
 `
@@ -133,6 +136,8 @@ func sidecarMain(args []string, stdout, stderr io.Writer) int {
 		err = agentCheckCmd(rest, stdout, stderr)
 	case "sleep":
 		err = sleepCmd(rest, stderr)
+	case "completion":
+		err = completionCmd(rest, stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, "sidecar", buildinfo.Get())
 		return 0
