@@ -38,7 +38,7 @@ func TestMemoryLimit(t *testing.T) {
 		file  string
 	}{
 		{"v2 container", map[string]string{
-			"proc/self/cgroup":          "0::/\n",
+			"proc/self/cgroup":         "0::/\n",
 			"sys/fs/cgroup/memory.max": "268435456\n",
 		}, 256 << 20, "/sys/fs/cgroup/memory.max"},
 		{"v2 service under a tighter slice", map[string]string{
@@ -47,11 +47,11 @@ func TestMemoryLimit(t *testing.T) {
 			"sys/fs/cgroup/system.slice/memory.max":                 "1073741824\n",
 		}, 1 << 30, "/sys/fs/cgroup/system.slice/memory.max"},
 		{"v2 host path not mounted in the container", map[string]string{
-			"proc/self/cgroup":          "0::/kubepods/pod1/abc\n",
+			"proc/self/cgroup":         "0::/kubepods/pod1/abc\n",
 			"sys/fs/cgroup/memory.max": "536870912\n",
 		}, 512 << 20, "/sys/fs/cgroup/memory.max"},
 		{"v2 no limit", map[string]string{
-			"proc/self/cgroup":          "0::/\n",
+			"proc/self/cgroup":         "0::/\n",
 			"sys/fs/cgroup/memory.max": "max\n",
 		}, 0, ""},
 		{"v1", map[string]string{
@@ -60,7 +60,7 @@ func TestMemoryLimit(t *testing.T) {
 			"sys/fs/cgroup/memory/memory.limit_in_bytes":            "9223372036854771712\n",
 		}, 128 << 20, "/sys/fs/cgroup/memory/docker/abc/memory.limit_in_bytes"},
 		{"v1 unlimited", map[string]string{
-			"proc/self/cgroup": "11:cpuacct,memory:/\n",
+			"proc/self/cgroup":                           "11:cpuacct,memory:/\n",
 			"sys/fs/cgroup/memory/memory.limit_in_bytes": "9223372036854771712\n",
 		}, 0, ""},
 		{"no cgroup file", map[string]string{}, 0, ""},
