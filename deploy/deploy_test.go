@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"io"
 	"net"
 	"os"
@@ -265,8 +268,74 @@ func TestKubernetesExample(t *testing.T) {
 	}
 }
 
-// TestDockerfile keeps the Dockerfile's build line identical to CI's and
-// the image non-root with the socket volume.
+// stage is one FROM of a Dockerfile and its instructions.
+type stage struct {
+	from, name string
+	lines      []string // instructions, continuation lines joined
+}
+
+// dockerStages splits a Dockerfile into its stages.
+func dockerStages(text string) []*stage {
+	var out []*stage
+	var cur strings.Builder
+	flush := func() {
+		line := strings.TrimSpace(cur.String())
+		cur.Reset()
+		if line == "" {
+			return
+		}
+		if f := strings.Fields(line); f[0] == "FROM" {
+			st := &stage{from: f[1]}
+			if len(f) == 4 && strings.EqualFold(f[2], "AS") {
+				st.name = f[3]
+			}
+			out = append(out, st)
+			return
+		}
+		if len(out) > 0 {
+			out[len(out)-1].lines = append(out[len(out)-1].lines, line)
+		}
+	}
+	for _, l := range strings.Split(text, "\n") {
+		if t := strings.TrimSpace(l); strings.HasPrefix(t, "#") {
+			continue
+		}
+		if c, ok := strings.CutSuffix(l, "\\"); ok {
+			cur.WriteString(c + " ")
+			continue
+		}
+		cur.WriteString(l)
+		flush()
+	}
+	flush()
+	return out
+}
+
+// versionVars are the package-level variables of internal/version.
+func versionVars(t *testing.T) map[string]bool {
+	t.Helper()
+	f, err := parser.ParseFile(token.NewFileSet(), "../internal/version/version.go", nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]bool{}
+	for _, d := range f.Decls {
+		if g, ok := d.(*ast.GenDecl); ok && g.Tok == token.VAR {
+			for _, sp := range g.Specs {
+				for _, n := range sp.(*ast.ValueSpec).Names {
+					out[n.Name] = true
+				}
+			}
+		}
+	}
+	return out
+}
+
+// TestDockerfile keeps the Dockerfile's build line identical to CI's,
+// the version stamped from build arguments into variables that exist,
+// each binary built in its own stage from the sources alone with the
+// module and build caches mounted, and the image non-root with the
+// socket volume.
 func TestDockerfile(t *testing.T) {
 	df, err := os.ReadFile("../Dockerfile")
 	if err != nil {
@@ -276,15 +345,86 @@ func TestDockerfile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	text := strings.ReplaceAll(string(df), "\\\n", " ")
 	build := regexp.MustCompile(`CGO_ENABLED=0 go build (.*) -o \S+ \./cmd/sidecar`)
-	d, c := build.FindSubmatch(df), build.FindSubmatch(ci)
+	d, c := build.FindStringSubmatch(text), build.FindStringSubmatch(string(ci))
 	if d == nil || c == nil {
 		t.Fatalf("build line missing: Dockerfile %q, CI %q", d, c)
 	}
-	if string(d[1]) != string(c[1]) || string(d[1]) != `-trimpath -tags nowaf -ldflags="-s -w"` {
-		t.Errorf("build flags differ: Dockerfile %s, CI %s", d[1], c[1])
+	const pkg = "github.com/zentinelproxy/sidecar/internal/version"
+	want := `-trimpath -tags nowaf -ldflags="-s -w -X ` + pkg + `.Version=${VERSION} -X ` + pkg + `.Commit=${COMMIT} -X ` + pkg + `.Date=${DATE}"`
+	if d[1] != c[1] || d[1] != want {
+		t.Errorf("build flags differ:\nDockerfile %s\nCI         %s\nwant       %s", d[1], c[1], want)
 	}
-	text := string(df)
+	// A -X naming a variable that does not exist is silently ignored by
+	// the linker.
+	vars := versionVars(t)
+	for _, m := range regexp.MustCompile(`-X `+regexp.QuoteMeta(pkg)+`\.(\w+)=\$\{(\w+)\}`).FindAllStringSubmatch(want, -1) {
+		if !vars[m[1]] {
+			t.Errorf("-X %s.%s: no such variable in internal/version", pkg, m[1])
+		}
+		for _, src := range []struct{ name, text string }{{"Dockerfile", text}, {".ci/run", string(ci)}} {
+			decl := "ARG " + m[2]
+			if src.name == ".ci/run" {
+				decl = m[2] + "="
+			}
+			if !strings.Contains(src.text, decl) {
+				t.Errorf("%s does not set %s", src.name, m[2])
+			}
+		}
+	}
+
+	stages := dockerStages(string(df))
+	byName := map[string]*stage{}
+	for _, st := range stages {
+		if st.name != "" {
+			byName[st.name] = st
+		}
+	}
+	if b := byName["base"]; b == nil || b.from != "golang:1.26" {
+		t.Fatalf("no stage base FROM golang:1.26: %+v", b)
+	}
+	for _, st := range stages {
+		for _, l := range st.lines {
+			if !strings.HasPrefix(l, "RUN") {
+				continue
+			}
+			if strings.Contains(l, "go build") || strings.Contains(l, "go mod download") {
+				if !strings.Contains(l, "--mount=type=cache,target=/go/pkg/mod") {
+					t.Errorf("stage %s: %q does not mount the module cache", st.name, l)
+				}
+			}
+			if strings.Contains(l, "go build") && !strings.Contains(l, "--mount=type=cache,target=/root/.cache/go-build") {
+				t.Errorf("stage %s: %q does not mount the build cache", st.name, l)
+			}
+		}
+		// A stage that builds one binary starts from the sources, not
+		// from a stage that built another.
+		if strings.HasPrefix(st.name, "build") && st.from != "base" {
+			t.Errorf("stage %s is FROM %s, not base: it would build that stage's binary too", st.name, st.from)
+		}
+		builds := 0
+		for _, l := range st.lines {
+			builds += strings.Count(l, "go build")
+		}
+		if builds > 1 {
+			t.Errorf("stage %s builds %d binaries", st.name, builds)
+		}
+	}
+	// The agent images do not depend on the sidecar's build.
+	for _, name := range []string{"corazawaf", "wafagent"} {
+		st := byName[name]
+		if st == nil {
+			t.Errorf("no stage %s", name)
+			continue
+		}
+		for _, l := range st.lines {
+			if strings.Contains(l, "--from=build ") {
+				t.Errorf("stage %s copies from the sidecar's build: %q", name, l)
+			}
+		}
+	}
+
 	final := text[strings.LastIndex(text, "\nFROM "):]
 	for _, want := range []string{
 		"FROM gcr.io/distroless/static:nonroot\n",
@@ -296,9 +436,6 @@ func TestDockerfile(t *testing.T) {
 		if !strings.Contains(final, want) {
 			t.Errorf("the final stage lacks %q", want)
 		}
-	}
-	if !strings.Contains(text, "FROM golang:1.26 AS build\n") {
-		t.Error("the builder is not golang:1.26")
 	}
 	ignore, err := os.ReadFile("../.dockerignore")
 	if err != nil {

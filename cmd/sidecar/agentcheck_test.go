@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"net"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -41,10 +42,35 @@ func TestAgentCheckCommand(t *testing.T) {
 		t.Fatalf("report: %+v", rep)
 	}
 
-	// A FAIL is exit 1, with the table on stdout.
+	// An agent that is not running is one line, and no check runs.
 	out.Reset()
 	errw.Reset()
-	code = sidecarMain([]string{"agent-check", "-address", filepath.Join(dir, "none.sock"), "-only", "handshake", "-timeout", "200ms"}, &out, &errw)
+	none := filepath.Join(dir, "none.sock")
+	code = sidecarMain([]string{"agent-check", "-address", none, "-timeout", "200ms"}, &out, &errw)
+	if want := "sidecar: cannot connect to " + none + ": no such file or directory\n"; code != 1 || out.String() != "" || errw.String() != want {
+		t.Fatalf("exit %d, stdout %q, stderr %q; want stderr %q", code, out.String(), errw.String(), want)
+	}
+
+	// A FAIL is exit 1, with the table on stdout: an agent that accepts
+	// and says nothing.
+	silent := filepath.Join(dir, "silent.sock")
+	sln, err := net.Listen("unix", silent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sln.Close()
+	go func() {
+		for {
+			c, err := sln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+		}
+	}()
+	out.Reset()
+	errw.Reset()
+	code = sidecarMain([]string{"agent-check", "-address", silent, "-only", "handshake", "-timeout", "200ms"}, &out, &errw)
 	if code != 1 || !strings.Contains(out.String(), "FAIL handshake") {
 		t.Fatalf("exit %d:\n%s\n%s", code, out.String(), errw.String())
 	}

@@ -10,7 +10,9 @@
 //	sidecar -config FILE ...             (the same as run)
 //	sidecar check-config FILE
 //	sidecar agent-check -transport uds|grpc|reverse -address ADDR [flags]
+//	sidecar sleep DURATION
 //	sidecar version
+//	sidecar completion bash|zsh|fish
 //
 // demo starts everything needed to try the sidecar on one machine, without
 // network access or root: a built-in upstream service, the example agent of
@@ -25,14 +27,21 @@
 // agents (a second signal ends the drain at once). SIGHUP re-reads FILE:
 // routes, upstreams and agents change without dropping a request, and a
 // file that does not validate is refused while the running configuration
-// keeps serving. The admin listener (default 127.0.0.1:9901) serves
+// keeps serving. SIGUSR1 reopens the access log file at its path (log
+// rotation). The admin listener (default 127.0.0.1:9901) serves
 // /metrics, /healthz, /readyz, /status and POST /reload. The
 // configuration format is described in package config and
-// docs/configuration.md, operations in docs/operations.md.
+// docs/configuration.md, operations in docs/operations.md. run exits 0
+// after a clean shutdown, 1 when the configuration is refused, a
+// listener fails or a shutdown cut requests off (a second signal, or the
+// drain ran out), 2 on a command-line error.
 //
-// check-config validates FILE, including the transport options of its
-// agents, without opening anything. It prints OK and a summary, or the
-// error with the key and line it concerns, and exits 1 on error.
+// check-config validates FILE as run would: every key, the transport
+// options of its agents and the files and directories a start opens
+// (TLS and token files, the access log, Unix socket directories). It
+// prints OK and a summary, or the error with the key and line it
+// concerns and exits 1; warnings (valid but probably wrong settings) go
+// to stderr with their key and line and do not fail it.
 //
 // agent-check connects to an agent written in any language as the sidecar
 // would, runs the protocol checks of package internal/agentcheck (and a
@@ -60,9 +69,10 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"runtime/debug"
 	"slices"
 	"strings"
+
+	buildinfo "github.com/zentinelproxy/sidecar/internal/version"
 )
 
 const usageText = `sidecar: an HTTP reverse proxy that lets policy agents decide on every request.
@@ -72,14 +82,19 @@ Usage:
         Run a self-contained demo: built-in upstream, example agent, sidecar.
         Prints curl commands to try; stop with Ctrl-C.
   sidecar run -config FILE [-log-level LEVEL] [-log-format json|console] [-drain 10s]
-        Serve the configuration in FILE until SIGINT/SIGTERM; SIGHUP reloads it.
+        Serve the configuration in FILE until SIGINT/SIGTERM; SIGHUP reloads it,
+        SIGUSR1 reopens the access log file.
         "sidecar -config FILE" is the same.
   sidecar check-config FILE
-        Validate FILE; print OK or the error with its key and line (exit 1).
+        Validate FILE as run would; print OK or the error with its key and line (exit 1).
   sidecar agent-check -transport uds|grpc|reverse -address ADDR [-pid PID] [-soak 60s] [-expect FILE] [-json]
         Check an agent in any language against the protocol (exit 1 on FAIL).
+  sidecar sleep DURATION
+        Wait, then exit 0: a preStop hook for an image without a shell.
   sidecar version
-        Print the version.
+        Print the version, commit, commit date and Go version.
+  sidecar completion bash|zsh|fish
+        Print the shell completion script.
 
 Run "sidecar COMMAND -h" for the flags of a command.
 `
@@ -119,8 +134,12 @@ func sidecarMain(args []string, stdout, stderr io.Writer) int {
 		err = demoCmd(rest, stdout, stderr)
 	case "agent-check":
 		err = agentCheckCmd(rest, stdout, stderr)
+	case "sleep":
+		err = sleepCmd(rest, stderr)
+	case "completion":
+		err = completionCmd(rest, stdout, stderr)
 	case "version":
-		fmt.Fprintln(stdout, "sidecar", version())
+		fmt.Fprintln(stdout, "sidecar", buildinfo.Get())
 		return 0
 	case "help":
 		fmt.Fprint(stdout, usageText)
@@ -141,13 +160,9 @@ func sidecarMain(args []string, stdout, stderr io.Writer) int {
 	return 1
 }
 
-// version is the module version the binary was built from.
-func version() string {
-	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
-		return bi.Main.Version
-	}
-	return "(devel)"
-}
+// version is the version the binary was built with (see package
+// internal/version).
+func version() string { return buildinfo.Get().Version }
 
 // newFlagSet returns a flag set for a command that prints its usage to
 // stderr and returns errors instead of exiting.
@@ -155,8 +170,13 @@ func newFlagSet(name, synopsis string, stderr io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: %s\n\nFlags:\n", synopsis)
-		fs.PrintDefaults()
+		fmt.Fprintf(stderr, "Usage: %s\n", synopsis)
+		hasFlags := false
+		fs.VisitAll(func(*flag.Flag) { hasFlags = true })
+		if hasFlags {
+			fmt.Fprint(stderr, "\nFlags:\n")
+			fs.PrintDefaults()
+		}
 	}
 	return fs
 }

@@ -111,8 +111,13 @@ routes: [{upstream: app, agents: [r]}]
 			}
 		})
 	}
-	if code, _, stderr := runMain("check-config", filepath.Join(t.TempDir(), "missing.yaml")); code != 1 || !strings.Contains(stderr, "missing.yaml") {
-		t.Errorf("missing file: exit %d, %s", code, stderr)
+	// A file that cannot be read is not a syntax error.
+	missing := filepath.Join(t.TempDir(), "missing.yaml")
+	for _, args := range [][]string{{"check-config", missing}, {"run", "-config", missing}} {
+		code, _, stderr := runMain(args...)
+		if want := "sidecar: config: cannot read " + missing + ": no such file or directory\n"; code != 1 || stderr != want {
+			t.Errorf("%v: exit %d, %q; want %q", args, code, stderr, want)
+		}
 	}
 }
 
@@ -133,11 +138,21 @@ func TestUsage(t *testing.T) {
 		{[]string{"demo", "-print-config"}, 0, "listeners:"},
 		{[]string{"demo", "extra"}, 2, `unexpected argument "extra"`},
 		{[]string{"version"}, 0, "sidecar "},
+		{[]string{"sleep", "0s"}, 0, ""},
+		{[]string{"sleep", "0"}, 0, ""},
+		{[]string{"sleep"}, 2, "sleep: DURATION is required"},
+		{[]string{"sleep", "soon"}, 2, `sleep: "soon" is not a duration (5s, 1m) or a number of seconds`},
+		{[]string{"sleep", "2h"}, 2, "sleep: 2h0m0s is not in 0..1h0m0s"},
 	}
 	for _, tc := range tests {
 		code, stdout, stderr := runMain(tc.args...)
 		if code != tc.code || !strings.Contains(stdout+stderr, tc.want) {
 			t.Errorf("%q: exit %d (want %d), output lacks %q:\n%s%s", tc.args, code, tc.code, tc.want, stdout, stderr)
 		}
+	}
+	// A command without flags prints no empty "Flags:" section.
+	_, _, stderr := runMain("check-config")
+	if !strings.HasPrefix(stderr, "check-config: FILE is required\nUsage: sidecar check-config FILE\n\nValidates FILE") || strings.Contains(stderr, "Flags:") {
+		t.Errorf("check-config usage:\n%s", stderr)
 	}
 }

@@ -61,7 +61,7 @@ func runCmd(args []string, stderr io.Writer) error {
 	// Signals are caught from here on: one that arrives while the sidecar
 	// starts is handled as soon as it serves.
 	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGUSR1)
 	defer signal.Stop(sigs)
 	o := supervisor.DefaultOptions()
 	o.Path, o.Override, o.Log, o.Version, o.Drain = *path, override, log, version(), *drain

@@ -1,9 +1,11 @@
 // Package accesslog writes one JSON line per request (zerolog): route,
 // status, outcome, the deciding agent, time spent on agents per phase,
-// body bytes, duration and the request's ids. It receives the dataplane's
-// per-request summaries (dataplane.RequestRecorder), samples ordinary
-// requests 1 in N while always logging blocks, redirects, failures and
-// 5xx answers, and writes through a Writer that never blocks a request.
+// body bytes, duration and the request's ids, or the fields configured
+// (Config.Fields). It receives the dataplane's per-request summaries
+// (dataplane.RequestRecorder), samples ordinary requests 1 in N while
+// always logging blocks, redirects, failures and 5xx answers, and writes
+// through a Writer that never blocks a request, to a File that can be
+// reopened at its path after a log rotation renamed it.
 //
 // A line:
 //
@@ -19,10 +21,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
+	"strings"
 	"sync/atomic"
 
 	"github.com/rs/zerolog"
 
+	"github.com/zentinelproxy/sidecar/internal/config"
 	"github.com/zentinelproxy/sidecar/internal/dataplane"
 )
 
@@ -39,9 +44,13 @@ type Config struct {
 	// below 500); 1 logs every request (default). Every other outcome and
 	// every 5xx is always logged.
 	SampleEvery int
+	// Fields are the fields of a line, names of config.AccessLogFields
+	// (nil: config.DefaultAccessLogFields). Lines carry them in a fixed
+	// order whatever the order here, with "level" and "message".
+	Fields []string
 }
 
-// DefaultConfig logs every request.
+// DefaultConfig logs every request with the default fields.
 func DefaultConfig() Config { return Config{SampleEvery: 1} }
 
 // Validate checks c, filling a zero SampleEvery with 1.
@@ -52,7 +61,58 @@ func (c *Config) Validate() error {
 	if c.SampleEvery < 1 {
 		return fmt.Errorf("%w: sample_every %d must be at least 1", ErrAccessLogConfig, c.SampleEvery)
 	}
+	if _, err := fieldMask(c.Fields); err != nil {
+		return err
+	}
 	return nil
+}
+
+// field is one bit of a line's field set, in config.AccessLogFields
+// order.
+type field uint32
+
+const (
+	fTime field = 1 << iota
+	fReq
+	fCorr
+	fRoute
+	fMethod
+	fHost
+	fPath
+	fClient
+	fStatus
+	fOutcome
+	fAgent
+	fReason
+	fAgentTime
+	fBytesIn
+	fBytesOut
+	fDuration
+	fFailOpen
+	fInspectionSkipped
+	fAborted
+	fStart
+	fReqInspected
+	fRespInspected
+	fReqMutated
+	fRespMutated
+	numFields = iota
+)
+
+// fieldMask turns field names into the set RecordRequest tests.
+func fieldMask(names []string) (field, error) {
+	if names == nil {
+		names = config.DefaultAccessLogFields
+	}
+	var m field
+	for _, n := range names {
+		i := slices.Index(config.AccessLogFields, n)
+		if i < 0 {
+			return 0, fmt.Errorf("%w: unknown field %q (known: %s)", ErrAccessLogConfig, n, strings.Join(config.AccessLogFields, ", "))
+		}
+		m |= 1 << i
+	}
+	return m, nil
 }
 
 // Stats are a Logger's counters.
@@ -66,6 +126,7 @@ type Stats struct {
 type Logger struct {
 	dataplane.NopObserver
 	log     zerolog.Logger
+	fields  field
 	every   uint64
 	seq     atomic.Uint64
 	logged  atomic.Uint64
@@ -78,10 +139,12 @@ func New(w io.Writer, cfg Config) (*Logger, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Logger{
-		log:   zerolog.New(w).Level(zerolog.InfoLevel).With().Timestamp().Logger(),
-		every: uint64(cfg.SampleEvery),
-	}, nil
+	fields, _ := fieldMask(cfg.Fields)
+	log := zerolog.New(w).Level(zerolog.InfoLevel)
+	if fields&fTime != 0 {
+		log = log.With().Timestamp().Logger()
+	}
+	return &Logger{log: log, fields: fields, every: uint64(cfg.SampleEvery)}, nil
 }
 
 // Stats returns the logger's counters.
@@ -104,35 +167,79 @@ func (l *Logger) RecordRequest(s *dataplane.RequestSummary) {
 	if e == nil {
 		return
 	}
-	e.Uint64("req", s.ID).Bytes("corr", s.Correlation)
-	if s.Route >= 0 {
+	f := l.fields
+	if f&fReq != 0 {
+		e.Uint64("req", s.ID)
+	}
+	if f&fCorr != 0 {
+		e.Bytes("corr", s.Correlation)
+	}
+	if f&fRoute != 0 && s.Route >= 0 {
 		e.Str("route", s.RouteName)
 	}
-	e.Bytes("method", s.Method).Bytes("host", clip(s.Host)).Bytes("path", clip(s.Path))
-	if len(s.ClientIP) > 0 {
+	if f&fMethod != 0 {
+		e.Bytes("method", s.Method)
+	}
+	if f&fHost != 0 {
+		e.Bytes("host", clip(s.Host))
+	}
+	if f&fPath != 0 {
+		e.Bytes("path", clip(s.Path))
+	}
+	if f&fClient != 0 && len(s.ClientIP) > 0 {
 		e.Bytes("client", s.ClientIP)
 	}
-	e.Int("status", s.Status).Str("outcome", s.Outcome.String())
-	if s.AgentName != "" {
+	if f&fStatus != 0 {
+		e.Int("status", s.Status)
+	}
+	if f&fOutcome != 0 {
+		e.Str("outcome", s.Outcome.String())
+	}
+	if f&fAgent != 0 && s.AgentName != "" {
 		e.Str("agent", s.AgentName)
 	}
-	if s.Reason != "" {
+	if f&fReason != 0 && s.Reason != "" {
 		e.Str("reason", s.Reason)
 	}
-	for p, d := range s.AgentTime {
-		if d > 0 {
-			e.Int64(agentFields[p], d.Microseconds())
+	if f&fAgentTime != 0 {
+		for p, d := range s.AgentTime {
+			if d > 0 {
+				e.Int64(agentFields[p], d.Microseconds())
+			}
 		}
 	}
-	e.Int64("bytes_in", s.BytesIn).Int64("bytes_out", s.BytesOut).Int64("duration_us", s.Duration.Microseconds())
-	if s.FailedOpen > 0 {
+	if f&fBytesIn != 0 {
+		e.Int64("bytes_in", s.BytesIn)
+	}
+	if f&fBytesOut != 0 {
+		e.Int64("bytes_out", s.BytesOut)
+	}
+	if f&fDuration != 0 {
+		e.Int64("duration_us", s.Duration.Microseconds())
+	}
+	if f&fFailOpen != 0 && s.FailedOpen > 0 {
 		e.Int("fail_open", s.FailedOpen)
 	}
-	if s.InspectionSkipped {
+	if f&fInspectionSkipped != 0 && s.InspectionSkipped {
 		e.Bool("inspection_skipped", true)
 	}
-	if s.Aborted {
+	if f&fAborted != 0 && s.Aborted {
 		e.Bool("aborted", true)
+	}
+	if f&fStart != 0 && !s.Start.IsZero() {
+		e.Time("start", s.Start)
+	}
+	if f&fReqInspected != 0 {
+		e.Int64("request_bytes_inspected", s.Inspected[0])
+	}
+	if f&fRespInspected != 0 {
+		e.Int64("response_bytes_inspected", s.Inspected[1])
+	}
+	if f&fReqMutated != 0 {
+		e.Int64("request_bytes_mutated", s.Mutated[0])
+	}
+	if f&fRespMutated != 0 {
+		e.Int64("response_bytes_mutated", s.Mutated[1])
 	}
 	e.Msg("access")
 	l.logged.Add(1)

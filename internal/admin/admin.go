@@ -2,7 +2,7 @@
 // (loopback by default) so that it is never reachable through the data
 // listeners:
 //
-//	GET  /metrics   Prometheus metrics
+//	GET  /metrics   Prometheus metrics (OpenMetrics when asked for)
 //	GET  /healthz   200 while the process runs
 //	GET  /readyz    200 when the sidecar can serve (listeners up, every
 //	                fail-closed agent connected), else 503 with the reason
@@ -38,6 +38,7 @@ import (
 	"github.com/zentinelproxy/sidecar/internal/config"
 	"github.com/zentinelproxy/sidecar/internal/dataplane"
 	"github.com/zentinelproxy/sidecar/internal/metrics"
+	"github.com/zentinelproxy/sidecar/internal/version"
 )
 
 // DefaultAddress is the admin listener's default address: loopback only.
@@ -60,6 +61,9 @@ type Config struct {
 	Address string
 	// Version is shown on /status.
 	Version string
+	// Build adds the commit and its date to /status (their zero values
+	// leave them out).
+	Build version.Info
 	// Gatherer serves /metrics (nil: 404).
 	Gatherer prometheus.Gatherer
 	// Ready decides /readyz: ok, or false and a short reason (nil: ready
@@ -75,7 +79,8 @@ type Config struct {
 	// /status.
 	Policy func() dataplane.PolicyStatus
 	// Reload re-reads and applies the configuration. An error wrapping
-	// config.ErrConfigSyntax or config.ErrConfigInvalid is the operator's
+	// config.ErrConfigSyntax, config.ErrConfigInvalid or
+	// config.ErrConfigUnreadable is the operator's
 	// (400); any other is the sidecar's (500). Nil: /reload answers 404.
 	Reload func() error
 	// Log receives reload outcomes and listener errors.
@@ -114,6 +119,8 @@ func (c *Config) Validate() error {
 // Status is the /status document.
 type Status struct {
 	Version       string                  `json:"version"`
+	Commit        string                  `json:"commit,omitempty"`
+	CommitDate    string                  `json:"commit_date,omitempty"`
 	Started       time.Time               `json:"started"`
 	UptimeSeconds float64                 `json:"uptime_seconds"`
 	Ready         bool                    `json:"ready"`
@@ -195,6 +202,11 @@ func (s *Server) Handler() http.Handler {
 		mux.Handle("GET /metrics", promhttp.HandlerFor(prometheus.Gatherers{s.cfg.Gatherer, s.reg}, promhttp.HandlerOpts{
 			ErrorHandling:       promhttp.ContinueOnError,
 			MaxRequestsInFlight: 4,
+			// OpenMetrics 1.0.0 or 0.0.1 to a scraper that asks for it in
+			// Accept (Prometheus does by default); the text format 0.0.4
+			// to any other, "*/*" and no Accept included. No _created
+			// series: they would double the counters' series.
+			EnableOpenMetrics: true,
 		}))
 	}
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -272,6 +284,8 @@ func (s *Server) readyz(w http.ResponseWriter, _ *http.Request) {
 func (s *Server) Status() Status {
 	st := Status{
 		Version:       s.cfg.Version,
+		Commit:        s.cfg.Build.Commit,
+		CommitDate:    s.cfg.Build.Date,
 		Started:       s.started.UTC().Truncate(time.Second),
 		UptimeSeconds: time.Since(s.started).Truncate(time.Millisecond).Seconds(),
 		Routes:        []string{},
@@ -353,7 +367,7 @@ func (s *Server) reloadHandler(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case err == nil:
 		writeJSON(w, http.StatusOK, map[string]any{"reloaded": true, "reloads": s.ReloadStatus().Count})
-	case errors.Is(err, config.ErrConfigSyntax) || errors.Is(err, config.ErrConfigInvalid):
+	case errors.Is(err, config.ErrConfigSyntax) || errors.Is(err, config.ErrConfigInvalid) || errors.Is(err, config.ErrConfigUnreadable):
 		writeJSON(w, http.StatusBadRequest, map[string]any{"reloaded": false, "error": err.Error()})
 	default:
 		writeJSON(w, http.StatusInternalServerError, map[string]any{"reloaded": false, "error": err.Error()})

@@ -35,7 +35,27 @@ var (
 	ErrClosed = errors.New("agentcheck: connection closed by the agent")
 	// ErrExpectations: the expectations file is unusable.
 	ErrExpectations = errors.New("agentcheck: invalid expectations")
+	// ErrUnreachable: nothing answers at the agent's address (for a
+	// reverse agent: nothing connected within ReconnectWait); no check
+	// ran. Returned as an *UnreachableError.
+	ErrUnreachable = errors.New("agentcheck: agent unreachable")
 )
+
+// UnreachableError is Run's error when the agent cannot be reached at
+// all: every check would fail the same way, so none runs.
+type UnreachableError struct {
+	// Address is the agent's address as configured.
+	Address string
+	// Err is why: the dial's error, or the reverse wait that ran out.
+	Err error
+}
+
+func (e *UnreachableError) Error() string {
+	return "cannot connect to " + e.Address + ": " + e.Err.Error()
+}
+
+// Unwrap returns ErrUnreachable and the cause.
+func (e *UnreachableError) Unwrap() []error { return []error{ErrUnreachable, e.Err} }
 
 // Transports the kit speaks.
 const (
@@ -223,8 +243,9 @@ func (r *Report) Find(id string) *Result {
 }
 
 // Run checks the agent described by cfg and returns the report. The error
-// is for a config that cannot run at all; an agent that cannot be reached
-// is a FAIL in the report.
+// is for a config that cannot run at all, or an *UnreachableError when
+// nothing answers at the address (no check runs then); an agent that
+// answers and fails a check is a FAIL in the report.
 func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
@@ -234,6 +255,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, err
 	}
 	defer env.close()
+	if err := env.reach(); err != nil {
+		return nil, err
+	}
 	rep := &Report{Transport: cfg.Transport, Address: cfg.Address}
 	env.report = rep
 	env.runAll()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -184,11 +185,35 @@ func TestSilentAgent(t *testing.T) {
 	}
 }
 
-// TestUnreachable: no agent at the address is a FAIL, not an error.
+// TestUnreachable: nothing at the address is one error naming it, and no
+// check runs (each would fail on the same dial error).
 func TestUnreachable(t *testing.T) {
-	rep := run(t, Config{Address: filepath.Join(testutil.SocketDir(t), "none.sock"), Only: []string{"handshake"}})
-	if r := rep.Find("handshake"); r == nil || r.Status != Fail || !strings.Contains(r.Detail, "cannot set up") {
-		t.Fatalf("%+v", r)
+	dir := testutil.SocketDir(t)
+	file := filepath.Join(dir, "file.sock")
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := ln.Addr().String()
+	ln.Close()
+	for _, c := range []struct {
+		cfg  Config
+		want string
+	}{
+		{Config{Address: filepath.Join(dir, "none.sock")}, "cannot connect to " + filepath.Join(dir, "none.sock") + ": no such file or directory"},
+		{Config{Address: file}, "cannot connect to " + file + ": it exists and is not a socket (connection refused)"},
+		{Config{Transport: TransportGRPC, Address: closed}, "cannot connect to " + closed + ": connection refused"},
+		{Config{Transport: TransportReverse, Address: filepath.Join(dir, "rev.sock"), ReconnectWait: 100 * time.Millisecond},
+			"cannot connect to " + filepath.Join(dir, "rev.sock") + ": no agent connected within 100ms (-reconnect-wait)"},
+	} {
+		rep, err := Run(context.Background(), c.cfg)
+		var ue *UnreachableError
+		if rep != nil || !errors.Is(err, ErrUnreachable) || !errors.As(err, &ue) || err.Error() != c.want {
+			t.Errorf("%s %s: report %v, error %v; want %q", c.cfg.Transport, c.cfg.Address, rep, err, c.want)
+		}
 	}
 }
 

@@ -36,6 +36,11 @@ type env struct {
 	setupNote            []string
 	agentName            string
 
+	// first is the reverse agent's first connection, taken by reach and
+	// handed to the first check that waits for one.
+	first   net.Conn
+	firstAt time.Time
+
 	pingRTT time.Duration
 	// strays are the agent's answers to requests never sent (see strays).
 	strays *strays
@@ -80,6 +85,9 @@ func (e *env) close() {
 	if e.cur != nil {
 		e.cur.Close()
 	}
+	if e.first != nil {
+		_ = e.first.Close()
+	}
 	if e.ln != nil {
 		_ = e.ln.Close()
 		for nc := range e.accepted {
@@ -105,8 +113,77 @@ func (e *env) dialRaw() (net.Conn, error) {
 	return nc, nil
 }
 
+// reach makes sure something answers at the agent's address before the
+// checks run: a dial (uds, a gRPC target that names a socket path or a
+// host:port), or for a reverse agent a first connection within
+// ReconnectWait. Otherwise every check would fail on the same error.
+func (e *env) reach() error {
+	if e.cfg.Transport == TransportReverse {
+		nc, at, err := e.acceptRaw(e.cfg.ReconnectWait)
+		if err != nil {
+			if errors.Is(err, ErrTimeout) {
+				return &UnreachableError{Address: e.cfg.Address, Err: fmt.Errorf("no agent connected within %v (-reconnect-wait)", e.cfg.ReconnectWait)}
+			}
+			return err
+		}
+		e.first, e.firstAt = nc, at
+		return nil
+	}
+	network, addr, ok := dialAddress(e.cfg.Transport, e.cfg.Address)
+	if !ok {
+		return nil // a gRPC target the checker does not resolve itself
+	}
+	d := net.Dialer{Timeout: e.cfg.Timeout}
+	nc, err := d.DialContext(e.ctx, network, addr)
+	if err != nil {
+		// "no such file or directory", not "dial unix /x.sock: connect: …":
+		// the address is said once.
+		var oe *net.OpError
+		if errors.As(err, &oe) {
+			err = oe.Err
+			var se *os.SyscallError
+			if errors.As(err, &se) {
+				err = se.Err
+			}
+		}
+		if fi, serr := os.Stat(addr); network == "unix" && serr == nil && fi.Mode()&os.ModeSocket == 0 {
+			err = fmt.Errorf("it exists and is not a socket (%v)", err)
+		}
+		return &UnreachableError{Address: e.cfg.Address, Err: err}
+	}
+	_ = nc.Close()
+	return nil
+}
+
+// dialAddress is the network address of a uds agent's socket or of a
+// gRPC target that is a socket path (unix:/p, unix:///p, /p) or
+// host:port (possibly dns:///host:port).
+func dialAddress(transport, addr string) (network, address string, ok bool) {
+	if transport == TransportUDS {
+		return "unix", strings.TrimPrefix(addr, "unix:"), true
+	}
+	switch {
+	case strings.HasPrefix(addr, "unix://"):
+		return "unix", strings.TrimPrefix(addr, "unix://"), true
+	case strings.HasPrefix(addr, "unix:"):
+		return "unix", strings.TrimPrefix(addr, "unix:"), true
+	case strings.HasPrefix(addr, "/"):
+		return "unix", addr, true
+	case strings.HasPrefix(addr, "dns:///"):
+		addr = strings.TrimPrefix(addr, "dns:///")
+	}
+	if _, _, err := net.SplitHostPort(addr); err != nil || strings.Contains(addr, "/") {
+		return "", "", false
+	}
+	return "tcp", addr, true
+}
+
 // acceptRaw waits for the next connection of a reverse agent.
 func (e *env) acceptRaw(d time.Duration) (net.Conn, time.Time, error) {
+	if nc := e.first; nc != nil {
+		e.first = nil
+		return nc, e.firstAt, nil
+	}
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {

@@ -29,6 +29,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"time"
 
@@ -42,7 +43,20 @@ var (
 	ErrConfigSyntax = errors.New("config: syntax error")
 	// ErrConfigInvalid: a value is missing, out of range or inconsistent.
 	ErrConfigInvalid = errors.New("config: invalid configuration")
+	// ErrConfigUnreadable: the file cannot be read (missing, not
+	// permitted, a directory); the error also wraps the cause
+	// (fs.ErrNotExist, fs.ErrPermission, …).
+	ErrConfigUnreadable = errors.New("config: cannot read the file")
 )
+
+// readError is a configuration file that cannot be read.
+type readError struct {
+	path string
+	err  error
+}
+
+func (e *readError) Error() string   { return "config: cannot read " + e.path + ": " + e.err.Error() }
+func (e *readError) Unwrap() []error { return []error{ErrConfigUnreadable, e.err} }
 
 // Transports the configuration accepts. The dataplane builds an agent of
 // each kind through a factory registered for the name.
@@ -448,7 +462,13 @@ type Policy struct {
 func Load(path string) (*Config, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrConfigSyntax, err)
+		// The path is said once: "cannot read x.yaml: no such file or
+		// directory", not "open x.yaml: …".
+		var pe *fs.PathError
+		if errors.As(err, &pe) {
+			err = pe.Err
+		}
+		return nil, &readError{path: path, err: err}
 	}
 	return Parse(data)
 }

@@ -2,6 +2,7 @@ package config
 
 import (
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -67,6 +68,28 @@ type AccessLog struct {
 	// SampleEvery logs one in this many ordinary requests (default 1:
 	// all); blocks, redirects, failures and 5xx are always logged.
 	SampleEvery int `yaml:"sample_every"`
+	// Fields lists the fields of a line, by name (AccessLogFields), in
+	// any order; a line carries them in a fixed order, and "level" and
+	// "message" always. Default: DefaultAccessLogFields.
+	Fields []string `yaml:"fields"`
+}
+
+// AccessLogFields are the fields an access log line may carry
+// (access_log.fields). "agent_time" is the four agent_<phase>_us fields,
+// the inspected and mutated byte counts are per direction.
+var AccessLogFields = []string{
+	"time", "req", "corr", "route", "method", "host", "path", "client",
+	"status", "outcome", "agent", "reason", "agent_time",
+	"bytes_in", "bytes_out", "duration_us", "fail_open", "inspection_skipped", "aborted",
+	"start", "request_bytes_inspected", "response_bytes_inspected",
+	"request_bytes_mutated", "response_bytes_mutated",
+}
+
+// DefaultAccessLogFields are the fields of a line unless configured.
+var DefaultAccessLogFields = []string{
+	"time", "req", "corr", "route", "method", "host", "path", "client",
+	"status", "outcome", "agent", "reason", "agent_time",
+	"bytes_in", "bytes_out", "duration_us", "fail_open", "inspection_skipped", "aborted",
 }
 
 func (c *Config) setOpsDefaults() {
@@ -78,6 +101,9 @@ func (c *Config) setOpsDefaults() {
 	}
 	if c.AccessLog.SampleEvery == 0 {
 		c.AccessLog.SampleEvery = 1
+	}
+	if c.AccessLog.Fields == nil {
+		c.AccessLog.Fields = slices.Clone(DefaultAccessLogFields)
 	}
 }
 
@@ -113,5 +139,19 @@ func (v *validator) ops() {
 	}
 	if strings.TrimSpace(l.Output) == "" {
 		v.failf("access_log.output", "output is required (stdout, stderr or a file path)")
+	}
+	if l.Fields != nil && len(l.Fields) == 0 {
+		v.failf("access_log.fields", "lists no field (leave it out for the default ones)")
+	}
+	seen := map[string]bool{}
+	for i, f := range l.Fields {
+		p := "access_log.fields[" + strconv.Itoa(i) + "]"
+		switch {
+		case !slices.Contains(AccessLogFields, f):
+			v.failf(p, "unknown field %q (known: %s)", f, strings.Join(AccessLogFields, ", "))
+		case seen[f]:
+			v.failf(p, "%q is listed twice", f)
+		}
+		seen[f] = true
 	}
 }

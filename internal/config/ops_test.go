@@ -65,6 +65,9 @@ func TestBadOpsConfigs(t *testing.T) {
 		{"sample_every negative", "access_log:\n  enabled: true\n  sample_every: -2\n", `config: line 16: access_log.sample_every: must be at least 1`},
 		{"access log unknown key", "access_log: {enable: true}\n", `config: line 14: access_log.enable: unknown key`},
 		{"access log blank output", "access_log: {output: \" \"}\n", `config: line 14: access_log.output: output is required`},
+		{"access log unknown field", "access_log:\n  fields: [status, protocl]\n", `config: line 15: access_log.fields[1]: unknown field "protocl" (known: time, req, corr,`},
+		{"access log field twice", "access_log:\n  fields:\n    - status\n    - status\n", `config: line 17: access_log.fields[1]: "status" is listed twice`},
+		{"access log no field", "access_log: {fields: []}\n", `config: line 14: access_log.fields: lists no field`},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -156,7 +156,7 @@ func New(cfg Config) (*Metrics, error) {
 	reg := cfg.Registry
 	if reg == nil {
 		reg = prometheus.NewRegistry()
-		if err := reg.Register(collectors.NewGoCollector()); err != nil {
+		if err := reg.Register(newWithoutFamily(collectors.NewGoCollector(), omCollision)); err != nil {
 			return nil, errors.Join(ErrMetricsRegister, err)
 		}
 		if err := reg.Register(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})); err != nil {

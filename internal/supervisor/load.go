@@ -20,9 +20,13 @@ func (e invalidConfig) Error() string   { return e.err.Error() }
 func (e invalidConfig) Unwrap() []error { return []error{e.err, config.ErrConfigInvalid} }
 
 // Load reads the configuration file, applies override (if any) and
-// validates the result completely, the transports' options included.
-// An error for a bad file wraps config.ErrConfigSyntax or
-// config.ErrConfigInvalid and names the line.
+// validates the result completely, the transports' options and the
+// files and directories a start opens (Preflight) included: what Load
+// accepts, a start does not refuse for its content. An error for a bad
+// file wraps config.ErrConfigSyntax or config.ErrConfigInvalid and names
+// the line; one for a file that cannot be read wraps
+// config.ErrConfigUnreadable. check-config, run and every reload load
+// through it.
 func Load(path string, override func(*config.Config)) (*config.Config, error) {
 	cfg, err := config.Load(path)
 	if err != nil {
@@ -35,6 +39,9 @@ func Load(path string, override func(*config.Config)) (*config.Config, error) {
 		}
 	}
 	if err := Check(cfg); err != nil {
+		return nil, err
+	}
+	if err := Preflight(cfg); err != nil {
 		return nil, err
 	}
 	return cfg, nil

@@ -30,7 +30,8 @@ func (s *Supervisor) reloadSignal() {
 // Reload re-reads the configuration file (Options.Path) and applies it:
 // validate, build what changed, swap, retire what is no longer used. On
 // any error the running configuration stays as it was; an error wrapping
-// config.ErrConfigSyntax or config.ErrConfigInvalid is the file's.
+// config.ErrConfigSyntax, config.ErrConfigInvalid or
+// config.ErrConfigUnreadable is the file's.
 //
 // Agent instances are reused by transports.InstanceKey: an agent whose
 // key did not change keeps its instance and connections, even when its
@@ -87,6 +88,9 @@ func (s *Supervisor) Reload() (err error) {
 	for _, l := range b.retired {
 		s.retiring = append(s.retiring, l)
 		go s.retireListener(l)
+	}
+	for _, w := range Warnings(cfg) {
+		s.log.Warn().Str("key", w.Path).Int("line", w.Line).Msg(w.String())
 	}
 	if changed := restartOnly(s.cfg, cfg); len(changed) > 0 {
 		s.log.Warn().Strs("sections", changed).Msg("reload: these settings change only with a restart")

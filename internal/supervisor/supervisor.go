@@ -40,6 +40,7 @@ import (
 	"github.com/zentinelproxy/sidecar/internal/extproc"
 	"github.com/zentinelproxy/sidecar/internal/metrics"
 	"github.com/zentinelproxy/sidecar/internal/reverse"
+	"github.com/zentinelproxy/sidecar/internal/version"
 )
 
 // Defaults of Options.
@@ -88,7 +89,7 @@ type Options struct {
 
 // DefaultOptions returns Options with the default waits.
 func DefaultOptions() Options {
-	return Options{Version: "(devel)", AgentWait: DefaultAgentWait, Drain: DefaultDrain}
+	return Options{Version: version.Get().Version, AgentWait: DefaultAgentWait, Drain: DefaultDrain}
 }
 
 // Supervisor is one running sidecar. Create it with Start.
@@ -100,7 +101,7 @@ type Supervisor struct {
 	metrics *metrics.Metrics
 	admin   *admin.Server
 	access  *accesslog.Writer
-	accessC io.Closer // the access log file, if any
+	accessF *accesslog.File // the access log file, if any
 
 	// failed receives the error of a listener that stopped on its own.
 	failed chan error
@@ -154,14 +155,17 @@ func Start(ctx context.Context, cfg *config.Config, o Options) (*Supervisor, err
 		s.metrics = m
 		obs = append(obs, m)
 	}
+	for _, w := range Warnings(cfg) {
+		s.log.Warn().Str("key", w.Path).Int("line", w.Line).Msg(w.String())
+	}
 	if cfg.AccessLog.Enabled {
-		out, closer, err := openAccessLog(cfg.AccessLog.Output)
+		out, f, err := openAccessLog(cfg.AccessLog.Output)
 		if err != nil {
-			return nil, err
+			return nil, cfg.ErrorAt("access_log.output", err)
 		}
-		s.accessC = closer
+		s.accessF = f
 		s.access = accesslog.NewWriter(out, 0, 0, 0)
-		l, err := accesslog.New(s.access, accesslog.Config{SampleEvery: cfg.AccessLog.SampleEvery})
+		l, err := accesslog.New(s.access, accesslog.Config{SampleEvery: cfg.AccessLog.SampleEvery, Fields: cfg.AccessLog.Fields})
 		if err != nil {
 			return nil, err
 		}
@@ -238,15 +242,21 @@ func Start(ctx context.Context, cfg *config.Config, o Options) (*Supervisor, err
 // Run serves until ctx ends, a SIGINT or SIGTERM arrives on sigs, or a
 // listener fails, then shuts down, letting in-flight requests finish
 // within Options.Drain; another SIGINT or SIGTERM ends the drain at once.
-// A SIGHUP on sigs reloads the configuration. sigs may be nil. Run
-// returns nil after a clean shutdown, the listener's error after a
-// failure, or the shutdown's error when requests were cut off.
+// A SIGHUP on sigs reloads the configuration, a SIGUSR1 reopens the
+// access log file. sigs may be nil. Run returns nil after a clean
+// shutdown, the listener's error after a failure, or, when requests were
+// cut off, ErrShutdownForced (a second signal) or an error wrapping
+// ErrDrainTimeout.
 func (s *Supervisor) Run(ctx context.Context, sigs <-chan os.Signal) error {
 	for {
 		select {
 		case sig := <-sigs:
-			if sig == syscall.SIGHUP {
+			switch sig {
+			case syscall.SIGHUP:
 				s.reloadSignal()
+				continue
+			case syscall.SIGUSR1:
+				s.reopenSignal()
 				continue
 			}
 			s.log.Info().Str("signal", sig.String()).Dur("drain", s.opts.Drain).Msg("shutting down")
@@ -261,6 +271,14 @@ func (s *Supervisor) Run(ctx context.Context, sigs <-chan os.Signal) error {
 	}
 }
 
+// Errors of Run when requests were still running as the drain ended.
+var (
+	// ErrShutdownForced: a second SIGINT or SIGTERM ended the drain.
+	ErrShutdownForced = errors.New("shutdown forced by a second signal: requests still running were cut off")
+	// ErrDrainTimeout: the drain (Options.Drain) ran out.
+	ErrDrainTimeout = errors.New("shutdown: the drain ran out: requests still running were cut off")
+)
+
 // stop shuts down within Options.Drain; another SIGINT or SIGTERM on
 // sigs ends the drain at once.
 func (s *Supervisor) stop(sigs <-chan os.Signal) error {
@@ -268,13 +286,19 @@ func (s *Supervisor) stop(sigs <-chan os.Signal) error {
 	defer cancel()
 	done := make(chan struct{})
 	defer close(done)
+	var forced atomic.Bool
 	if sigs != nil {
 		go func() {
 			for {
 				select {
 				case sig := <-sigs:
-					if sig != syscall.SIGHUP {
+					switch sig {
+					case syscall.SIGHUP:
+					case syscall.SIGUSR1:
+						s.reopenSignal()
+					default:
 						s.log.Warn().Str("signal", sig.String()).Msg("second signal: ending the drain now")
+						forced.Store(true)
 						cancel()
 						return
 					}
@@ -286,6 +310,11 @@ func (s *Supervisor) stop(sigs <-chan os.Signal) error {
 	}
 	err := s.Shutdown(ctx)
 	if err != nil {
+		if forced.Load() {
+			err = ErrShutdownForced
+		} else if errors.Is(err, context.DeadlineExceeded) {
+			err = fmt.Errorf("%w (-drain %v)", ErrDrainTimeout, s.opts.Drain)
+		}
 		s.log.Error().Err(err).Msg("stopped before every request finished")
 		return err
 	}
@@ -339,6 +368,7 @@ func (s *Supervisor) startAdmin(cfg *config.Config) error {
 	ac := admin.Config{
 		Address: cfg.Admin.Address,
 		Version: s.opts.Version,
+		Build:   version.Get(),
 		Ready:   s.Ready,
 		Routes: func() []string {
 			if srv := s.srv.Load(); srv != nil {
@@ -460,8 +490,8 @@ func (s *Supervisor) abort() {
 	if s.access != nil {
 		_ = s.access.Close()
 	}
-	if s.accessC != nil {
-		_ = s.accessC.Close()
+	if s.accessF != nil {
+		_ = s.accessF.Close()
 	}
 	if s.admin != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -470,17 +500,49 @@ func (s *Supervisor) abort() {
 	}
 }
 
-// openAccessLog opens the access log output: stdout, stderr or a file.
-func openAccessLog(out string) (io.Writer, io.Closer, error) {
+// openAccessLog opens the access log output: stdout, stderr or a file
+// (returned as f too, for ReopenAccessLog).
+func openAccessLog(out string) (w io.Writer, f *accesslog.File, err error) {
 	switch out {
-	case "", "stdout":
+	case "", config.AccessLogStdout:
 		return os.Stdout, nil, nil
-	case "stderr":
+	case config.AccessLogStderr:
 		return os.Stderr, nil, nil
 	}
-	f, err := os.OpenFile(out, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o640)
+	f, err = accesslog.OpenFile(out)
 	if err != nil {
 		return nil, nil, fmt.Errorf("access log: %w", err)
 	}
 	return f, f, nil
+}
+
+// ErrNoAccessLogFile: the access log is off or not written to a file, so
+// there is nothing to reopen.
+var ErrNoAccessLogFile = errors.New("the access log is not written to a file")
+
+// ReopenAccessLog writes out the buffered access log lines to the file,
+// then opens its path anew: after a rotation renamed the file, new lines
+// go to a new file at the path, and none is lost. On error lines keep
+// going to the file written so far.
+func (s *Supervisor) ReopenAccessLog() error {
+	if s.accessF == nil {
+		return ErrNoAccessLogFile
+	}
+	s.access.Flush()
+	if err := s.accessF.Reopen(); err != nil {
+		return fmt.Errorf("reopening the access log %s: %w", s.accessF.Path(), err)
+	}
+	return nil
+}
+
+// reopenSignal reopens the access log on SIGUSR1 and logs the outcome.
+func (s *Supervisor) reopenSignal() {
+	switch err := s.ReopenAccessLog(); {
+	case err == nil:
+		s.log.Info().Str("path", s.accessF.Path()).Msg("SIGUSR1: access log reopened")
+	case errors.Is(err, ErrNoAccessLogFile):
+		s.log.Info().Msg("SIGUSR1: " + err.Error() + "; nothing to reopen")
+	default:
+		s.log.Error().Err(err).Msg("SIGUSR1: access log not reopened; lines keep going to the file written so far")
+	}
 }
