@@ -83,6 +83,9 @@ type ReverseConfig struct {
 	// JSONPayloads keeps the connection's payloads JSON: the registration
 	// does not declare supports_protobuf_payloads (see Options.JSONPayloads).
 	JSONPayloads bool
+	// NoClientRequest: the registration does not declare
+	// supports_client_request (see Options.NoClientRequest).
+	NoClientRequest bool
 	// OnRegistered, when set, is called with the proxy-assigned connection
 	// id after each accepted registration.
 	OnRegistered func(assignedID string)
@@ -257,6 +260,9 @@ func dialRegister(ctx context.Context, cfg *ReverseConfig, h Handler) (*idleConn
 	_ = nc.SetDeadline(time.Now().Add(cfg.RegistrationTimeout))
 	caps := DeclaredCapabilities(h)
 	caps.SupportsProtobufPayloads = !cfg.JSONPayloads
+	if cfg.NoClientRequest {
+		caps.SupportsClientRequest = false
+	}
 	req := protocol.RegistrationRequest{
 		ProtocolVersion: protocol.Version,
 		AgentID:         cfg.AgentID,
