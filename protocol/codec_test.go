@@ -309,7 +309,7 @@ func TestRoundTripRequestHeaders(t *testing.T) {
 			want: RequestHeaders{Method: bs("GET"), URI: bs("/"), Metadata: Metadata{ServerIP: bs("::1")}}},
 		{name: "client request: request_target and the client's framing headers",
 			in: RequestHeaders{Method: bs("GET"), URI: bs("/"), RequestTarget: bs("http://localhost"),
-				Headers: hdrs("host", "localhost", "transfer-encoding", "chunked", "connection", "keep-alive,keep-alive", "content-length", "0"),
+				Headers:  hdrs("host", "localhost", "transfer-encoding", "chunked", "connection", "keep-alive,keep-alive", "content-length", "0"),
 				Metadata: Metadata{Protocol: bs("HTTP/1.0"), UpstreamHost: bs("app:80"), ForwardedFor: bs("192.0.2.7")}}},
 	}
 	for _, tt := range tests {
