@@ -163,7 +163,7 @@ var clientCases = []clientCase{
 		req:     "GET /conn HTTP/1.1\r\nHost: localhost\r\nConnection: keep-alive,keep-alive\r\n\r\n",
 		headers: hv("host", "localhost", "connection", "keep-alive,keep-alive"), target: "/conn", uri: "/conn"},
 	{name: "hop-by-hop and Connection-named headers",
-		req:     "GET /named HTTP/1.1\r\nHost: localhost\r\nConnection: keep-alive, X-Hop, TE\r\nX-Hop: 1\r\nKeep-Alive: timeout=5\r\nTE: trailers\r\nProxy-Authorization: Basic eDp5\r\nExpect: 100-continue\r\n\r\n",
+		req: "GET /named HTTP/1.1\r\nHost: localhost\r\nConnection: keep-alive, X-Hop, TE\r\nX-Hop: 1\r\nKeep-Alive: timeout=5\r\nTE: trailers\r\nProxy-Authorization: Basic eDp5\r\nExpect: 100-continue\r\n\r\n",
 		headers: hv("host", "localhost", "connection", "keep-alive, X-Hop, TE", "x-hop", "1", "keep-alive", "timeout=5",
 			"te", "trailers", "proxy-authorization", "Basic eDp5", "expect", "100-continue"),
 		target: "/named", uri: "/named"},
