@@ -273,6 +273,9 @@ func TestRoundTripRequestHeaders(t *testing.T) {
 		UpstreamID: bs("u1"), Traceparent: bs("00-abc-def-01"), Timestamp: bs("2026-11-21T10:00:00Z"),
 		TLSVersion: bs("TLS1.3"), TLSCipher: bs("TLS_AES_128_GCM_SHA256"), TLSServerName: bs("example.com"),
 		TLSClientSubject: bs("CN=client,O=Example"), TLSClientSAN: bs("DNS:client.internal,URI:spiffe://example.org/c"),
+		ServerIP: bs("10.0.0.2"), ServerPort: 1, ListenerID: bs("public"),
+		UpstreamHost: bs("app.internal:9000"), ForwardedFor: bs("203.0.113.9, 192.0.2.7"),
+		ForwardedProto: bs("https"), ForwardedHost: bs("example.com"),
 	}
 	tests := []struct {
 		name string
@@ -304,6 +307,13 @@ func TestRoundTripRequestHeaders(t *testing.T) {
 		{name: "port out of range omitted",
 			in:   RequestHeaders{Method: bs("GET"), URI: bs("/"), Metadata: Metadata{ClientPort: 70000}},
 			want: RequestHeaders{Method: bs("GET"), URI: bs("/")}},
+		{name: "server port out of range omitted",
+			in:   RequestHeaders{Method: bs("GET"), URI: bs("/"), Metadata: Metadata{ServerPort: 65536, ServerIP: bs("::1")}},
+			want: RequestHeaders{Method: bs("GET"), URI: bs("/"), Metadata: Metadata{ServerIP: bs("::1")}}},
+		{name: "client request: request_target and the client's framing headers",
+			in: RequestHeaders{Method: bs("GET"), URI: bs("/"), RequestTarget: bs("http://localhost"),
+				Headers:  hdrs("host", "localhost", "transfer-encoding", "chunked", "connection", "keep-alive,keep-alive", "content-length", "0"),
+				Metadata: Metadata{Protocol: bs("HTTP/1.0"), UpstreamHost: bs("app:80"), ForwardedFor: bs("192.0.2.7")}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -805,6 +815,9 @@ func TestDecodeErrors(t *testing.T) {
 		{"status_code overflow", "response_headers", `{"status_code":2147483648}`, ErrProtocolField},
 		{"status_code fraction", "response_headers", `{"status_code":200.5}`, ErrProtocolField},
 		{"client_port out of range", "request_headers", `{"metadata":{"client_port":65536}}`, ErrProtocolField},
+		{"server_port out of range", "request_headers", `{"metadata":{"server_port":65536}}`, ErrProtocolField},
+		{"server_port negative", "request_headers", `{"metadata":{"server_port":-1}}`, ErrProtocolField},
+		{"request_target not a string", "request_headers", `{"request_target":7}`, ErrProtocolField},
 		{"timestamp_ms overflow", "ping", `{"timestamp_ms":-9223372036854775809}`, ErrProtocolField},
 		{"method number", "request_headers", `{"method":1}`, ErrProtocolField},
 		{"has_body string", "request_headers", `{"has_body":"true"}`, ErrProtocolField},

@@ -60,6 +60,8 @@ func (m *RequestHeaders) Decode(payload []byte) error {
 			m.Method, err = s.strVal("method")
 		case "uri":
 			m.URI, err = s.strVal("uri")
+		case "request_target":
+			m.RequestTarget, err = s.strVal("request_target")
 		case "has_body":
 			m.HasBody, err = s.boolVal("has_body")
 		case "headers":
@@ -109,6 +111,22 @@ func (s *scanner) metadata(md *Metadata) error {
 			md.TLSClientSubject, err = s.strVal("tls_client_subject")
 		case "tls_client_san":
 			md.TLSClientSAN, err = s.strVal("tls_client_san")
+		case "server_ip":
+			md.ServerIP, err = s.strVal("server_ip")
+		case "server_port":
+			var p int64
+			p, _, err = s.i64("server_port", 0, 65535)
+			md.ServerPort = int(p)
+		case "listener_id":
+			md.ListenerID, err = s.strVal("listener_id")
+		case "upstream_host":
+			md.UpstreamHost, err = s.strVal("upstream_host")
+		case "forwarded_for":
+			md.ForwardedFor, err = s.strVal("forwarded_for")
+		case "forwarded_proto":
+			md.ForwardedProto, err = s.strVal("forwarded_proto")
+		case "forwarded_host":
+			md.ForwardedHost, err = s.strVal("forwarded_host")
 		default:
 			err = s.skip()
 		}

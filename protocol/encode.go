@@ -22,8 +22,8 @@ import (
 // Headers are grouped into the name → [values] object form in order of
 // first appearance (equal names need not be adjacent; names are compared
 // exactly, so pass them lower-case). metadata is always written, with its
-// empty fields omitted (client_port when not in 1..65535); timeout_ms
-// only when not 0.
+// empty fields omitted (client_port and server_port when not in
+// 1..65535); timeout_ms only when not 0, request_target when not empty.
 func AppendRequestHeaders(dst []byte, m *RequestHeaders) []byte {
 	dst = append(dst, `{"request_id":`...)
 	dst = strconv.AppendUint(dst, m.RequestID, 10)
@@ -32,6 +32,10 @@ func AppendRequestHeaders(dst []byte, m *RequestHeaders) []byte {
 	dst = appendString(dst, m.Method)
 	dst = append(dst, `,"uri":`...)
 	dst = appendString(dst, m.URI)
+	if len(m.RequestTarget) > 0 {
+		dst = append(dst, `,"request_target":`...)
+		dst = appendString(dst, m.RequestTarget)
+	}
 	dst = append(dst, `,"has_body":`...)
 	dst = strconv.AppendBool(dst, m.HasBody)
 	dst = append(dst, `,"headers":`...)
@@ -67,6 +71,19 @@ func appendMetadata(dst []byte, md *Metadata) []byte {
 	dst = appendOptString(dst, n, `"tls_server_name":`, md.TLSServerName)
 	dst = appendOptString(dst, n, `"tls_client_subject":`, md.TLSClientSubject)
 	dst = appendOptString(dst, n, `"tls_client_san":`, md.TLSClientSAN)
+	dst = appendOptString(dst, n, `"server_ip":`, md.ServerIP)
+	if md.ServerPort > 0 && md.ServerPort <= 65535 {
+		if len(dst) > n {
+			dst = append(dst, ',')
+		}
+		dst = append(dst, `"server_port":`...)
+		dst = strconv.AppendInt(dst, int64(md.ServerPort), 10)
+	}
+	dst = appendOptString(dst, n, `"listener_id":`, md.ListenerID)
+	dst = appendOptString(dst, n, `"upstream_host":`, md.UpstreamHost)
+	dst = appendOptString(dst, n, `"forwarded_for":`, md.ForwardedFor)
+	dst = appendOptString(dst, n, `"forwarded_proto":`, md.ForwardedProto)
+	dst = appendOptString(dst, n, `"forwarded_host":`, md.ForwardedHost)
 	return append(dst, '}')
 }
 

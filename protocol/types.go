@@ -183,6 +183,18 @@ type Metadata struct {
 	// subject alternative names as "DNS:a,URI:b,IP:c,email:d".
 	TLSClientSubject []byte
 	TLSClientSAN     []byte
+	// The listener the request arrived on: the local address of the
+	// client's connection and the listener's name. Sent to every agent.
+	ServerIP   []byte
+	ServerPort int // 0: unknown
+	ListenerID []byte
+	// What the upstream receives where it differs from the client's view
+	// (FeatureClientRequest only): the Host header and the
+	// X-Forwarded-For, X-Forwarded-Proto and X-Forwarded-Host values.
+	UpstreamHost   []byte
+	ForwardedFor   []byte
+	ForwardedProto []byte
+	ForwardedHost  []byte
 }
 
 // RequestHeaders (0x10) opens a request.
@@ -194,9 +206,15 @@ type RequestHeaders struct {
 	TimeoutMs uint32
 	Method    []byte
 	URI       []byte
-	HasBody   bool
-	Headers   Headers
-	Metadata  Metadata
+	// RequestTarget is the request-target exactly as the client sent it
+	// (origin-form, absolute-form or "*"); sent only to an agent that
+	// negotiated FeatureClientRequest, whose Headers are then the
+	// client's header block (docs/protocol.md §4.5). URI stays the
+	// origin-form target the upstream gets.
+	RequestTarget []byte
+	HasBody       bool
+	Headers       Headers
+	Metadata      Metadata
 	// HasInlineBody says the event carries chunk 0 of the request body in
 	// InlineBody ("inline_body", sent only to an agent that negotiated
 	// FeatureInlineBody); the Decision to the event answers that chunk too.
@@ -458,6 +476,10 @@ type Capabilities struct {
 	// agent.proto instead of JSON (FeatureProtobufPayloads). Written only
 	// when true.
 	SupportsProtobufPayloads bool `json:"supports_protobuf_payloads,omitempty"`
+	// SupportsClientRequest: the agent takes the request as the client
+	// sent it in RequestHeaders (FeatureClientRequest) instead of the
+	// request the proxy forwards. Written only when true.
+	SupportsClientRequest bool `json:"supports_client_request,omitempty"`
 	// MaxConcurrentRequests of 0 means the agent sets no limit.
 	MaxConcurrentRequests uint32 `json:"max_concurrent_requests,omitempty"`
 }
@@ -490,6 +512,13 @@ const (
 	// the gRPC transport's stream message) with an agent that declares
 	// supports_protobuf_payloads. JSON stays the default.
 	FeatureProtobufPayloads = "protobuf_payloads"
+	// FeatureClientRequest: the proxy can show an agent that declares
+	// supports_client_request the request as the client sent it: the
+	// client's header block (hop-by-hop headers, framing headers and
+	// forwarding claims included), request_target, and what the
+	// upstream receives instead in metadata (upstream_host,
+	// forwarded_for, forwarded_proto, forwarded_host).
+	FeatureClientRequest = "client_request"
 )
 
 // Payload encodings of the frames after a handshake or registration.

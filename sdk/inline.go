@@ -16,10 +16,14 @@ import (
 // DeclaredCapabilities are the capabilities the SDK declares for h in a
 // handshake, a registration or GetCapabilities: h's own, plus
 // supports_inline_body when h handles request bodies (the SDK handles the
-// inline form for it), unless h implements InlineBodyChooser. The
-// handshake drops it again for a proxy that did not offer the feature.
+// inline form for it), unless h implements InlineBodyChooser, and
+// supports_client_request (handlers then see the request as the client
+// sent it: Event.RequestHeaders carries the client's header block and
+// RequestTarget; Options.NoClientRequest and its kin turn it off). The
+// handshake drops what a proxy did not offer.
 func DeclaredCapabilities(h Handler) protocol.Capabilities {
 	c := h.Capabilities()
+	c.SupportsClientRequest = true
 	if c.HandlesRequestBody {
 		c.SupportsInlineBody = true
 	}

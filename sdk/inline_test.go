@@ -110,6 +110,7 @@ func TestDeclaredCapabilities(t *testing.T) {
 		got := DeclaredCapabilities(Base{Caps: c.caps})
 		want := c.caps
 		want.SupportsInlineBody = c.want
+		want.SupportsClientRequest = true // declared to every proxy that offers it
 		if got != want {
 			t.Errorf("DeclaredCapabilities(%+v) = %+v, want %+v", c.caps, got, want)
 		}

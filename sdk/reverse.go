@@ -86,6 +86,9 @@ type ReverseConfig struct {
 	// Limiter, when set, bounds how many handler calls run at once (see
 	// Options.Limiter); share one with the agent's other transports.
 	Limiter *Limiter
+	// NoClientRequest: the registration does not declare
+	// supports_client_request (see Options.NoClientRequest).
+	NoClientRequest bool
 	// OnRegistered, when set, is called with the proxy-assigned connection
 	// id after each accepted registration.
 	OnRegistered func(assignedID string)
@@ -260,6 +263,9 @@ func dialRegister(ctx context.Context, cfg *ReverseConfig, h Handler) (*idleConn
 	_ = nc.SetDeadline(time.Now().Add(cfg.RegistrationTimeout))
 	caps := DeclaredCapabilities(h)
 	caps.SupportsProtobufPayloads = !cfg.JSONPayloads
+	if cfg.NoClientRequest {
+		caps.SupportsClientRequest = false
+	}
 	req := protocol.RegistrationRequest{
 		ProtocolVersion: protocol.Version,
 		AgentID:         cfg.AgentID,

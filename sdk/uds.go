@@ -56,6 +56,17 @@ type Options struct {
 	// (or, on a reverse connection, accepted it) exchanges the AgentMessage
 	// of agent.proto instead: less to encode and decode on both ends.
 	JSONPayloads bool
+	// NoClientRequest keeps the proxy's default view of each request:
+	// the request as the proxy forwards it (hop-by-hop and framing
+	// headers dropped, forwarding headers added). By default the SDK
+	// declares supports_client_request, and a proxy that offers the
+	// client_request feature shows handlers the request as the client
+	// sent it: the client's header block byte for byte (with the host
+	// the route matched), RequestTarget, and what the upstream receives
+	// in Metadata (UpstreamHost, ForwardedFor, ForwardedProto,
+	// ForwardedHost). Rules written for a web server's view (a WAF's)
+	// want the client's.
+	NoClientRequest bool
 	// NoYieldOnWake keeps the CPU when the proxy's events wake a
 	// connection's reader. By default an agent confined to one CPU (the
 	// affinity of its main thread when a connection starts: pinned with
@@ -192,6 +203,9 @@ func ServeConn(ctx context.Context, nc net.Conn, h Handler, opts *Options) error
 	}
 	caps := DeclaredCapabilities(h)
 	caps.SupportsProtobufPayloads = !o.JSONPayloads
+	if o.NoClientRequest {
+		caps.SupportsClientRequest = false
+	}
 	resp, herr := handshake.Answer(&req, o.Name, caps)
 	_ = nc.SetWriteDeadline(time.Now().Add(o.WriteTimeout))
 	werr := uds.WriteFrame(nc, &resp)

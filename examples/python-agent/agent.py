@@ -13,6 +13,13 @@ Unix socket, speaking the frames of docs/protocol.md itself:
     (any letter case) is masked with asterisks in text response bodies as
     they stream through, also when it is split across body chunks.
 
+It declares supports_client_request when the proxy offers the
+client_request feature, so it is shown each request as the client sent it
+(the client's header block, request_target, and what the upstream receives
+in metadata: upstream_host, forwarded_for, forwarded_proto,
+forwarded_host); its policy reads the path (uri, the normalised target the
+upstream gets) and the client's User-Agent, which both views carry alike.
+
 Each event is handled in its own asyncio task, so requests are served
 concurrently; CancelRequest cancels the task of its request and CancelAll
 every task of the connection. Run it with:
@@ -362,6 +369,10 @@ class Connection:
         version = req.get("protocol_version")
         resp = {"protocol_version": PROTOCOL_VERSION, "agent_name": AGENT_NAME, "accepted": True,
                 "capabilities": capabilities()}
+        features = req.get("supported_features")
+        if isinstance(features, list) and "client_request" in features:
+            # Declared only to a proxy that offered it (§4.2).
+            resp["capabilities"]["supports_client_request"] = True
         if version != PROTOCOL_VERSION:
             resp["accepted"] = False
             resp["error"] = "unsupported protocol version: proxy speaks %s, agent speaks 2" % version

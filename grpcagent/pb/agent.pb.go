@@ -496,8 +496,20 @@ type RequestMetadata struct {
 	TlsServerName    []byte `protobuf:"bytes,12,opt,name=tls_server_name,json=tlsServerName,proto3" json:"tls_server_name,omitempty"`          // SNI sent by the client
 	TlsClientSubject []byte `protobuf:"bytes,13,opt,name=tls_client_subject,json=tlsClientSubject,proto3" json:"tls_client_subject,omitempty"` // verified client certificate subject (RFC 2253)
 	TlsClientSan     []byte `protobuf:"bytes,14,opt,name=tls_client_san,json=tlsClientSan,proto3" json:"tls_client_san,omitempty"`             // its SANs, "DNS:a,URI:b,IP:c,email:d"
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The listener the request arrived on (sent to every agent): the local
+	// address of the client's connection and the listener's name.
+	ServerIp   []byte `protobuf:"bytes,20,opt,name=server_ip,json=serverIp,proto3" json:"server_ip,omitempty"`
+	ServerPort uint32 `protobuf:"varint,21,opt,name=server_port,json=serverPort,proto3" json:"server_port,omitempty"` // 0: unknown
+	ListenerId []byte `protobuf:"bytes,22,opt,name=listener_id,json=listenerId,proto3" json:"listener_id,omitempty"`
+	// What the upstream receives, sent with the client_request feature
+	// (whose headers are the client's): the Host header and the
+	// X-Forwarded-For, -Proto and -Host values.
+	UpstreamHost   []byte `protobuf:"bytes,23,opt,name=upstream_host,json=upstreamHost,proto3" json:"upstream_host,omitempty"`
+	ForwardedFor   []byte `protobuf:"bytes,24,opt,name=forwarded_for,json=forwardedFor,proto3" json:"forwarded_for,omitempty"`
+	ForwardedProto []byte `protobuf:"bytes,25,opt,name=forwarded_proto,json=forwardedProto,proto3" json:"forwarded_proto,omitempty"`
+	ForwardedHost  []byte `protobuf:"bytes,26,opt,name=forwarded_host,json=forwardedHost,proto3" json:"forwarded_host,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *RequestMetadata) Reset() {
@@ -628,6 +640,55 @@ func (x *RequestMetadata) GetTlsClientSan() []byte {
 	return nil
 }
 
+func (x *RequestMetadata) GetServerIp() []byte {
+	if x != nil {
+		return x.ServerIp
+	}
+	return nil
+}
+
+func (x *RequestMetadata) GetServerPort() uint32 {
+	if x != nil {
+		return x.ServerPort
+	}
+	return 0
+}
+
+func (x *RequestMetadata) GetListenerId() []byte {
+	if x != nil {
+		return x.ListenerId
+	}
+	return nil
+}
+
+func (x *RequestMetadata) GetUpstreamHost() []byte {
+	if x != nil {
+		return x.UpstreamHost
+	}
+	return nil
+}
+
+func (x *RequestMetadata) GetForwardedFor() []byte {
+	if x != nil {
+		return x.ForwardedFor
+	}
+	return nil
+}
+
+func (x *RequestMetadata) GetForwardedProto() []byte {
+	if x != nil {
+		return x.ForwardedProto
+	}
+	return nil
+}
+
+func (x *RequestMetadata) GetForwardedHost() []byte {
+	if x != nil {
+		return x.ForwardedHost
+	}
+	return nil
+}
+
 type RequestHeaders struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	Method   []byte                 `protobuf:"bytes,1,opt,name=method,proto3" json:"method,omitempty"`
@@ -644,7 +705,13 @@ type RequestHeaders struct {
 	// counted from when it sent it: the smaller of its message timeout and
 	// what is left of the request's budget for this agent. 0: unknown. The
 	// same field number in every event an agent answers.
-	TimeoutMs     uint32 `protobuf:"varint,15,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
+	TimeoutMs uint32 `protobuf:"varint,15,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
+	// The request-target exactly as the client sent it (origin-form,
+	// absolute-form or "*"), sent only to an agent that declared
+	// supports_client_request when the proxy offered the client_request
+	// feature; headers are then the client's header block and uri stays
+	// the origin-form target the upstream gets.
+	RequestTarget []byte `protobuf:"bytes,16,opt,name=request_target,json=requestTarget,proto3" json:"request_target,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -726,6 +793,13 @@ func (x *RequestHeaders) GetTimeoutMs() uint32 {
 		return x.TimeoutMs
 	}
 	return 0
+}
+
+func (x *RequestHeaders) GetRequestTarget() []byte {
+	if x != nil {
+		return x.RequestTarget
+	}
+	return nil
 }
 
 type RequestBodyChunk struct {
@@ -2054,8 +2128,12 @@ type Capabilities struct {
 	// The agent takes chunk 0 of a buffered request body inside
 	// RequestHeaders (feature inline_body).
 	SupportsInlineBody bool `protobuf:"varint,8,opt,name=supports_inline_body,json=supportsInlineBody,proto3" json:"supports_inline_body,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// The agent takes the request as the client sent it (feature
+	// client_request): the client's header block, request_target, and
+	// what the upstream receives in metadata.
+	SupportsClientRequest bool `protobuf:"varint,16,opt,name=supports_client_request,json=supportsClientRequest,proto3" json:"supports_client_request,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
 }
 
 func (x *Capabilities) Reset() {
@@ -2144,6 +2222,13 @@ func (x *Capabilities) GetSupportsInlineBody() bool {
 	return false
 }
 
+func (x *Capabilities) GetSupportsClientRequest() bool {
+	if x != nil {
+		return x.SupportsClientRequest
+	}
+	return false
+}
+
 var File_agent_proto protoreflect.FileDescriptor
 
 const file_agent_proto_rawDesc = "" +
@@ -2169,7 +2254,7 @@ const file_agent_proto_rawDesc = "" +
 	"\apayload\"2\n" +
 	"\x06Header\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\fR\x04name\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\fR\x05value\"\xeb\x03\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value\"\xe4\x05\n" +
 	"\x0fRequestMetadata\x12%\n" +
 	"\x0ecorrelation_id\x18\x01 \x01(\fR\rcorrelationId\x12\x1b\n" +
 	"\tclient_ip\x18\x02 \x01(\fR\bclientIp\x12\x1f\n" +
@@ -2190,7 +2275,16 @@ const file_agent_proto_rawDesc = "" +
 	"tls_cipher\x18\v \x01(\fR\ttlsCipher\x12&\n" +
 	"\x0ftls_server_name\x18\f \x01(\fR\rtlsServerName\x12,\n" +
 	"\x12tls_client_subject\x18\r \x01(\fR\x10tlsClientSubject\x12$\n" +
-	"\x0etls_client_san\x18\x0e \x01(\fR\ftlsClientSan\"\xaf\x02\n" +
+	"\x0etls_client_san\x18\x0e \x01(\fR\ftlsClientSan\x12\x1b\n" +
+	"\tserver_ip\x18\x14 \x01(\fR\bserverIp\x12\x1f\n" +
+	"\vserver_port\x18\x15 \x01(\rR\n" +
+	"serverPort\x12\x1f\n" +
+	"\vlistener_id\x18\x16 \x01(\fR\n" +
+	"listenerId\x12#\n" +
+	"\rupstream_host\x18\x17 \x01(\fR\fupstreamHost\x12#\n" +
+	"\rforwarded_for\x18\x18 \x01(\fR\fforwardedFor\x12'\n" +
+	"\x0fforwarded_proto\x18\x19 \x01(\fR\x0eforwardedProto\x12%\n" +
+	"\x0eforwarded_host\x18\x1a \x01(\fR\rforwardedHost\"\xd6\x02\n" +
 	"\x0eRequestHeaders\x12\x16\n" +
 	"\x06method\x18\x01 \x01(\fR\x06method\x12\x10\n" +
 	"\x03uri\x18\x02 \x01(\fR\x03uri\x123\n" +
@@ -2200,7 +2294,8 @@ const file_agent_proto_rawDesc = "" +
 	"\vinline_body\x18\x06 \x01(\v2#.zentinel.agent.v2.RequestBodyChunkR\n" +
 	"inlineBody\x12\x1d\n" +
 	"\n" +
-	"timeout_ms\x18\x0f \x01(\rR\ttimeoutMs\"\xf1\x01\n" +
+	"timeout_ms\x18\x0f \x01(\rR\ttimeoutMs\x12%\n" +
+	"\x0erequest_target\x18\x10 \x01(\fR\rrequestTarget\"\xf1\x01\n" +
 	"\x10RequestBodyChunk\x12\x1f\n" +
 	"\vchunk_index\x18\x01 \x01(\rR\n" +
 	"chunkIndex\x12\x12\n" +
@@ -2319,7 +2414,7 @@ const file_agent_proto_rawDesc = "" +
 	"\baccepted\x18\x03 \x01(\bH\x00R\baccepted\x88\x01\x01\x12\x14\n" +
 	"\x05error\x18\x04 \x01(\tR\x05error\x12C\n" +
 	"\fcapabilities\x18\x05 \x01(\v2\x1f.zentinel.agent.v2.CapabilitiesR\fcapabilitiesB\v\n" +
-	"\t_accepted\"\xb4\x03\n" +
+	"\t_accepted\"\xec\x03\n" +
 	"\fCapabilities\x126\n" +
 	"\x17handles_request_headers\x18\x01 \x01(\bR\x15handlesRequestHeaders\x120\n" +
 	"\x14handles_request_body\x18\x02 \x01(\bR\x12handlesRequestBody\x128\n" +
@@ -2328,7 +2423,8 @@ const file_agent_proto_rawDesc = "" +
 	"\x12supports_streaming\x18\x05 \x01(\bR\x11supportsStreaming\x123\n" +
 	"\x15supports_cancellation\x18\x06 \x01(\bR\x14supportsCancellation\x126\n" +
 	"\x17max_concurrent_requests\x18\a \x01(\rR\x15maxConcurrentRequests\x120\n" +
-	"\x14supports_inline_body\x18\b \x01(\bR\x12supportsInlineBody*.\n" +
+	"\x14supports_inline_body\x18\b \x01(\bR\x12supportsInlineBody\x126\n" +
+	"\x17supports_client_request\x18\x10 \x01(\bR\x15supportsClientRequest*.\n" +
 	"\x05Phase\x12\x11\n" +
 	"\rPHASE_REQUEST\x10\x00\x12\x12\n" +
 	"\x0ePHASE_RESPONSE\x10\x012\x9d\x02\n" +

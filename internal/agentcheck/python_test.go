@@ -3,6 +3,7 @@ package agentcheck
 import (
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -14,7 +15,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/zentinelproxy/sidecar/internal/handshake"
 	"github.com/zentinelproxy/sidecar/internal/testutil"
+	"github.com/zentinelproxy/sidecar/protocol"
+	"github.com/zentinelproxy/sidecar/uds"
 )
 
 const pythonAgent = "../../examples/python-agent/agent.py"
@@ -188,5 +192,41 @@ logging: {level: info, format: json}
 	wg.Wait()
 	if bad.Load() != 0 {
 		t.Fatalf("%d of 32 concurrent requests failed", bad.Load())
+	}
+}
+
+// TestPythonAgentClientRequest: the Python example declares
+// supports_client_request to a proxy that offers client_request, and
+// only to one that does.
+func TestPythonAgentClientRequest(t *testing.T) {
+	addr, _ := startPython(t)
+	for _, tc := range []struct {
+		features []string
+		want     bool
+	}{
+		{handshake.NewRequest("t").SupportedFeatures, true},
+		{[]string{protocol.FeatureCancellation, protocol.FeatureInlineBody}, false},
+	} {
+		c, err := net.Dial("unix", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		req := protocol.HandshakeRequest{ProtocolVersion: 2, ClientName: "t", SupportedFeatures: tc.features}
+		if err := uds.WriteFrame(c, &req); err != nil {
+			t.Fatal(err)
+		}
+		typ, p, err := uds.NewFrameReader(c).Next()
+		c.Close()
+		if err != nil || typ != protocol.TypeHandshakeResponse {
+			t.Fatalf("handshake answer: %s %v", typ, err)
+		}
+		var resp protocol.HandshakeResponse
+		if err := protocol.DecodeHandshakeResponse(p, &resp); err != nil {
+			t.Fatal(err)
+		}
+		if resp.Capabilities.SupportsClientRequest != tc.want {
+			t.Errorf("offered %v: supports_client_request %v, want %v", tc.features, resp.Capabilities.SupportsClientRequest, tc.want)
+		}
 	}
 }

@@ -57,6 +57,7 @@ var Cases = []Case{
 	{"InlineBodyWhole", testInlineWhole},
 	{"InlineBodyConversation", testInlineConversation},
 	{"EventTimeout", testEventTimeout},
+	{"ClientRequest", testClientRequest},
 }
 
 // Run runs every case as a subtest.
@@ -238,6 +239,8 @@ func testCapabilities(t *testing.T, dial Dial) {
 	// The SDK adds supports_inline_body to an agent that handles request
 	// bodies, and the proxy offers the feature.
 	caps.SupportsInlineBody = true
+	// It declares supports_client_request to every proxy that offers it.
+	caps.SupportsClientRequest = true
 	// The SDK declares supports_protobuf_payloads too; whether it is kept
 	// depends on the transport (the UDS and reverse tests run the suite
 	// both ways), not on the conversation.

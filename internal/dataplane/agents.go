@@ -145,9 +145,7 @@ func (rs *reqState) headerEvent(i int, p protocol.Phase) bool {
 		if !rs.inlineBefore(i) {
 			return false
 		}
-		if rs.viewDirty {
-			rs.buildRequestView()
-		}
+		rs.requestView(sl.caps.SupportsClientRequest)
 	} else {
 		rs.applyStashed()
 		rs.buildResponseView()
@@ -502,7 +500,9 @@ func (rs *reqState) abortResponse() {
 	rs.srv.stats.aborted.Add(1)
 }
 
-// buildRequestView fills rs.rh from the upstream request as it stands.
+// buildRequestView fills rs.rh from the upstream request as it stands
+// (the view of agents without client_request; clientview.go has the
+// other).
 func (rs *reqState) buildRequestView() {
 	h := &rs.ctx.Request.Header
 	m := &rs.rh
@@ -529,19 +529,14 @@ func (rs *reqState) buildRequestView() {
 	m.Headers = hdrs
 	m.Method = h.Method()
 	m.URI = h.RequestURI()
+	m.RequestTarget = nil
 	m.HasBody = rs.hasReqBody
 	md := &m.Metadata
-	md.CorrelationID = rs.corr
-	md.ClientIP = rs.clientIP
-	md.ClientPort = rs.clientPort
-	md.Protocol = h.Protocol()
-	md.ServerName = rs.host
-	md.RouteID = rs.rt.nameB
-	md.UpstreamID = rs.rt.up.nameB
+	rs.commonMetadata(md)
 	md.Traceparent = trace
-	md.Timestamp = timestamp(rs.start)
-	rs.setTLSMetadata(md)
+	md.UpstreamHost, md.ForwardedFor, md.ForwardedProto, md.ForwardedHost = nil, nil, nil, nil
 	rs.viewDirty = false
+	rs.viewClient = false
 }
 
 // buildResponseView fills rs.rsh from the client response as it stands.

@@ -402,9 +402,9 @@ func (rs *reqState) cacheLookup(i int) (done, goOn bool) {
 		return false, false
 	}
 	dc.checkGen()
-	if rs.viewDirty {
-		rs.buildRequestView()
-	}
+	// The key is made from the view the agent takes (clientview.go).
+	caps, _ := rs.knownCaps(sl)
+	rs.requestView(caps.SupportsClientRequest)
 	bp := cacheKeyBufs.Get().(*[]byte)
 	key, ok := dc.key((*bp)[:0], &rs.rh)
 	var e *cacheEntry

@@ -55,6 +55,8 @@ func (rs *reqState) failoverHeaders(i int, w agentmux.Wait, err error) (*agentmu
 	}
 	sl.ex = ex
 	sl.caps = ex.Capabilities()
+	// Another connection may have negotiated the other view.
+	rs.requestView(sl.caps.SupportsClientRequest)
 	reply, err := ex.RequestHeaders(w, &rs.rh)
 	if err == nil {
 		a.fo.recovered.Add(1)

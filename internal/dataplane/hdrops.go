@@ -238,8 +238,9 @@ func compact(list []hkv) []hkv {
 }
 
 // applyReqOps applies agent i's request header operations (already within
-// its limits) to the upstream request's header list. Refused operations
-// are skipped and reported once for the reply.
+// its limits) to the upstream request's header list, and records them in
+// rs.opLog for the client's view (clientview.go), to which they apply
+// too. Refused operations are skipped and reported once for the reply.
 func (rs *reqState) applyReqOps(i int, ops []protocol.HeaderOp) {
 	if len(ops) == 0 {
 		return
@@ -274,6 +275,7 @@ func (rs *reqState) applyReqOps(i int, ops []protocol.HeaderOp) {
 				value = rs.keep(op.Value)
 			}
 			list = x.apply(list, op.Op, name, value)
+			rs.opLog = append(rs.opLog, loggedOp{op: op.Op, name: name, value: value})
 		}
 		rs.hdr = compact(list)
 		rs.viewDirty = true

@@ -83,6 +83,16 @@ func serveAgent(t testing.TB, h sdk.Handler) string {
 	return path
 }
 
+// serveAgentUpstreamView is serveAgent for an agent that does not
+// declare supports_client_request: it sees the request as the sidecar
+// forwards it.
+func serveAgentUpstreamView(t testing.TB, h sdk.Handler) string {
+	t.Helper()
+	path := testutil.SocketPath(t)
+	testagent.ServeWith(t, path, h, &sdk.Options{NoClientRequest: true})
+	return path
+}
+
 // udsAgent connects a udsclient.Client to the agent at path and waits for it.
 func udsAgent(t testing.TB, name, path string, mod func(*udsclient.Config)) agentmux.Agent {
 	t.Helper()

@@ -247,9 +247,11 @@ func TestStaleKeepAliveIsRetried(t *testing.T) {
 }
 
 func TestFailOpenThenBlock(t *testing.T) {
-	// a is down and fails open; b blocks: b's block wins and carries a's mark.
+	// a is down and fails open; b blocks: b's block wins and carries a's
+	// mark. b takes the upstream's view, which carries the mark (the
+	// client's view does not: the client sent no such header).
 	u := newUpstream(t, nil)
-	pathB := serveAgent(t, &agentFuncs{Base: sdk.Base{Caps: headersOnly()}, reqHeaders: func(_ context.Context, m *protocol.RequestHeaders, d *protocol.Decision) error {
+	pathB := serveAgentUpstreamView(t, &agentFuncs{Base: sdk.Base{Caps: headersOnly()}, reqHeaders: func(_ context.Context, m *protocol.RequestHeaders, d *protocol.Decision) error {
 		if string(m.Headers.Get("x-sidecar-fail-open")) != "a" {
 			return nil // the mark is visible to later agents
 		}

@@ -28,7 +28,11 @@ func fastUpstream(b testing.TB) string {
 	return ln.Addr().String()
 }
 
-func benchProxy(b *testing.B, withAgent bool, reqBody []byte) {
+func benchProxy(b *testing.B, withAgent bool, reqBody []byte) { benchProxyView(b, withAgent, false, reqBody) }
+
+// benchProxyView is benchProxy with the agent's view: the forwarded
+// request's (the view of agents without client_request) or the client's.
+func benchProxyView(b *testing.B, withAgent, clientView bool, reqBody []byte) {
 	up := fastUpstream(b)
 	data := map[string]any{"Upstream": up, "Chain": ""}
 	agents := map[string]agentmux.Agent{}
@@ -39,7 +43,11 @@ func benchProxy(b *testing.B, withAgent bool, reqBody []byte) {
 			caps.HandlesRequestBody = true
 			spec.ReqMode = "buffered"
 		}
-		spec.Path = serveAgent(b, &agentFuncs{Base: sdk.Base{Caps: caps}})
+		if clientView {
+			spec.Path = serveAgent(b, &agentFuncs{Base: sdk.Base{Caps: caps}})
+		} else {
+			spec.Path = serveAgentUpstreamView(b, &agentFuncs{Base: sdk.Base{Caps: caps}})
+		}
 		data["Chain"] = "a"
 		data["Agents"] = map[string]agentSpec{"a": spec}
 		agents["a"] = udsAgent(b, "a", spec.Path, nil)
@@ -75,8 +83,13 @@ func benchProxy(b *testing.B, withAgent bool, reqBody []byte) {
 // share the machine).
 func BenchmarkProxyNoAgent(b *testing.B) { benchProxy(b, false, nil) }
 
-// BenchmarkProxyHeadersAgent adds one headers-only UDS agent.
+// BenchmarkProxyHeadersAgent adds one headers-only UDS agent that takes
+// the forwarded request's view.
 func BenchmarkProxyHeadersAgent(b *testing.B) { benchProxy(b, true, nil) }
+
+// BenchmarkProxyHeadersAgentClientRequest is BenchmarkProxyHeadersAgent
+// with an agent that negotiated client_request (the client's view).
+func BenchmarkProxyHeadersAgentClientRequest(b *testing.B) { benchProxyView(b, true, true, nil) }
 
 // BenchmarkProxyBufferedBody4K adds a 4 KiB request body inspected by
 // the agent in buffered mode.

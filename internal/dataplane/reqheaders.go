@@ -53,22 +53,29 @@ func eqFold(a, b []byte) bool {
 }
 
 // delHdr removes every header called name.
-func (rs *reqState) delHdr(name []byte) {
-	out := rs.hdr[:0]
-	for _, kv := range rs.hdr {
+func (rs *reqState) delHdr(name []byte) { rs.hdr = delIn(rs.hdr, name) }
+
+// setHdr replaces the headers called name with one (at the first one's
+// place, or at the end). value must outlive the request.
+func (rs *reqState) setHdr(name, value []byte) { rs.hdr = setIn(rs.hdr, name, value) }
+
+// delIn removes every header called name from list.
+func delIn(list []hkv, name []byte) []hkv {
+	out := list[:0]
+	for _, kv := range list {
 		if !eqFold(kv.name, name) {
 			out = append(out, kv)
 		}
 	}
-	rs.hdr = out
+	return out
 }
 
-// setHdr replaces the headers called name with one (at the first one's
-// place, or at the end). value must outlive the request.
-func (rs *reqState) setHdr(name, value []byte) {
-	out := rs.hdr[:0]
+// setIn replaces the headers called name in list with one (at the first
+// one's place, or at the end).
+func setIn(list []hkv, name, value []byte) []hkv {
+	out := list[:0]
 	found := false
-	for _, kv := range rs.hdr {
+	for _, kv := range list {
 		if eqFold(kv.name, name) {
 			if found {
 				continue
@@ -81,19 +88,35 @@ func (rs *reqState) setHdr(name, value []byte) {
 	if !found {
 		out = append(out, hkv{name: name, value: value})
 	}
-	rs.hdr = out
+	return out
 }
 
-// reqOp applies an agent's (already validated) request header operation.
-func (rs *reqState) reqOp(op protocol.HeaderOpKind, name, value []byte) {
+// applyIn applies one request header operation to list; name and value
+// must outlive the request.
+func applyIn(list []hkv, op protocol.HeaderOpKind, name, value []byte) []hkv {
 	switch op {
 	case protocol.HeaderSet:
-		rs.setHdr(rs.keep(name), rs.keep(value))
+		return setIn(list, name, value)
 	case protocol.HeaderAdd:
-		rs.hdr = append(rs.hdr, hkv{name: rs.keep(name), value: rs.keep(value)})
+		return append(list, hkv{name: name, value: value})
 	case protocol.HeaderRemove:
-		rs.delHdr(name)
+		return delIn(list, name)
 	}
+	return list
+}
+
+// reqOp applies an agent's (already validated) request header operation
+// to the upstream request and records it for the client's view
+// (clientview.go).
+func (rs *reqState) reqOp(op protocol.HeaderOpKind, name, value []byte) {
+	name = rs.keep(name)
+	if op != protocol.HeaderRemove {
+		value = rs.keep(value)
+	} else {
+		value = nil
+	}
+	rs.hdr = applyIn(rs.hdr, op, name, value)
+	rs.opLog = append(rs.opLog, loggedOp{op: op, name: name, value: value})
 	rs.viewDirty = true
 }
 
@@ -104,6 +127,12 @@ func (rs *reqState) reqOp(op protocol.HeaderOpKind, name, value []byte) {
 // headers, plus the forwarding headers. It returns false when the head is
 // refused (a 400 is staged).
 func (rs *reqState) prepareRequest() bool {
+	if t := rs.ctx.Request.Header.RequestURI(); len(t) > 0 && t[0] != '/' {
+		// The client's target, for agents that see the client's view
+		// (clientview.go), before normalizeTarget rewrites an
+		// absolute-form one: one copy for these rare requests.
+		rs.rawTarget = append(rs.rawTarget[:0], t...)
+	}
 	if !rs.normalizeTarget() {
 		rs.refuseHead(rejectTarget, "bad request target")
 		return false

@@ -173,6 +173,20 @@ type reqState struct {
 	upChunked bool
 	upgrade   bool // an Upgrade request to tunnel on a 101 (upgrade.go)
 
+	// The client's view of the request (clientview.go).
+	viewClient bool       // rs.rh holds the client's view
+	chdr       []hkv      // the client's header list, the operations applied
+	chdrBuilt  bool       // chdr was built for this request
+	chdrOps    int        // opLog entries applied to chdr
+	opLog      []loggedOp // the agents' applied request header operations
+	rawTarget  []byte     // the client's target when not origin-form
+	fwdBuf     []byte     // joined X-Forwarded-* values
+	srvDone    bool       // srvIP, srvPort and lstName are set
+	srvIP      []byte     // the connection's local address (text)
+	srvPort    int
+	srvBuf     [64]byte
+	lstName    []byte
+
 	// Scratch storage.
 	names     []byte
 	scratch   []byte
@@ -271,6 +285,18 @@ func (rs *reqState) release() {
 	rs.upClose, rs.upBodyDone = false, false
 	rs.hdr = rs.hdr[:0]
 	rs.hdrArena = trim(rs.hdrArena, 64<<10)
+	rs.viewClient, rs.chdrBuilt, rs.chdrOps = false, false, 0
+	rs.chdr = trimList(rs.chdr, 4096)
+	if cap(rs.opLog) > 4096 {
+		rs.opLog = nil
+	} else {
+		clear(rs.opLog)
+		rs.opLog = rs.opLog[:0]
+	}
+	rs.rawTarget = trim(rs.rawTarget, 16<<10)
+	rs.fwdBuf = trim(rs.fwdBuf, 4<<10)
+	rs.srvDone, rs.srvIP, rs.srvPort = false, nil, 0
+	rs.lstName = trim(rs.lstName, 1<<10)
 	rs.xffBuf = trim(rs.xffBuf, 4<<10)
 	rs.upHost = nil
 	rs.upChunked = false
@@ -281,6 +307,17 @@ func (rs *reqState) release() {
 	rs.targetBuf = trim(rs.targetBuf, 16<<10)
 	rs.srv, rs.tbl, rs.rt, rs.ctx, rs.conn, rs.lst = nil, nil, nil, nil, nil, nil
 	reqPool.Put(rs)
+}
+
+// trimList empties a header list, dropping its storage when it grew past
+// max entries; the entries are cleared so the pool pins no request's
+// header block.
+func trimList(l []hkv, max int) []hkv {
+	if cap(l) > max {
+		return nil
+	}
+	clear(l)
+	return l[:0]
 }
 
 // trim empties b, dropping its storage when it grew past max so one huge

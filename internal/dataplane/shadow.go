@@ -183,9 +183,7 @@ type shadowConv struct {
 // shadowRequest opens the conversations of the route's shadow agents and
 // queues the request's headers for them. It never waits.
 func (rs *reqState) shadowRequest() {
-	if rs.viewDirty {
-		rs.buildRequestView()
-	}
+	rs.requestView(false)
 	// For log lines: one allocation per request, shared by its
 	// conversations.
 	var corr, method, uri string
@@ -219,6 +217,9 @@ func (rs *reqState) shadowRequest() {
 		c.pending = c.pend[:0]
 		rs.shadowConvs = append(rs.shadowConvs, c)
 		if c.want[shadowReqHeaders] {
+			// The view the agent's live connections negotiated (the
+			// exchange opens later, on the worker).
+			rs.requestView(caps.SupportsClientRequest)
 			ev := shadowEvents.Get().(*shadowEvent)
 			ev.copyFrom(&rs.rh)
 			c.enqueue(ev)
@@ -496,14 +497,16 @@ func (ev *shadowEvent) copyFrom(m *protocol.RequestHeaders) {
 		return a[start:len(a):len(a)]
 	}
 	// The arena must not move while slices of it are taken: size it first.
-	n := len(m.Method) + len(m.URI)
+	n := len(m.Method) + len(m.URI) + len(m.RequestTarget)
 	for _, h := range m.Headers {
 		n += len(h.Name) + len(h.Value)
 	}
 	md := &m.Metadata
 	n += len(md.CorrelationID) + len(md.ClientIP) + len(md.Protocol) + len(md.ServerName) + len(md.RouteID) +
 		len(md.UpstreamID) + len(md.Traceparent) + len(md.Timestamp) + len(md.TLSVersion) + len(md.TLSCipher) +
-		len(md.TLSServerName) + len(md.TLSClientSubject) + len(md.TLSClientSAN)
+		len(md.TLSServerName) + len(md.TLSClientSubject) + len(md.TLSClientSAN) +
+		len(md.ServerIP) + len(md.ListenerID) + len(md.UpstreamHost) + len(md.ForwardedFor) +
+		len(md.ForwardedProto) + len(md.ForwardedHost)
 	if cap(a) < n {
 		a = make([]byte, 0, n)
 	}
@@ -512,10 +515,11 @@ func (ev *shadowEvent) copyFrom(m *protocol.RequestHeaders) {
 		hdrs = append(hdrs, protocol.Header{Name: cp(h.Name), Value: cp(h.Value)})
 	}
 	ev.rh = protocol.RequestHeaders{
-		Method:  cp(m.Method),
-		URI:     cp(m.URI),
-		HasBody: m.HasBody,
-		Headers: hdrs,
+		Method:        cp(m.Method),
+		URI:           cp(m.URI),
+		RequestTarget: cp(m.RequestTarget),
+		HasBody:       m.HasBody,
+		Headers:       hdrs,
 		Metadata: protocol.Metadata{
 			CorrelationID:    cp(md.CorrelationID),
 			ClientIP:         cp(md.ClientIP),
@@ -531,6 +535,13 @@ func (ev *shadowEvent) copyFrom(m *protocol.RequestHeaders) {
 			TLSServerName:    cp(md.TLSServerName),
 			TLSClientSubject: cp(md.TLSClientSubject),
 			TLSClientSAN:     cp(md.TLSClientSAN),
+			ServerIP:         cp(md.ServerIP),
+			ServerPort:       md.ServerPort,
+			ListenerID:       cp(md.ListenerID),
+			UpstreamHost:     cp(md.UpstreamHost),
+			ForwardedFor:     cp(md.ForwardedFor),
+			ForwardedProto:   cp(md.ForwardedProto),
+			ForwardedHost:    cp(md.ForwardedHost),
 		},
 	}
 	ev.arena, ev.hdrs = a, hdrs

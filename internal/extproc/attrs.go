@@ -43,7 +43,7 @@ var (
 		"request.path", "request.url_path", "request.host", "request.scheme", "request.method",
 		"request.headers", "request.referer", "request.useragent", "request.time", "request.id",
 		"request.protocol", "request.query", "request.size", "request.total_size",
-		"source.address", "source.port",
+		"source.address", "source.port", "destination.address", "destination.port",
 		"connection.mtls", "connection.requested_server_name", "connection.tls_version",
 		"connection.subject_peer_certificate", "connection.dns_san_peer_certificate",
 		"connection.uri_san_peer_certificate",
@@ -70,8 +70,6 @@ var refusedAttributes = map[string]string{
 	"connection.uri_san_local_certificate":      "the proxy does not give agents its own certificate",
 	"connection.dns_san_local_certificate":      "the proxy does not give agents its own certificate",
 	"connection.sha256_peer_certificate_digest": "the proxy does not give agents the client certificate's digest",
-	"destination.address":                       "the proxy does not give agents the listener's address",
-	"destination.port":                          "the proxy does not give agents the listener's address",
 	"upstream.address":                          "the proxy does not give agents the upstream endpoint",
 	"upstream.port":                             "the proxy does not give agents the upstream endpoint",
 	"upstream.tls_version":                      "the proxy does not give agents the upstream connection's TLS facts",
@@ -142,7 +140,8 @@ func cloneFacts(m *protocol.RequestHeaders) *requestFacts {
 	}
 	md := &m.Metadata
 	n += len(md.CorrelationID) + len(md.ClientIP) + len(md.Protocol) + len(md.RouteID) + len(md.UpstreamID) +
-		len(md.Timestamp) + len(md.TLSVersion) + len(md.TLSServerName) + len(md.TLSClientSubject) + len(md.TLSClientSAN)
+		len(md.Timestamp) + len(md.TLSVersion) + len(md.TLSServerName) + len(md.TLSClientSubject) + len(md.TLSClientSAN) +
+		len(md.ServerIP)
 	buf := make([]byte, 0, n)
 	cp := func(b []byte) []byte {
 		if b == nil {
@@ -161,6 +160,7 @@ func cloneFacts(m *protocol.RequestHeaders) *requestFacts {
 		Protocol: cp(md.Protocol), RouteID: cp(md.RouteID), UpstreamID: cp(md.UpstreamID), Timestamp: cp(md.Timestamp),
 		TLSVersion: cp(md.TLSVersion), TLSServerName: cp(md.TLSServerName),
 		TLSClientSubject: cp(md.TLSClientSubject), TLSClientSAN: cp(md.TLSClientSAN),
+		ServerIP: cp(md.ServerIP), ServerPort: md.ServerPort,
 	}
 	return f
 }
@@ -277,22 +277,21 @@ func attribute(a string, rq *requestFacts, rs *protocol.ResponseHeaders) *struct
 		return num(n)
 	case "source.address":
 		// Envoy's downstream remote address, ip:port.
-		if len(md.ClientIP) == 0 {
-			return nil
-		}
-		ip := string(md.ClientIP)
-		if md.ClientPort == 0 {
-			return structpb.NewStringValue(ip)
-		}
-		if strings.Contains(ip, ":") {
-			ip = "[" + ip + "]"
-		}
-		return structpb.NewStringValue(ip + ":" + strconv.Itoa(md.ClientPort))
+		return hostPort(md.ClientIP, md.ClientPort)
 	case "source.port":
 		if md.ClientPort == 0 {
 			return nil
 		}
 		return num(md.ClientPort)
+	case "destination.address":
+		// Envoy's downstream local address: the listener's side of the
+		// client's connection (metadata server_ip, server_port).
+		return hostPort(md.ServerIP, md.ServerPort)
+	case "destination.port":
+		if md.ServerPort == 0 {
+			return nil
+		}
+		return num(md.ServerPort)
 	case "connection.mtls":
 		return structpb.NewBoolValue(tls && len(md.TLSClientSubject) > 0)
 	case "connection.requested_server_name":
@@ -322,6 +321,22 @@ func attribute(a string, rq *requestFacts, rs *protocol.ResponseHeaders) *struct
 		return strIf(md.UpstreamID)
 	}
 	return nil
+}
+
+// hostPort is Envoy's print of an address, ip:port ([v6]:port; the IP
+// alone without a port), nil without an IP.
+func hostPort(ip []byte, port int) *structpb.Value {
+	if len(ip) == 0 {
+		return nil
+	}
+	s := string(ip)
+	if port == 0 {
+		return structpb.NewStringValue(s)
+	}
+	if strings.Contains(s, ":") {
+		s = "[" + s + "]"
+	}
+	return structpb.NewStringValue(s + ":" + strconv.Itoa(port))
 }
 
 func responseAttribute(a string, rs *protocol.ResponseHeaders) *structpb.Value {

@@ -209,6 +209,7 @@ func tlsHeaders() *protocol.RequestHeaders {
 	md.TLSVersion, md.TLSServerName = []byte("TLS1.3"), []byte("api.example")
 	md.TLSClientSubject = []byte("CN=client,O=Example")
 	md.TLSClientSAN = []byte("URI:spiffe://example/client,DNS:client.example,DNS:other.example")
+	md.ServerIP, md.ServerPort = []byte("2001:db8::2"), 8443
 	return m
 }
 
@@ -224,6 +225,7 @@ func wantRequestAttrs() map[string]*structpb.Value {
 		"request.time": s("2026-11-21T10:00:00+00:00"), "request.id": s("corr-1"), "request.protocol": s("HTTP/1.1"),
 		"request.size":   n(4),
 		"source.address": s("10.0.0.9:51234"), "source.port": n(51234),
+		"destination.address": s("[2001:db8::2]:8443"), "destination.port": n(8443),
 		"connection.mtls": structpb.NewBoolValue(true), "connection.requested_server_name": s("api.example"),
 		"connection.tls_version": s("TLSv1.3"), "connection.subject_peer_certificate": s("CN=client,O=Example"),
 		"connection.dns_san_peer_certificate": s("client.example"), "connection.uri_san_peer_certificate": s("spiffe://example/client"),

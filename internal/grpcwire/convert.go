@@ -20,6 +20,7 @@ func CapabilitiesToPB(c protocol.Capabilities) *pb.Capabilities {
 		SupportsCancellation:   c.SupportsCancellation,
 		MaxConcurrentRequests:  c.MaxConcurrentRequests,
 		SupportsInlineBody:     c.SupportsInlineBody,
+		SupportsClientRequest:  c.SupportsClientRequest,
 	}
 }
 
@@ -37,6 +38,7 @@ func CapabilitiesFromPB(c *pb.Capabilities) protocol.Capabilities {
 		SupportsCancellation:   c.SupportsCancellation,
 		MaxConcurrentRequests:  c.MaxConcurrentRequests,
 		SupportsInlineBody:     c.SupportsInlineBody,
+		SupportsClientRequest:  c.SupportsClientRequest,
 	}
 }
 

@@ -112,6 +112,15 @@ func protocolMessages() []struct {
 		{"request chunk timeout", protocol.TypeRequestBodyChunk, &protocol.BodyChunk{RequestID: 15, TimeoutMs: 850, ChunkIndex: 1, Data: b("x"), IsLast: true, TotalSize: -1, Progress: -1}},
 		{"response headers timeout", protocol.TypeResponseHeaders, &protocol.ResponseHeaders{RequestID: 15, TimeoutMs: 4294967295, StatusCode: 200}},
 		{"response chunk timeout", protocol.TypeResponseBodyChunk, &protocol.BodyChunk{RequestID: 15, TimeoutMs: 1, Data: b("y"), TotalSize: -1, Progress: -1}},
+		{"request headers client", protocol.TypeRequestHeaders, &protocol.RequestHeaders{
+			RequestID: 12, Method: b("POST"), URI: b("/upload?x=1"), RequestTarget: b("http://Example.COM./upload?x=1"), HasBody: true,
+			Headers: hdrs("host", "example.com", "transfer-encoding", "chunked", "connection", "keep-alive, x-hop", "x-hop", "1", "x-forwarded-for", "203.0.113.9"),
+			Metadata: protocol.Metadata{
+				ClientIP: b("192.0.2.7"), ClientPort: 51234, Protocol: b("HTTP/1.1"), ServerName: b("example.com"),
+				ServerIP: b("10.0.0.2"), ServerPort: 8080, ListenerID: b("public"), UpstreamHost: b("app.internal:9000"),
+				ForwardedFor: b("192.0.2.7"), ForwardedProto: b("http"), ForwardedHost: b("example.com"),
+			},
+		}},
 	}
 }
 
@@ -426,6 +435,12 @@ func TestCapabilitiesRoundTrip(t *testing.T) {
 		t.Fatal("supports_inline_body lost on the way to protobuf")
 	} else if got := CapabilitiesFromPB(p); got != inline {
 		t.Fatalf("capabilities %+v, want %+v", got, inline)
+	}
+	client := protocol.Capabilities{HandlesRequestHeaders: true, SupportsClientRequest: true}
+	if p := CapabilitiesToPB(client); !p.SupportsClientRequest {
+		t.Fatal("supports_client_request lost on the way to protobuf")
+	} else if got := CapabilitiesFromPB(p); got != client {
+		t.Fatalf("capabilities %+v, want %+v", got, client)
 	}
 	if got := CapabilitiesFromPB(nil); got != (protocol.Capabilities{}) {
 		t.Fatalf("nil capabilities %+v", got)

@@ -84,6 +84,17 @@ func RequestHeadersToPB(dst *pb.RequestHeaders, m *protocol.RequestHeaders) {
 	md.TlsServerName = src.TLSServerName
 	md.TlsClientSubject = src.TLSClientSubject
 	md.TlsClientSan = src.TLSClientSAN
+	md.ServerIp = src.ServerIP
+	md.ServerPort = 0
+	if src.ServerPort > 0 && src.ServerPort <= 0xFFFF {
+		md.ServerPort = uint32(src.ServerPort)
+	}
+	md.ListenerId = src.ListenerID
+	md.UpstreamHost = src.UpstreamHost
+	md.ForwardedFor = src.ForwardedFor
+	md.ForwardedProto = src.ForwardedProto
+	md.ForwardedHost = src.ForwardedHost
+	dst.RequestTarget = m.RequestTarget
 	if m.HasInlineBody {
 		if dst.InlineBody == nil {
 			dst.InlineBody = new(pb.RequestBodyChunk)
@@ -121,8 +132,17 @@ func RequestHeadersFromPB(dst *protocol.RequestHeaders, id uint64, src *pb.Reque
 			TLSServerName:    md.TlsServerName,
 			TLSClientSubject: md.TlsClientSubject,
 			TLSClientSAN:     md.TlsClientSan,
+
+			ServerIP:       md.ServerIp,
+			ServerPort:     int(md.ServerPort),
+			ListenerID:     md.ListenerId,
+			UpstreamHost:   md.UpstreamHost,
+			ForwardedFor:   md.ForwardedFor,
+			ForwardedProto: md.ForwardedProto,
+			ForwardedHost:  md.ForwardedHost,
 		}
 	}
+	dst.RequestTarget = src.GetRequestTarget()
 	if ib := src.GetInlineBody(); ib != nil {
 		dst.HasInlineBody = true
 		bodyChunkFromPB(&dst.InlineBody, 0, ib.GetChunkIndex(), ib.GetData(), ib.GetIsLast(), ib.TotalSize, ib.BytesReceived)

@@ -205,6 +205,14 @@ func randMessage(r *rand.Rand) (protocol.MsgType, any) {
 			m.Metadata.TLSClientSubject, m.Metadata.TLSClientSAN = randBytes(r, 30), randBytes(r, 30)
 		}
 		if r.IntN(2) == 0 {
+			m.Metadata.ServerIP, m.Metadata.ServerPort, m.Metadata.ListenerID = randBytes(r, 8), r.IntN(65536), randBytes(r, 8)
+		}
+		if r.IntN(2) == 0 {
+			m.RequestTarget = randBytes(r, 40)
+			m.Metadata.UpstreamHost, m.Metadata.ForwardedFor = randBytes(r, 8), randBytes(r, 20)
+			m.Metadata.ForwardedProto, m.Metadata.ForwardedHost = randBytes(r, 5), randBytes(r, 8)
+		}
+		if r.IntN(2) == 0 {
 			m.HasInlineBody = true
 			m.InlineBody = protocol.BodyChunk{Data: randBytes(r, 300), IsLast: r.IntN(2) == 0, TotalSize: randSize(r), Progress: randSize(r)}
 		}

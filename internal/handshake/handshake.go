@@ -22,7 +22,7 @@ var (
 )
 
 // ProxyFeatures are the features this proxy offers.
-var ProxyFeatures = []string{protocol.FeatureCancellation, protocol.FeatureBodyMutation, protocol.FeatureStreaming, protocol.FeatureInlineBody}
+var ProxyFeatures = []string{protocol.FeatureCancellation, protocol.FeatureBodyMutation, protocol.FeatureStreaming, protocol.FeatureInlineBody, protocol.FeatureClientRequest}
 
 // NewRequest is the proxy's HandshakeRequest.
 func NewRequest(clientName string) protocol.HandshakeRequest {
@@ -65,6 +65,9 @@ func CheckResponse(req *protocol.HandshakeRequest, resp *protocol.HandshakeRespo
 	if !slices.Contains(req.SupportedFeatures, protocol.FeatureInlineBody) {
 		caps.SupportsInlineBody = false
 	}
+	if !slices.Contains(req.SupportedFeatures, protocol.FeatureClientRequest) {
+		caps.SupportsClientRequest = false
+	}
 	if !slices.Contains(req.SupportedFeatures, protocol.FeatureProtobufPayloads) {
 		caps.SupportsProtobufPayloads = false
 	}
@@ -78,10 +81,13 @@ func Answer(req *protocol.HandshakeRequest, agentName string, caps protocol.Capa
 		err := fmt.Errorf("%w: proxy speaks %d, agent speaks %d", ErrHandshakeVersion, req.ProtocolVersion, protocol.Version)
 		return protocol.HandshakeResponse{ProtocolVersion: protocol.Version, AgentName: agentName, Accepted: false, Error: err.Error()}, err
 	}
-	// An agent declares inline_body and protobuf_payloads only to a proxy
-	// that offered them.
+	// An agent declares inline_body, client_request and protobuf_payloads
+	// only to a proxy that offered them.
 	if !slices.Contains(req.SupportedFeatures, protocol.FeatureInlineBody) {
 		caps.SupportsInlineBody = false
+	}
+	if !slices.Contains(req.SupportedFeatures, protocol.FeatureClientRequest) {
+		caps.SupportsClientRequest = false
 	}
 	if !slices.Contains(req.SupportedFeatures, protocol.FeatureProtobufPayloads) {
 		caps.SupportsProtobufPayloads = false

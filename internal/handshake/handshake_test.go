@@ -66,7 +66,7 @@ func TestAnswerMasksProtobufPayloads(t *testing.T) {
 			t.Errorf("offered %v: declared %v (%v), want %v", tc.req.SupportedFeatures, r.Capabilities.SupportsProtobufPayloads, err, tc.want)
 		}
 	}
-	if got := NewRequestWith("p", protocol.FeatureProtobufPayloads).SupportedFeatures; len(got) != len(ProxyFeatures)+1 || len(ProxyFeatures) != 4 {
+	if got := NewRequestWith("p", protocol.FeatureProtobufPayloads).SupportedFeatures; len(got) != len(ProxyFeatures)+1 || len(ProxyFeatures) != 5 {
 		t.Errorf("features %v: want ProxyFeatures plus protobuf_payloads, and ProxyFeatures untouched", got)
 	}
 }
@@ -167,4 +167,53 @@ func TestRegistrationPayloadEncoding(t *testing.T) {
 	if ok, err := RegistrationProtobuf(&protocol.RegistrationResponse{Accepted: true}, true); ok || err != nil {
 		t.Errorf("JSON answer: %v %v", ok, err)
 	}
+}
+
+// The proxy offers client_request; an agent declares it only to a proxy
+// that offered it, the proxy keeps it only when it offered it and the
+// agent declared it, and a registration keeps it as declared.
+func TestClientRequestNegotiation(t *testing.T) {
+	req := NewRequest("sidecar/test")
+	if !slicesContains(req.SupportedFeatures, protocol.FeatureClientRequest) {
+		t.Fatalf("proxy features %v lack %q", req.SupportedFeatures, protocol.FeatureClientRequest)
+	}
+	caps := protocol.Capabilities{HandlesRequestHeaders: true, SupportsClientRequest: true}
+	r, err := Answer(&req, "a", caps)
+	if err != nil || !r.Capabilities.SupportsClientRequest {
+		t.Fatalf("answer to a proxy offering client_request: %+v, %v", r.Capabilities, err)
+	}
+	if got, err := CheckResponse(&req, &r); err != nil || !got.SupportsClientRequest {
+		t.Fatalf("proxy side of a declared client_request: %+v, %v", got, err)
+	}
+	old := protocol.HandshakeRequest{ProtocolVersion: 2, SupportedFeatures: []string{protocol.FeatureCancellation, protocol.FeatureInlineBody}}
+	r, err = Answer(&old, "a", caps)
+	if err != nil || r.Capabilities.SupportsClientRequest {
+		t.Fatalf("answer to a proxy without client_request declares it: %+v, %v", r.Capabilities, err)
+	}
+	// A proxy that did not offer it masks an agent's claim.
+	claim := protocol.HandshakeResponse{ProtocolVersion: 2, Accepted: true, Capabilities: caps}
+	if got, err := CheckResponse(&old, &claim); err != nil || got.SupportsClientRequest {
+		t.Fatalf("client_request kept though not offered: %+v, %v", got, err)
+	}
+	// An agent that does not declare it does not get it.
+	resp := protocol.HandshakeResponse{ProtocolVersion: 2, Accepted: true, Capabilities: protocol.Capabilities{HandlesRequestHeaders: true}}
+	if got, err := CheckResponse(&req, &resp); err != nil || got.SupportsClientRequest {
+		t.Fatalf("undeclared client_request: %+v, %v", got, err)
+	}
+	// Reverse connections: accepted as declared.
+	for _, declared := range []bool{true, false} {
+		reg := protocol.RegistrationRequest{ProtocolVersion: 2, AgentID: "a", Capabilities: protocol.Capabilities{HandlesRequestHeaders: true, SupportsClientRequest: declared}}
+		if got, _ := AcceptRegistration(&reg, true, false); got.SupportsClientRequest != declared {
+			t.Fatalf("registration declaring client_request=%v accepted as %v", declared, got.SupportsClientRequest)
+		}
+	}
+}
+
+func slicesContains(l []string, s string) bool {
+	for _, x := range l {
+		if x == s {
+			return true
+		}
+	}
+	return false
 }

@@ -60,6 +60,7 @@ const (
 	fReqMetadata         = 5
 	fReqInlineBody       = 6
 	fEventTimeout        = 15 // timeout_ms of every event an agent answers
+	fReqRequestTarget    = 16
 	fChunkIndex          = 1
 	fChunkData           = 2
 	fChunkIsLast         = 3
@@ -269,7 +270,11 @@ func sizeMetadata(md *protocol.Metadata) int {
 		sizeBytesField(7, md.UpstreamID) + sizeBytesField(8, md.Traceparent) +
 		sizeBytesField(9, md.Timestamp) + sizeBytesField(10, md.TLSVersion) +
 		sizeBytesField(11, md.TLSCipher) + sizeBytesField(12, md.TLSServerName) +
-		sizeBytesField(13, md.TLSClientSubject) + sizeBytesField(14, md.TLSClientSAN)
+		sizeBytesField(13, md.TLSClientSubject) + sizeBytesField(14, md.TLSClientSAN) +
+		sizeBytesField(20, md.ServerIP) + sizeVarintField(21, clientPort(md.ServerPort)) +
+		sizeBytesField(22, md.ListenerID) + sizeBytesField(23, md.UpstreamHost) +
+		sizeBytesField(24, md.ForwardedFor) + sizeBytesField(25, md.ForwardedProto) +
+		sizeBytesField(26, md.ForwardedHost)
 }
 
 func appendMetadata(dst []byte, md *protocol.Metadata) []byte {
@@ -286,13 +291,21 @@ func appendMetadata(dst []byte, md *protocol.Metadata) []byte {
 	dst = appendBytesField(dst, 11, md.TLSCipher)
 	dst = appendBytesField(dst, 12, md.TLSServerName)
 	dst = appendBytesField(dst, 13, md.TLSClientSubject)
-	return appendBytesField(dst, 14, md.TLSClientSAN)
+	dst = appendBytesField(dst, 14, md.TLSClientSAN)
+	dst = appendBytesField(dst, 20, md.ServerIP)
+	dst = appendVarintField(dst, 21, clientPort(md.ServerPort))
+	dst = appendBytesField(dst, 22, md.ListenerID)
+	dst = appendBytesField(dst, 23, md.UpstreamHost)
+	dst = appendBytesField(dst, 24, md.ForwardedFor)
+	dst = appendBytesField(dst, 25, md.ForwardedProto)
+	return appendBytesField(dst, 26, md.ForwardedHost)
 }
 
 func sizeRequestHeaders(m *protocol.RequestHeaders) int {
 	n := sizeBytesField(fReqMethod, m.Method) + sizeBytesField(fReqURI, m.URI) +
 		sizeHeaders(fReqHeaders, m.Headers) + sizeBoolField(fReqHasBody, m.HasBody) +
-		sizeMessageField(fReqMetadata, sizeMetadata(&m.Metadata))
+		sizeMessageField(fReqMetadata, sizeMetadata(&m.Metadata)) +
+		sizeBytesField(fReqRequestTarget, m.RequestTarget)
 	if m.HasInlineBody {
 		n += sizeMessageField(fReqInlineBody, sizeBodyChunk(&m.InlineBody))
 	}
@@ -311,7 +324,8 @@ func appendRequestHeaders(dst []byte, m *protocol.RequestHeaders) []byte {
 		dst = appendMessageHeader(dst, fReqInlineBody, sizeBodyChunk(&m.InlineBody))
 		dst = appendBodyChunk(dst, &m.InlineBody)
 	}
-	return appendVarintField(dst, fEventTimeout, uint64(m.TimeoutMs))
+	dst = appendVarintField(dst, fEventTimeout, uint64(m.TimeoutMs))
+	return appendBytesField(dst, fReqRequestTarget, m.RequestTarget)
 }
 
 // sizeBodyChunk and appendBodyChunk are a chunk's fields without its
@@ -999,9 +1013,14 @@ func checkList(n int, what string) error {
 func decodeMetadata(b []byte, md *protocol.Metadata) error {
 	f := fields(b)
 	for f.next() {
-		if f.num == 3 {
+		if f.num == 3 || f.num == 21 {
 			if f.typ == protowire.VarintType {
-				md.ClientPort = int(uint32(f.u))
+				p := int(uint32(f.u))
+				if f.num == 3 {
+					md.ClientPort = p
+				} else {
+					md.ServerPort = p
+				}
 			}
 			continue
 		}
@@ -1035,6 +1054,18 @@ func decodeMetadata(b []byte, md *protocol.Metadata) error {
 			md.TLSClientSubject = f.b
 		case 14:
 			md.TLSClientSAN = f.b
+		case 20:
+			md.ServerIP = f.b
+		case 22:
+			md.ListenerID = f.b
+		case 23:
+			md.UpstreamHost = f.b
+		case 24:
+			md.ForwardedFor = f.b
+		case 25:
+			md.ForwardedProto = f.b
+		case 26:
+			md.ForwardedHost = f.b
 		}
 	}
 	return f.err
@@ -1058,6 +1089,8 @@ func (f *Frame) DecodeRequestHeaders(m *protocol.RequestHeaders) error {
 			m.Method = fl.b
 		case fl.num == fReqURI:
 			m.URI = fl.b
+		case fl.num == fReqRequestTarget:
+			m.RequestTarget = fl.b
 		case fl.num == fReqHeaders:
 			m.Headers, err = decodeHeaders(m.Headers, fl.b)
 		case fl.num == fReqMetadata:

@@ -62,7 +62,8 @@ routes:
 		{`      processing_mode: "request_body_mode=FULL_DUPLEX_STREAMED"`, "FULL_DUPLEX_STREAMED"},
 		{`      processing_mode: "request_body_mode=SOMETIMES"`, "unknown body mode"},
 		{`      allowed_override_modes: "response_trailer_mode=SEND"`, "allowed_override_modes[0]"},
-		{`      request_attributes: "destination.address"`, "not supported"},
+		{`      request_attributes: "destination.address,destination.port"`, ""},
+		{`      request_attributes: "connection.id"`, "not supported"},
 		// Each refusal names the option's own line (the template's
 		// options start on line 13).
 		{`      request_attributes: "request.path,response.code"`, `line 13: agents[0].options.request_attributes: extproc: invalid config: option request_attributes: attribute "response.code" is not supported in request_attributes`},

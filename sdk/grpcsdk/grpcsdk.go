@@ -30,6 +30,9 @@ type Options struct {
 	// Name is sent as agent_name in the capability answer ("agent" if
 	// empty).
 	Name string
+	// NoClientRequest: the capability answer does not declare
+	// supports_client_request (see sdk.Options.NoClientRequest).
+	NoClientRequest bool
 	// Logger receives stream events (default: none).
 	Logger *zerolog.Logger
 	// Limiter, when set, bounds how many handler calls run at once (see
@@ -122,7 +125,11 @@ type grpcService struct {
 // GetCapabilities answers the proxy's negotiation like the UDS handshake.
 func (s *grpcService) GetCapabilities(_ context.Context, req *pb.CapabilityRequest) (*pb.CapabilityResponse, error) {
 	hr := grpcwire.CapabilityRequestFromPB(req)
-	resp, err := handshake.Answer(&hr, s.o.Name, sdk.DeclaredCapabilities(s.h))
+	caps := sdk.DeclaredCapabilities(s.h)
+	if s.o.NoClientRequest {
+		caps.SupportsClientRequest = false
+	}
+	resp, err := handshake.Answer(&hr, s.o.Name, caps)
 	if err != nil {
 		s.o.Logger.Warn().Err(err).Str("client", hr.ClientName).Msg("refused proxy")
 	}

@@ -166,3 +166,28 @@ func TestServeGRPCStops(t *testing.T) {
 		t.Fatal("stream still open after the server stopped")
 	}
 }
+
+// TestGRPCClientRequestOption: GetCapabilities declares
+// supports_client_request to a proxy that offers client_request, unless
+// Options.NoClientRequest.
+func TestGRPCClientRequestOption(t *testing.T) {
+	for _, off := range []bool{false, true} {
+		srv := grpcsdk.NewServer(sdk.Base{Caps: protocol.Capabilities{HandlesRequestHeaders: true}}, &grpcsdk.Options{NoClientRequest: off})
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		go func() { _ = srv.Serve(ln) }()
+		cli := rawProxy(t, ln.Addr().String())
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		resp, err := cli.GetCapabilities(ctx, &pb.CapabilityRequest{ProtocolVersion: 2, ClientName: "test", SupportedFeatures: []string{protocol.FeatureClientRequest}})
+		cancel()
+		srv.Stop()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := resp.GetCapabilities().GetSupportsClientRequest(); got == off {
+			t.Fatalf("NoClientRequest=%v: supports_client_request %v", off, got)
+		}
+	}
+}
