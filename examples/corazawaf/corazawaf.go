@@ -296,8 +296,16 @@ func (h *Handler) OnRequestHeaders(ctx context.Context, m *protocol.RequestHeade
 	e := &entry{id: m.RequestID, tx: tx, proto: protoName(m.Metadata.Protocol)}
 
 	md := &m.Metadata
-	tx.ProcessConnection(string(md.ClientIP), md.ClientPort, "", 0)
-	tx.ProcessURI(string(m.URI), string(m.Method), e.proto)
+	tx.ProcessConnection(string(md.ClientIP), md.ClientPort, string(md.ServerIP), md.ServerPort)
+	// The request line CRS checks is the client's: its target as sent
+	// (absolute-form included) when the proxy shows the client's request
+	// (client_request), as Coraza in front of a server sees it; the
+	// origin-form uri otherwise.
+	target := m.URI
+	if len(m.RequestTarget) > 0 {
+		target = m.RequestTarget
+	}
+	tx.ProcessURI(string(target), string(m.Method), e.proto)
 	if len(md.ServerName) > 0 {
 		tx.SetServerName(string(md.ServerName))
 	}

@@ -68,6 +68,12 @@ logging:
 // startStack runs cfg's agent behind a real sidecar.
 func startStack(t *testing.T, cfg corazawaf.Config) *stack {
 	t.Helper()
+	return startStackWith(t, cfg, &sdk.Options{Name: "corazawaf"})
+}
+
+// startStackWith is startStack with the agent served with opts.
+func startStackWith(t *testing.T, cfg corazawaf.Config, opts *sdk.Options) *stack {
+	t.Helper()
 	st := &stack{logs: &testutil.LogBuffer{}, slow: make(chan struct{}), slowHits: make(chan struct{}, 16)}
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		st.upHits.Add(1)
@@ -99,7 +105,7 @@ func startStack(t *testing.T, cfg corazawaf.Config) *stack {
 	adone := make(chan struct{})
 	go func() {
 		defer close(adone)
-		_ = sdk.Serve(actx, aln, h, &sdk.Options{Name: "corazawaf"})
+		_ = sdk.Serve(actx, aln, h, opts)
 	}()
 
 	c, err := config.Parse(fmt.Appendf(nil, sidecarYAML, up.Listener.Addr(), sock))
