@@ -225,7 +225,7 @@ func TestClientRequestView(t *testing.T) {
 			up.take()
 			client.take()
 			legacy.take()
-			roundTrip(t, sc.addr, tc.req)
+			clientRoundTrip(t, sc.addr, tc.req)
 			ups, cs, ls := up.take(), client.take(), legacy.take()
 			if len(ups) != 1 || len(cs) != 1 || len(ls) != 1 {
 				t.Fatalf("upstream got %d requests, client agent saw %d, legacy agent %d; want 1 each", len(ups), len(cs), len(ls))
@@ -282,8 +282,8 @@ func TestClientRequestView(t *testing.T) {
 	}
 }
 
-// roundTrip sends req on a fresh connection and reads one 200 response.
-func roundTrip(t *testing.T, addr, req string) {
+// clientRoundTrip sends req on a fresh connection and reads one 200 response.
+func clientRoundTrip(t *testing.T, addr, req string) {
 	t.Helper()
 	c, err := net.Dial("tcp", addr)
 	if err != nil {
