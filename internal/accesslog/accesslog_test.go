@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/zentinelproxy/sidecar/internal/dataplane"
+	"github.com/zentinelproxy/sidecar/dataplane"
 	"github.com/zentinelproxy/sidecar/internal/testutil"
 )
 

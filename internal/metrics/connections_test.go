@@ -3,7 +3,7 @@ package metrics
 import (
 	"testing"
 
-	"github.com/zentinelproxy/sidecar/internal/dataplane"
+	"github.com/zentinelproxy/sidecar/dataplane"
 )
 
 func TestConnectionMetrics(t *testing.T) {

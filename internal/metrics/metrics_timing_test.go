@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/zentinelproxy/sidecar/internal/dataplane"
+	"github.com/zentinelproxy/sidecar/dataplane"
 	"github.com/zentinelproxy/sidecar/protocol"
 )
 

@@ -28,7 +28,9 @@ func fastUpstream(b testing.TB) string {
 	return ln.Addr().String()
 }
 
-func benchProxy(b *testing.B, withAgent bool, reqBody []byte) { benchProxyView(b, withAgent, false, reqBody) }
+func benchProxy(b *testing.B, withAgent bool, reqBody []byte) {
+	benchProxyView(b, withAgent, false, reqBody)
+}
 
 // benchProxyView is benchProxy with the agent's view: the forwarded
 // request's (the view of agents without client_request) or the client's.

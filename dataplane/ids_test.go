@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/zentinelproxy/sidecar/dataplane"
 	"github.com/zentinelproxy/sidecar/internal/config"
-	"github.com/zentinelproxy/sidecar/internal/dataplane"
 )
 
 // routeObserver records Reset's names and the route of every request.
