@@ -27,13 +27,6 @@ import (
 // so the failure policy treats it as an unavailable agent (closed: 503).
 var ErrCircuitOpen = fmt.Errorf("%w: circuit open", agentmux.ErrAgentUnavailable)
 
-// Circuit states as reported by BreakerStatus.
-const (
-	CircuitClosed   = "closed"
-	CircuitOpen     = "open"
-	CircuitHalfOpen = "half_open"
-)
-
 // breaker is one agent's circuit. Its zero-cost path (closed, no
 // failures) is two atomic loads per exchange opened. It is shared by the
 // tables of successive reloads while the agent and its settings stay.
@@ -172,23 +165,6 @@ func (b *breaker) state() string {
 		return CircuitHalfOpen
 	}
 	return CircuitOpen
-}
-
-// BreakerStatus is a point-in-time view of one agent's circuit.
-type BreakerStatus struct {
-	Agent string `json:"agent"`
-	// State is closed, open or half_open (a probe request is out).
-	State string `json:"state"`
-	// Failures is the current run of consecutive failures.
-	Failures uint32 `json:"consecutive_failures"`
-	// Opens counts transitions to open (a failed probe included).
-	Opens uint64 `json:"opens"`
-	// Closes counts transitions back to closed.
-	Closes uint64 `json:"closes"`
-	// Rejected counts exchanges not opened because the circuit was open.
-	Rejected uint64 `json:"rejected"`
-	// Probes counts probe requests let through after a cool-down.
-	Probes uint64 `json:"probes"`
 }
 
 // Breakers returns the circuit of every current agent that has one.

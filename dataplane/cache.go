@@ -490,21 +490,6 @@ func (rs *reqState) cacheStore(i int, d *protocol.Decision) {
 	cacheKeyBufs.Put(bp)
 }
 
-// CacheStatus counts one agent's decision cache.
-type CacheStatus struct {
-	Agent     string `json:"agent"`
-	Entries   int    `json:"entries"`
-	Hits      uint64 `json:"hits"`
-	Misses    uint64 `json:"misses"`
-	Stores    uint64 `json:"stores"`
-	Evictions uint64 `json:"evictions"`
-	Expired   uint64 `json:"expired"`
-	Flushes   uint64 `json:"flushes"`
-	// Skipped counts lookups not attempted: an agent that handles more
-	// than request headers, or a key over max_key_bytes.
-	Skipped uint64 `json:"skipped"`
-}
-
 // Caches returns the counters of every current agent's decision cache.
 func (s *Server) Caches() []CacheStatus {
 	t := s.tbl.Load()

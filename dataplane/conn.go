@@ -216,30 +216,6 @@ func newConnSet(name string, maxConns int, lingerFor time.Duration, lingerBytes 
 	return &connSet{name: name, max: int64(maxConns), lingerFor: lingerFor, lingerBytes: lingerBytes}
 }
 
-// ConnStats count one listener's client connections.
-type ConnStats struct {
-	Listener string `json:"listener"`
-	// Open is the connections open now, tunnels excepted (they count as
-	// tunnels), lingering closes included.
-	Open     int64  `json:"open"`
-	Accepted uint64 `json:"accepted"` // connections accepted (refused ones included)
-	// RefusedMaxConnections: connections closed unanswered right after
-	// accept because max_connections were open.
-	RefusedMaxConnections uint64 `json:"refused_max_connections"`
-	// IdleClosed: connections closed unanswered at read_timeout because
-	// no byte of a first request arrived (kept-alive connections close
-	// silently at idle_timeout and are not counted).
-	IdleClosed uint64 `json:"idle_closed"`
-	// LingeringCloses: closes that shut the connection down for writing
-	// and discarded what the client still sent; LingeringTimeouts and
-	// LingeringCapped of them ended at lingering_timeout and at
-	// max_lingering_bytes instead of at the client's end of stream.
-	LingeringCloses   uint64 `json:"lingering_closes"`
-	LingeringTimeouts uint64 `json:"lingering_timeouts"`
-	LingeringCapped   uint64 `json:"lingering_capped"`
-	LingeringBytes    uint64 `json:"lingering_bytes"` // bytes discarded by lingering closes
-}
-
 func (cs *connSet) snapshot() ConnStats {
 	return ConnStats{
 		Listener: cs.name, Open: cs.open.Load(), Accepted: cs.accepted.Load(),

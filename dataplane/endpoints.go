@@ -320,35 +320,6 @@ func (up *upstream) stop() {
 	up.wg.Wait()
 }
 
-// EndpointStatus is a snapshot of one upstream endpoint.
-type EndpointStatus struct {
-	Upstream string
-	Address  string
-	// Healthy is the active health check's verdict (true without checks).
-	Healthy bool
-	// Ejected is true while the passive health check keeps it out.
-	Ejected  bool
-	InFlight int64
-	// Requests counts attempts sent to the endpoint; Errors those that
-	// failed on the connection; Status5xx the 5xx answers.
-	Requests, Errors, Status5xx uint64
-	// Ejections counts passive ejections.
-	Ejections uint64
-	// Checks and ChecksFailed count active health checks.
-	Checks, ChecksFailed uint64
-}
-
-// UpstreamStatus is a snapshot of one upstream: its endpoints and its
-// DNS re-resolution counters.
-type UpstreamStatus struct {
-	Name      string
-	Endpoints []EndpointStatus
-	// Resolutions counts DNS resolutions, ResolveErrors the failed ones
-	// (the endpoints found before stay), AddressesDropped the addresses
-	// beyond resolve.max_addresses.
-	Resolutions, ResolveErrors, AddressesDropped uint64
-}
-
 // Upstreams returns a snapshot of the current upstreams.
 func (s *Server) Upstreams() []UpstreamStatus {
 	t := s.tbl.Load()

@@ -64,18 +64,6 @@ func (rs *reqState) failoverHeaders(i int, w agentmux.Wait, err error) (*agentmu
 	return reply, err
 }
 
-// FailoverStatus counts one agent's failovers.
-type FailoverStatus struct {
-	Agent string `json:"agent"`
-	// Retried counts request-header events sent again after their
-	// connection was lost; Recovered those the retry answered.
-	Retried   uint64 `json:"retried"`
-	Recovered uint64 `json:"recovered"`
-	// Members counts exchanges opened on another member because the
-	// first choice could not open one (agents with addresses).
-	Members uint64 `json:"member_failovers"`
-}
-
 // Failovers returns the failover counters of every current agent that
 // has retried or has several members.
 func (s *Server) Failovers() []FailoverStatus {

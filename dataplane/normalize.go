@@ -4,6 +4,8 @@ import (
 	"bytes"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/zentinelproxy/sidecar/internal/observe"
 )
 
 // Request-head normalisation: what the sidecar checks and rewrites after
@@ -41,22 +43,19 @@ import (
 //     allowed, but a line that starts with whitespace is more often an
 //     attempt to hide a header from one parser than a client from 1999.
 
-// Reasons a request head is refused by the sidecar (not by fasthttp's
-// parser); they index counters.rejected.
+// Reasons a request head is refused (observe.RejectReasons); they index
+// counters.rejected.
 const (
-	rejectTarget         = iota // bad or unsupported request-target
-	rejectHost                  // invalid Host
-	rejectFraming               // Transfer-Encoding with Content-Length
-	rejectParse                 // fasthttp could not parse the head (400)
-	rejectURITooLong            // request line over read_buffer_size (414)
-	rejectHeaderTooLarge        // header block over read_buffer_size (431)
-	rejectHeadTimeout           // head not complete within read_timeout (408)
-	rejectObsFold               // a header line folded onto the previous one
-	numRejects
+	rejectTarget         = observe.RejectTarget
+	rejectHost           = observe.RejectHost
+	rejectFraming        = observe.RejectFraming
+	rejectParse          = observe.RejectParse
+	rejectURITooLong     = observe.RejectURITooLong
+	rejectHeaderTooLarge = observe.RejectHeaderTooLarge
+	rejectHeadTimeout    = observe.RejectHeadTimeout
+	rejectObsFold        = observe.RejectObsFold
+	numRejects           = observe.NumRejects
 )
-
-// RejectReasons names the reasons of Stats.Rejected, in order.
-var RejectReasons = [numRejects]string{"target", "host", "framing", "parse", "uri_too_long", "headers_too_large", "timeout", "obs_fold"}
 
 // normalizeTarget rewrites an absolute-form request target to origin-form
 // and its authority into Host. It returns false for a target the sidecar

@@ -73,14 +73,6 @@ type spanExporter struct {
 	exported, dropped, failed atomic.Uint64
 }
 
-// TracingStats counts span export.
-type TracingStats struct {
-	// Exported counts spans handed to the collector, Failed those whose
-	// export failed, Dropped the requests whose spans did not fit the
-	// queue (tracing.otlp.max_queue).
-	Exported, Failed, Dropped uint64
-}
-
 // newSpanExporter starts the exporter of cfg; nil without an endpoint.
 // The gRPC connection is made lazily: a collector that is down costs
 // failed exports, not a failed start.

@@ -107,14 +107,6 @@ func (rs *reqState) inspectPrefixes(in []byte) (out []byte, mutated, ok bool) {
 	return in, mutated, true
 }
 
-// BodyStatus counts one agent's request bodies over its buffer limit
-// that its over_limit action let it inspect in part or streamed.
-type BodyStatus struct {
-	Agent  string `json:"agent"`
-	Prefix uint64 `json:"prefix"`
-	Stream uint64 `json:"stream"`
-}
-
 // Bodies returns the over-limit counters of every current agent with a
 // prefix or stream action on some route.
 func (s *Server) Bodies() []BodyStatus {

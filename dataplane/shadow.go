@@ -800,36 +800,6 @@ func ruleLabel(r []byte) string {
 	return strings.ToValidUTF8(string(r), "\uFFFD")
 }
 
-// ShadowStatus counts what one shadow agent saw and would have done.
-type ShadowStatus struct {
-	Agent string `json:"agent"`
-	// Queued events were accepted into the queue. Dropped counts the
-	// conversations (requests) abandoned because one of their events did
-	// not fit the queue (shadow_queue events, shadow_queue_bytes of body
-	// data): their later events were not sent.
-	Queued  uint64 `json:"queued"`
-	Dropped uint64 `json:"dropped"`
-	// Failed conversations got no answer (timeout, connection, overload).
-	Failed uint64 `json:"failed"`
-	// Allowed, WouldBlock and WouldRedirect are the answers, of every
-	// phase; WouldMutate counts the answers that would have changed a
-	// body chunk (never applied).
-	Allowed       uint64 `json:"allowed"`
-	WouldBlock    uint64 `json:"would_block"`
-	WouldRedirect uint64 `json:"would_redirect"`
-	WouldMutate   uint64 `json:"would_mutate"`
-	// ByStatus counts blocks and redirects by status; ByRule counts them
-	// by the audit rule ids of the decision (at most 64, then "(other)").
-	ByStatus map[string]uint64 `json:"by_status,omitempty"`
-	ByRule   map[string]uint64 `json:"by_rule,omitempty"`
-	// Waiting is the number of events queued now, WaitingBytes their body
-	// bytes; PeakWaitingBytes is the most body bytes ever queued at once
-	// (never above shadow_queue_bytes).
-	Waiting          int   `json:"waiting"`
-	WaitingBytes     int64 `json:"waiting_bytes"`
-	PeakWaitingBytes int64 `json:"peak_waiting_bytes"`
-}
-
 // Shadows returns the counters of every current shadow agent.
 func (s *Server) Shadows() []ShadowStatus {
 	t := s.tbl.Load()

@@ -37,14 +37,6 @@ import (
 // loaded (a missing file, a bad PEM block, a key that does not match).
 var ErrTLSConfig = errors.New("dataplane: TLS configuration")
 
-// TLSStats are the TLS counters of the listeners.
-type TLSStats struct {
-	Handshakes      uint64 `json:"handshakes"`       // completed client handshakes
-	HandshakeErrors uint64 `json:"handshake_errors"` // failed client handshakes (refused client certificates included)
-	Reloads         uint64 `json:"reloads"`          // certificate sets (re)loaded after a change or a reload
-	ReloadErrors    uint64 `json:"reload_errors"`    // rotations that failed (the old certificates stay)
-}
-
 type tlsCounters struct {
 	handshakes, handshakeErrors, reloads, reloadErrors atomic.Uint64
 }

@@ -42,18 +42,6 @@ var (
 	statusLine101 = []byte("HTTP/1.1 101 Switching Protocols\r\n")
 )
 
-// TunnelStats count the Upgrade tunnels.
-type TunnelStats struct {
-	Opened      uint64 `json:"opened"`       // tunnels started (101 relayed)
-	Closed      uint64 `json:"closed"`       // tunnels ended
-	Open        int64  `json:"open"`         // tunnels open now
-	Refused     uint64 `json:"refused"`      // upgrade requests refused at max_tunnels (503)
-	IdleClosed  uint64 `json:"idle_closed"`  // tunnels ended by tunnel_idle_timeout
-	DrainClosed uint64 `json:"drain_closed"` // tunnels cut at the end of the shutdown grace period
-	BytesIn     uint64 `json:"bytes_in"`     // client to upstream
-	BytesOut    uint64 `json:"bytes_out"`    // upstream to client
-}
-
 type tunnelCounters struct {
 	opened, closed, refused, idle, drained, bytesIn, bytesOut atomic.Uint64
 }

@@ -3,7 +3,7 @@ package metrics
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/zentinelproxy/sidecar/dataplane"
+	"github.com/zentinelproxy/sidecar/internal/observe"
 	"github.com/zentinelproxy/sidecar/internal/reverse"
 )
 
@@ -115,7 +115,7 @@ func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
 		st := (*f)()
 		ch <- prometheus.MustNewConstMetric(descInFlight, prometheus.GaugeValue, float64(st.InFlight))
 		ch <- prometheus.MustNewConstMetric(descAborted, prometheus.CounterValue, float64(st.ResponseAborted))
-		for _, reason := range dataplane.RejectReasons {
+		for _, reason := range observe.RejectReasons {
 			ch <- prometheus.MustNewConstMetric(descRejected, prometheus.CounterValue, float64(st.Rejected[reason]), reason)
 		}
 		ch <- prometheus.MustNewConstMetric(descAbsolute, prometheus.CounterValue, float64(st.AbsoluteForm))

@@ -1,4 +1,4 @@
-package dataplane
+package observe
 
 import (
 	"time"
@@ -141,91 +141,9 @@ type RequestSummary struct {
 
 // RequestRecorder is implemented by an Observer that also wants one
 // summary per finished request (access logs, per-outcome counters). The
-// Server looks for it once, when the Observer is set.
+// dataplane looks for it once, when the Observer is set.
 type RequestRecorder interface {
 	// RecordRequest is called once per request, after Request, on the
 	// goroutine that ended it. It must not block or keep s.
 	RecordRequest(s *RequestSummary)
-}
-
-// Observers returns an Observer that passes every event to each of obs in
-// order, and RecordRequest to those that implement RequestRecorder. Nil
-// entries are skipped; a single Observer is returned as it is.
-func Observers(obs ...Observer) Observer {
-	var m multiObserver
-	for _, o := range obs {
-		if o == nil {
-			continue
-		}
-		m.obs = append(m.obs, o)
-		if r, ok := o.(RequestRecorder); ok {
-			m.recs = append(m.recs, r)
-		}
-	}
-	switch {
-	case len(m.obs) == 0:
-		return NopObserver{}
-	case len(m.obs) == 1:
-		return m.obs[0]
-	case len(m.recs) > 0:
-		return &multiRecorder{m}
-	}
-	return &m
-}
-
-type multiObserver struct {
-	obs  []Observer
-	recs []RequestRecorder
-}
-
-func (m *multiObserver) Reset(routes, agents []string) {
-	for _, o := range m.obs {
-		o.Reset(routes, agents)
-	}
-}
-
-func (m *multiObserver) Request(route, status int, d time.Duration) {
-	for _, o := range m.obs {
-		o.Request(route, status, d)
-	}
-}
-
-func (m *multiObserver) AgentEvent(route, agent int, phase protocol.Phase, body bool, oc Outcome, d time.Duration) {
-	for _, o := range m.obs {
-		o.AgentEvent(route, agent, phase, body, oc, d)
-	}
-}
-
-func (m *multiObserver) FailOpen(route, agent int) {
-	for _, o := range m.obs {
-		o.FailOpen(route, agent)
-	}
-}
-
-func (m *multiObserver) MutationRefused(route, agent int) {
-	for _, o := range m.obs {
-		o.MutationRefused(route, agent)
-	}
-}
-
-func (m *multiObserver) InspectionSkipped(route, agent int, phase protocol.Phase) {
-	for _, o := range m.obs {
-		o.InspectionSkipped(route, agent, phase)
-	}
-}
-
-func (m *multiObserver) Upstream(route int, timeout bool) {
-	for _, o := range m.obs {
-		o.Upstream(route, timeout)
-	}
-}
-
-// multiRecorder is a multiObserver with at least one RequestRecorder, so
-// that the Server builds summaries only when someone reads them.
-type multiRecorder struct{ multiObserver }
-
-func (m *multiRecorder) RecordRequest(s *RequestSummary) {
-	for _, r := range m.recs {
-		r.RecordRequest(s)
-	}
 }

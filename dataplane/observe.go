@@ -1,0 +1,174 @@
+package dataplane
+
+import (
+	"sync/atomic"
+
+	"github.com/zentinelproxy/sidecar/internal/observe"
+	"github.com/zentinelproxy/sidecar/protocol"
+)
+
+// The observer vocabulary and the status snapshots are defined in
+// internal/observe, which the metrics and the access log import without
+// the proxy; they are re-exported here under their names.
+
+// Observer receives the dataplane's events, for metrics (observe.Observer).
+type Observer = observe.Observer
+
+// RequestRecorder is an Observer that also wants one summary per finished
+// request (observe.RequestRecorder).
+type RequestRecorder = observe.RequestRecorder
+
+// NopObserver ignores everything.
+type NopObserver = observe.NopObserver
+
+// Outcome is how one event sent to an agent ended.
+type Outcome = observe.Outcome
+
+// RequestOutcome is how the sidecar ended one request.
+type RequestOutcome = observe.RequestOutcome
+
+// RequestSummary describes one finished request; valid only during the
+// RecordRequest call.
+type RequestSummary = observe.RequestSummary
+
+// Status snapshots (observe).
+type (
+	// Stats are the dataplane's own counters since New.
+	Stats = observe.Stats
+	// ConnStats count one listener's client connections.
+	ConnStats = observe.ConnStats
+	// TLSStats are the TLS counters of the listeners.
+	TLSStats = observe.TLSStats
+	// TunnelStats count the Upgrade tunnels.
+	TunnelStats = observe.TunnelStats
+	// PolicyStatus is the state of the policy features.
+	PolicyStatus = observe.PolicyStatus
+	// BreakerStatus is a point-in-time view of one agent's circuit.
+	BreakerStatus = observe.BreakerStatus
+	// ShadowStatus counts what one shadow agent saw and would have done.
+	ShadowStatus = observe.ShadowStatus
+	// CacheStatus counts one agent's decision cache.
+	CacheStatus = observe.CacheStatus
+	// FailoverStatus counts one agent's failovers.
+	FailoverStatus = observe.FailoverStatus
+	// BodyStatus counts one agent's over-limit bodies.
+	BodyStatus = observe.BodyStatus
+	// UpstreamStatus is a snapshot of one upstream.
+	UpstreamStatus = observe.UpstreamStatus
+	// EndpointStatus is a snapshot of one upstream endpoint.
+	EndpointStatus = observe.EndpointStatus
+	// TracingStats counts span export.
+	TracingStats = observe.TracingStats
+)
+
+// Outcomes of an agent event (observe).
+const (
+	OutcomeAllow       = observe.OutcomeAllow
+	OutcomeBlock       = observe.OutcomeBlock
+	OutcomeRedirect    = observe.OutcomeRedirect
+	OutcomeContinue    = observe.OutcomeContinue
+	OutcomeTimeout     = observe.OutcomeTimeout
+	OutcomeUnavailable = observe.OutcomeUnavailable
+	OutcomeOverloaded  = observe.OutcomeOverloaded
+	OutcomeConnLost    = observe.OutcomeConnLost
+	OutcomeInvalid     = observe.OutcomeInvalid
+	OutcomeCanceled    = observe.OutcomeCanceled
+	numOutcomes        = observe.NumOutcomes
+)
+
+// Request outcomes (observe).
+const (
+	RequestAllowed       = observe.RequestAllowed
+	RequestBlocked       = observe.RequestBlocked
+	RequestRedirected    = observe.RequestRedirected
+	RequestClientGone    = observe.RequestClientGone
+	RequestFailedClosed  = observe.RequestFailedClosed
+	RequestUpstreamError = observe.RequestUpstreamError
+	RequestFailedOpen    = observe.RequestFailedOpen
+	RequestRejected      = observe.RequestRejected
+	NumRequestOutcomes   = observe.NumRequestOutcomes
+)
+
+// Agent event phases as indices (observe).
+const (
+	PhaseRequestHeaders  = observe.PhaseRequestHeaders
+	PhaseRequestBody     = observe.PhaseRequestBody
+	PhaseResponseHeaders = observe.PhaseResponseHeaders
+	PhaseResponseBody    = observe.PhaseResponseBody
+	NumPhases            = observe.NumPhases
+)
+
+// Circuit states as reported by BreakerStatus (observe).
+const (
+	CircuitClosed   = observe.CircuitClosed
+	CircuitOpen     = observe.CircuitOpen
+	CircuitHalfOpen = observe.CircuitHalfOpen
+)
+
+// PhaseNames names the phase indices (metric labels, log fields).
+var PhaseNames = observe.PhaseNames
+
+// RejectReasons names the reasons of Stats.Rejected, in order.
+var RejectReasons = observe.RejectReasons
+
+// PhaseIndex maps an agent event's phase and body flag to its index.
+func PhaseIndex(p protocol.Phase, body bool) int { return observe.PhaseIndex(p, body) }
+
+// Observers returns an Observer that passes every event to each of obs in
+// order (observe.Observers).
+func Observers(obs ...Observer) Observer { return observe.Observers(obs...) }
+
+type counters struct {
+	requests, blocked, failOpen, failClosed, refused, skipped   atomic.Uint64
+	upErrors, upTimeouts, clientGone, aborted                   atomic.Uint64
+	acceptErrors, connClamped, absoluteForm, upStale, upRetries atomic.Uint64
+	upEndpointRetries                                           atomic.Uint64
+	upUnsolicited, upClosed                                     atomic.Uint64
+	joined                                                      [2]atomic.Uint64 // per phase
+	bodyTooSlow                                                 atomic.Uint64
+	traceInvalid, tracestateInvalid, traceGenerated             atomic.Uint64
+	limits, inlined                                             atomic.Uint64
+	tls                                                         tlsCounters
+	tun                                                         tunnelCounters
+	rejected                                                    [numRejects]atomic.Uint64
+	inflight                                                    atomic.Int64
+}
+
+func (c *counters) snapshot() Stats {
+	st := Stats{
+		Requests:                     c.requests.Load(),
+		Blocked:                      c.blocked.Load(),
+		FailOpen:                     c.failOpen.Load(),
+		FailClosed:                   c.failClosed.Load(),
+		MutationsRefused:             c.refused.Load(),
+		InspectionSkipped:            c.skipped.Load(),
+		UpstreamErrors:               c.upErrors.Load(),
+		UpstreamTimeouts:             c.upTimeouts.Load(),
+		ClientGone:                   c.clientGone.Load(),
+		ResponseAborted:              c.aborted.Load(),
+		InFlight:                     c.inflight.Load(),
+		AcceptErrors:                 c.acceptErrors.Load(),
+		ListenersClamped:             c.connClamped.Load(),
+		AbsoluteForm:                 c.absoluteForm.Load(),
+		UpstreamStale:                c.upStale.Load(),
+		UpstreamRetries:              c.upRetries.Load(),
+		UpstreamDiscardedUnsolicited: c.upUnsolicited.Load(),
+		UpstreamDiscardedClosed:      c.upClosed.Load(),
+		RequestBodyReadsJoined:       c.joined[0].Load(),
+		ResponseBodyReadsJoined:      c.joined[1].Load(),
+		RequestBodyTooSlow:           c.bodyTooSlow.Load(),
+		EndpointRetries:              c.upEndpointRetries.Load(),
+		TraceInvalid:                 c.traceInvalid.Load(),
+		TracestateInvalid:            c.tracestateInvalid.Load(),
+		TraceGenerated:               c.traceGenerated.Load(),
+		LimitsExceeded:               c.limits.Load(),
+		InlineBodies:                 c.inlined.Load(),
+		TLS:                          c.tls.snapshot(),
+		Tunnels:                      c.tun.snapshot(),
+		Rejected:                     make(map[string]uint64, numRejects),
+	}
+	for i := range c.rejected {
+		st.Rejected[RejectReasons[i]] = c.rejected[i].Load()
+	}
+	return st
+}
