@@ -8,6 +8,7 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 
+	"github.com/zentinelproxy/sidecar/dataplane/internal/clock"
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/protocol"
 )
@@ -65,7 +66,7 @@ func (rs *reqState) begin(i int) error {
 	if sl.ex != nil {
 		return nil
 	}
-	t0 := mono()
+	t0 := clock.Mono()
 	w, ok := rs.agentWait(sl, t0)
 	if !ok {
 		return errBudget(sl)
@@ -74,7 +75,7 @@ func (rs *reqState) begin(i int) error {
 		return fmt.Errorf("%w: %s", ErrCircuitOpen, sl.ra.a.name)
 	}
 	ex, err := sl.ra.a.agent.Begin(w)
-	d := mono() - t0
+	d := clock.Mono() - t0
 	sl.spent += d
 	rs.agentTime[rs.phaseNow] += d
 	if err != nil {
@@ -154,7 +155,7 @@ func (rs *reqState) headerEvent(i int, p protocol.Phase) bool {
 	// the budget (Begin's time is already in sl.spent). A fresh exchange
 	// is not refused here: if Begin spent the budget, its deadline is past
 	// and the event fails as timed out.
-	t0 := mono()
+	t0 := clock.Mono()
 	w, ok := rs.agentWait(sl, t0)
 	if !fresh && !ok {
 		rs.srv.obs.AgentEvent(rs.rt.idx, sl.ra.a.idx, p, false, OutcomeTimeout, 0)
@@ -170,7 +171,7 @@ func (rs *reqState) headerEvent(i int, p protocol.Phase) bool {
 	} else {
 		reply, err = sl.ex.ResponseHeaders(w, &rs.rsh)
 	}
-	d := mono() - t0
+	d := clock.Mono() - t0
 	sl.spent += d
 	if req {
 		rs.agentTime[PhaseRequestHeaders] += d
@@ -431,7 +432,7 @@ func (rs *reqState) failure(i int, phase protocol.Phase, body bool, err error) b
 		sl.ex.Cancel("protocol_error")
 	}
 	ra := sl.ra
-	if ok, suppressed := ra.a.logFail[o].allow(); ok {
+	if ok, suppressed := ra.a.logFail[o].Allow(); ok {
 		var ev *zerolog.Event
 		if ra.failOpen {
 			ev = rs.srv.log.Warn()

@@ -11,6 +11,8 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/zentinelproxy/sidecar/dataplane/internal/clock"
+	"github.com/zentinelproxy/sidecar/dataplane/internal/upstream"
 	"github.com/zentinelproxy/sidecar/internal/rawio"
 	"github.com/zentinelproxy/sidecar/protocol"
 )
@@ -112,12 +114,12 @@ func (s *bodySource) read(p []byte, fill bool) (n int, last bool, err error) {
 				s.n += int64(n - pre)
 				return n, false, errTooSlow
 			}
-			t0 = mono()
+			t0 = clock.Mono()
 		}
 		s.touch(int64(n - pre))
 		m, rerr := s.r.Read(p[n:])
 		if s.rate > 0 {
-			s.credit = min(s.credit-(mono()-t0)+time.Duration(int64(m)*int64(time.Second)/s.rate), s.idle)
+			s.credit = min(s.credit-(clock.Mono()-t0)+time.Duration(int64(m)*int64(time.Second)/s.rate), s.idle)
 			if rerr != nil && s.slow && isTimeout(rerr) {
 				rerr = errTooSlow
 			}
@@ -161,8 +163,8 @@ func (s *bodySource) touch(got int64) {
 	if s.buf != nil && s.want >= 0 && int64(s.buf.Buffered()) >= s.want-(s.n+got) {
 		return
 	}
-	if uc, ok := s.conn.(*upConn); ok {
-		extendRead(uc, s.idle)
+	if uc, ok := s.conn.(*upstream.UpConn); ok {
+		upstream.ExtendRead(uc, s.idle)
 		return
 	}
 	now := time.Now()
@@ -497,7 +499,7 @@ func (rs *reqState) runChunk(p protocol.Phase, data []byte, last, stream bool) (
 		m.IsLast = last
 		m.TotalSize = rs.total[p]
 		m.Progress = src.n
-		t0 := mono()
+		t0 := clock.Mono()
 		w := rs.streamWait(t0)
 		if !stream {
 			var ok bool
@@ -510,7 +512,7 @@ func (rs *reqState) runChunk(p protocol.Phase, data []byte, last, stream bool) (
 			}
 		}
 		reply, err := sl.ex.BodyChunk(w, p, m)
-		d := mono() - t0
+		d := clock.Mono() - t0
 		if !stream {
 			sl.spent += d
 		}
@@ -636,9 +638,9 @@ func (rs *reqState) responseBody() bool {
 	src.conn = rs.upNetConn()
 	src.ec = &rs.upWrap
 	src.untilClose = cl == -2
-	src.idle = rs.rt.up.cfg.IdleTimeout
+	src.idle = rs.rt.up.Config().IdleTimeout
 	src.buf = rs.upBR
-	src.sock = rawOf(src.conn)
+	src.sock = upstream.RawOf(src.conn)
 	src.joined = &rs.srv.stats.joined[1]
 	rs.total[1] = int64(cl)
 	if cl < 0 {
@@ -836,8 +838,8 @@ func (b *respStream) next() ([]byte, bool, error) {
 	n, last, err := rs.respSrc.read(buf, rs.fill(protocol.PhaseResponse))
 	if err != nil {
 		if !rs.canceled() {
-			if ok, suppressed := rs.rt.up.logErr.allow(); ok {
-				e := rs.logFields(rs.srv.log.Error()).Str("upstream", rs.rt.up.name).Err(err)
+			if ok, suppressed := rs.rt.up.LogErr().Allow(); ok {
+				e := rs.logFields(rs.srv.log.Error()).Str("upstream", rs.rt.up.Name()).Err(err)
 				if suppressed > 0 {
 					e = e.Uint64("suppressed", suppressed)
 				}

@@ -8,6 +8,8 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/zentinelproxy/sidecar/dataplane/internal/clock"
+	"github.com/zentinelproxy/sidecar/dataplane/internal/ratelog"
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/internal/config"
 )
@@ -43,7 +45,7 @@ type breaker struct {
 	probing   atomic.Bool
 
 	opens, closes, rejected, probes atomic.Uint64
-	logState                        rateLog
+	logState                        ratelog.Limit
 
 	// gen reads the agent's connection generation (nil: unknown); a new
 	// connection since the circuit opened (a restarted agent) lets the
@@ -80,7 +82,7 @@ func (b *breaker) allowOpen() bool {
 	if until == 0 {
 		return true
 	}
-	now := int64(mono())
+	now := int64(clock.Mono())
 	if (now < until && !b.reconnected()) || !b.openUntil.CompareAndSwap(until, now+int64(b.cooldown)) {
 		b.rejected.Add(1)
 		return false
@@ -111,8 +113,8 @@ func (b *breaker) succeeded(log *zerolog.Logger, agent string) {
 	if until := b.openUntil.Load(); until != 0 && b.openUntil.CompareAndSwap(until, 0) {
 		b.probing.Store(false)
 		b.closes.Add(1)
-		if ok, sup := b.logState.allow(); ok {
-			log.Info().Str("agent", agent).Func(suppressed(sup)).Msg("agent circuit closed")
+		if ok, sup := b.logState.Allow(); ok {
+			log.Info().Str("agent", agent).Func(ratelog.Suppressed(sup)).Msg("agent circuit closed")
 		}
 	}
 }
@@ -128,7 +130,7 @@ func (b *breaker) failure(log *zerolog.Logger, agent string, err error) {
 	if until == 0 && n < b.threshold {
 		return
 	}
-	next := int64(mono()) + int64(b.cooldown)
+	next := int64(clock.Mono()) + int64(b.cooldown)
 	if b.gen != nil {
 		// Stored before the circuit opens: a probe compares with it.
 		b.openGen.Store(b.gen())
@@ -138,9 +140,9 @@ func (b *breaker) failure(log *zerolog.Logger, agent string, err error) {
 			return // another failure opened it
 		}
 		b.opens.Add(1)
-		if ok, sup := b.logState.allow(); ok {
+		if ok, sup := b.logState.Allow(); ok {
 			log.Warn().Str("agent", agent).Uint32("failures", n).Dur("cooldown", b.cooldown).
-				Func(suppressed(sup)).Err(err).Msg("agent circuit opened")
+				Func(ratelog.Suppressed(sup)).Err(err).Msg("agent circuit opened")
 		}
 		return
 	}
@@ -150,8 +152,8 @@ func (b *breaker) failure(log *zerolog.Logger, agent string, err error) {
 	if b.probing.Swap(false) {
 		b.openUntil.Store(next)
 		b.opens.Add(1)
-		if ok, sup := b.logState.allow(); ok {
-			log.Warn().Str("agent", agent).Dur("cooldown", b.cooldown).Func(suppressed(sup)).
+		if ok, sup := b.logState.Allow(); ok {
+			log.Warn().Str("agent", agent).Dur("cooldown", b.cooldown).Func(ratelog.Suppressed(sup)).
 				Err(err).Msg("agent circuit probe failed, reopened")
 		}
 	}
@@ -192,14 +194,4 @@ func breakerFor(prev *table, name string, inst agentmux.Agent, c config.CircuitB
 		return old.brk
 	}
 	return newBreaker(c, inst)
-}
-
-// suppressed adds the count of rate-limited lines dropped before this
-// one, when there were any.
-func suppressed(n uint64) func(*zerolog.Event) {
-	return func(e *zerolog.Event) {
-		if n > 0 {
-			e.Uint64("suppressed", n)
-		}
-	}
 }

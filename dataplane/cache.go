@@ -8,6 +8,7 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 
+	"github.com/zentinelproxy/sidecar/dataplane/internal/clock"
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/internal/config"
 	"github.com/zentinelproxy/sidecar/protocol"
@@ -287,7 +288,7 @@ func (dc *decisionCache) put(key []byte, d *protocol.Decision, ttl time.Duration
 	// known before the exchange connected): the entries of an earlier
 	// connection go before this answer joins them.
 	dc.checkGen()
-	e := &cacheEntry{hash: xxhash.Sum64(key), key: append([]byte(nil), key...), expires: mono() + ttl}
+	e := &cacheEntry{hash: xxhash.Sum64(key), key: append([]byte(nil), key...), expires: clock.Mono() + ttl}
 	copyDecision(&e.dec, d)
 	s := &dc.shards[e.hash%cacheShards]
 	s.mu.Lock()
@@ -409,7 +410,7 @@ func (rs *reqState) cacheLookup(i int) (done, goOn bool) {
 	key, ok := dc.key((*bp)[:0], &rs.rh)
 	var e *cacheEntry
 	if ok {
-		e = dc.get(key, mono())
+		e = dc.get(key, clock.Mono())
 	} else {
 		dc.skipped.Add(1)
 	}

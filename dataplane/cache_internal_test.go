@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/zentinelproxy/sidecar/dataplane/internal/clock"
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/internal/config"
 	"github.com/zentinelproxy/sidecar/protocol"
@@ -39,7 +40,7 @@ func TestDecisionCacheStoreFlushesOldGeneration(t *testing.T) {
 	if n != 1 || dc.flushes.Load() != 1 {
 		t.Fatalf("%d entries, %d flushes after a new connection: want 1 entry (the new one), 1 flush", n, dc.flushes.Load())
 	}
-	if dc.get([]byte("new"), mono()) == nil {
+	if dc.get([]byte("new"), clock.Mono()) == nil {
 		t.Fatal("the new connection's answer is gone")
 	}
 }

@@ -3,6 +3,8 @@ package dataplane
 import (
 	"testing"
 	"time"
+
+	"github.com/zentinelproxy/sidecar/dataplane/internal/clock"
 )
 
 // TestCancelChannelAcrossRequests: the pooled request state keeps its
@@ -16,7 +18,7 @@ func TestCancelChannelAcrossRequests(t *testing.T) {
 	if rs.cancelCh != first || rs.canceled() {
 		t.Fatal("an unused cancel channel was replaced")
 	}
-	old := rs.streamWait(mono())
+	old := rs.streamWait(clock.Mono())
 	rs.cancel()
 	rs.cancel() // idempotent
 	select {
@@ -29,7 +31,7 @@ func TestCancelChannelAcrossRequests(t *testing.T) {
 		t.Fatal("a closed cancel channel was kept for the next request")
 	}
 	select {
-	case <-rs.streamWait(mono()).Cancel:
+	case <-rs.streamWait(clock.Mono()).Cancel:
 		t.Fatal("the next request starts canceled")
 	default:
 	}
@@ -42,17 +44,17 @@ func TestAgentWaitBudget(t *testing.T) {
 	rs := newReqState()
 	ra := &routeAgent{timeout: time.Hour}
 	sl := &slot{ra: ra}
-	now := mono()
+	now := clock.Mono()
 	w, ok := rs.agentWait(sl, now)
-	if !ok || w.Cancel == nil || !w.Deadline.Equal(at(now+time.Hour)) || !w.Now.Equal(at(now)) {
+	if !ok || w.Cancel == nil || !w.Deadline.Equal(clock.At(now+time.Hour)) || !w.Now.Equal(clock.At(now)) {
 		t.Fatalf("fresh budget: %+v %v", w, ok)
 	}
 	sl.spent = time.Hour
-	if w, ok = rs.agentWait(sl, mono()); ok || w.Deadline.After(time.Now()) {
+	if w, ok = rs.agentWait(sl, clock.Mono()); ok || w.Deadline.After(time.Now()) {
 		t.Fatalf("spent budget: %+v %v", w, ok)
 	}
 	ra.timeout = 0
-	if w, ok = rs.agentWait(sl, mono()); !ok || !w.Deadline.IsZero() || w.Now.IsZero() {
+	if w, ok = rs.agentWait(sl, clock.Mono()); !ok || !w.Deadline.IsZero() || w.Now.IsZero() {
 		t.Fatalf("no budget: %+v %v", w, ok)
 	}
 }

@@ -167,7 +167,7 @@ func (rs *reqState) commonMetadata(md *protocol.Metadata) {
 	md.Protocol = rs.ctx.Request.Header.Protocol()
 	md.ServerName = rs.host
 	md.RouteID = rs.rt.nameB
-	md.UpstreamID = rs.rt.up.nameB
+	md.UpstreamID = rs.rt.up.NameBytes()
 	md.Timestamp = timestamp(rs.start)
 	rs.serverAddr()
 	md.ServerIP, md.ServerPort, md.ListenerID = rs.srvIP, rs.srvPort, rs.lstName

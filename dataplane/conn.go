@@ -14,6 +14,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/zentinelproxy/sidecar/dataplane/internal/ratelog"
 	"github.com/zentinelproxy/sidecar/internal/rawio"
 	"github.com/zentinelproxy/sidecar/internal/yield"
 )
@@ -209,7 +210,7 @@ type connSet struct {
 	lingered, lingerTimeouts, lingerCapped atomic.Uint64
 	lingerDiscarded                        atomic.Uint64
 	lingering                              atomic.Int64 // marked, not yet closed (Shutdown waits)
-	refusedLog                             everyLog
+	refusedLog                             ratelog.Every
 }
 
 func newConnSet(name string, maxConns int, lingerFor time.Duration, lingerBytes int64) *connSet {
@@ -332,23 +333,6 @@ func (c *eofConn) linger(cs *connSet) {
 	cs.lingerDiscarded.Add(uint64(n))
 }
 
-// everyLog lets one line of a kind through per interval; the next line
-// let through carries the count of those held back ("suppressed").
-type everyLog struct {
-	last       atomic.Int64 // unix nanoseconds of the last line
-	suppressed atomic.Uint64
-}
-
-func (r *everyLog) allow(every time.Duration) (bool, uint64) {
-	now := time.Now().UnixNano()
-	last := r.last.Load()
-	if (last != 0 && now-last < int64(every)) || !r.last.CompareAndSwap(last, now) {
-		r.suppressed.Add(1)
-		return false, 0
-	}
-	return true, r.suppressed.Swap(0)
-}
-
 // eofListener wraps accepted connections in eofConn (one allocation per
 // connection, none per request), enforces max_connections and keeps
 // accepting through resource exhaustion.
@@ -374,7 +358,7 @@ type eofListener struct {
 	stats  *counters
 	closed atomic.Bool
 	// exhausted rate-limits the exhaustion warning.
-	exhausted everyLog
+	exhausted ratelog.Every
 }
 
 // Accept backoff bounds (net/http's).
@@ -428,7 +412,7 @@ func (l *eofListener) Close() error {
 }
 
 func (l *eofListener) logExhausted(err error, delay time.Duration) {
-	ok, n := l.exhausted.allow(acceptLogEvery)
+	ok, n := l.exhausted.Allow(acceptLogEvery)
 	if !ok {
 		return
 	}
@@ -445,7 +429,7 @@ func (l *eofListener) refuse(c net.Conn) {
 	cs := l.conns
 	cs.refused.Add(1)
 	_ = c.Close()
-	ok, n := cs.refusedLog.allow(acceptLogEvery)
+	ok, n := cs.refusedLog.Allow(acceptLogEvery)
 	if !ok {
 		return
 	}
@@ -476,63 +460,4 @@ func acceptRetryable(err error) bool {
 		return true
 	}
 	return errors.Is(err, os.ErrDeadlineExceeded)
-}
-
-// upConn is a pooled upstream connection that remembers the deadlines set
-// on it. A request on a warm connection moves a deadline only when it is
-// not already between 7/8 of its timeout and all of it from now:
-// SetReadDeadline and SetWriteDeadline
-// take the poller's lock and reprogram a runtime timer (3-5% of a proxied
-// request when done twice per request), and a timeout enforced between
-// 7/8 and all of its configured value serves the same purpose.
-type upConn struct {
-	net.Conn
-	readDL, writeDL time.Time
-}
-
-// SetReadDeadline implements net.Conn, keeping the cache in step.
-func (c *upConn) SetReadDeadline(t time.Time) error {
-	c.readDL = t
-	return c.Conn.SetReadDeadline(t)
-}
-
-// SetWriteDeadline implements net.Conn, keeping the cache in step.
-func (c *upConn) SetWriteDeadline(t time.Time) error {
-	c.writeDL = t
-	return c.Conn.SetWriteDeadline(t)
-}
-
-// SyscallConn exposes the socket.
-func (c *upConn) SyscallConn() (syscall.RawConn, error) {
-	if sc, ok := c.Conn.(syscall.Conn); ok {
-		return sc.SyscallConn()
-	}
-	return nil, errNoSyscallConn
-}
-
-// extendRead sets the read deadline of c to d from now, or leaves it
-// where it is when that is between 7/8 of d and d from now.
-func extendRead(c net.Conn, d time.Duration) {
-	now := at(mono())
-	if uc, ok := c.(*upConn); ok {
-		if left := uc.readDL.Sub(now); left >= d-d/8 && left <= d {
-			return
-		}
-		_ = uc.SetReadDeadline(now.Add(d))
-		return
-	}
-	_ = c.SetReadDeadline(now.Add(d))
-}
-
-// extendWrite is extendRead for the write deadline.
-func extendWrite(c net.Conn, d time.Duration) {
-	now := at(mono())
-	if uc, ok := c.(*upConn); ok {
-		if left := uc.writeDL.Sub(now); left >= d-d/8 && left <= d {
-			return
-		}
-		_ = uc.SetWriteDeadline(now.Add(d))
-		return
-	}
-	_ = c.SetWriteDeadline(now.Add(d))
 }

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/zentinelproxy/sidecar/dataplane/internal/upstream"
 	"github.com/zentinelproxy/sidecar/internal/rawio"
 	"github.com/zentinelproxy/sidecar/internal/testutil"
 	"github.com/zentinelproxy/sidecar/internal/yield"
@@ -251,7 +252,7 @@ func TestBufferedBodyLeavesTheDeadline(t *testing.T) {
 	read := func(t *testing.T, body string, want int64, buffered int) (moved bool) {
 		t.Helper()
 		peer, a := testutil.ConnPair(t, "tcp")
-		uc := &upConn{Conn: rawio.Wrap(a)}
+		uc := &upstream.UpConn{Conn: rawio.Wrap(a)}
 		if _, err := peer.Write([]byte(body[:buffered])); err != nil {
 			t.Fatal(err)
 		}
@@ -271,7 +272,7 @@ func TestBufferedBodyLeavesTheDeadline(t *testing.T) {
 		if n, _, err := s.read(p, true); err != nil || int64(n) != want || string(p) != body[:want] {
 			t.Fatalf("read %d bytes %q, %v", n, p[:n], err)
 		}
-		return !uc.readDL.Equal(dl)
+		return !uc.ReadDeadline().Equal(dl)
 	}
 	if read(t, "hello", 5, 5) {
 		t.Error("a body already buffered moved the read deadline")

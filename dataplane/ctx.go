@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/zentinelproxy/sidecar/dataplane/internal/clock"
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
 )
 
@@ -24,19 +25,19 @@ import (
 // spent; the deadline is then already past.
 func (rs *reqState) agentWait(sl *slot, now time.Duration) (w agentmux.Wait, ok bool) {
 	w.Cancel = rs.cancelCh
-	w.Now = at(now)
+	w.Now = clock.At(now)
 	if sl.ra.timeout <= 0 {
 		return w, true
 	}
 	left := sl.ra.timeout - sl.spent
-	w.Deadline = at(now + left)
+	w.Deadline = clock.At(now + left)
 	return w, left > 0
 }
 
 // streamWait is the wait of a streamed chunk sent at now: cancellation
 // only (the session's message timeout still bounds each reply).
 func (rs *reqState) streamWait(now time.Duration) agentmux.Wait {
-	return agentmux.Wait{Cancel: rs.cancelCh, Now: at(now)}
+	return agentmux.Wait{Cancel: rs.cancelCh, Now: clock.At(now)}
 }
 
 // cancel closes the request's cancel channel, which ends any agent wait,

@@ -419,7 +419,7 @@ func (rs *reqState) reportRefused(i int, ref *refusals) {
 	for k := 0; k < ref.n; k++ {
 		rs.srv.obs.MutationRefused(rs.rt.idx, a.idx)
 	}
-	ok, suppressed := a.logRefused.allow()
+	ok, suppressed := a.logRefused.Allow()
 	if !ok {
 		return
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 
+	"github.com/zentinelproxy/sidecar/dataplane/internal/upstream"
 	"github.com/zentinelproxy/sidecar/internal/config"
 )
 
@@ -109,7 +110,7 @@ func headState(raw []byte) *reqState {
 	rs.lst = &listener{cfg: config.Listener{}}
 	rs.ctx = ctx
 	rs.decider, rs.failedClosed = -1, -1
-	rs.rt = &route{name: "r", nameB: []byte("r"), up: &upstream{name: "u", nameB: []byte("u")}}
+	rs.rt = &route{name: "r", nameB: []byte("r"), up: upstream.New(config.Upstream{Name: "u"}, nil)}
 	rs.start = time.Now()
 	return rs
 }

@@ -3,6 +3,7 @@ package dataplane
 import (
 	"sync/atomic"
 
+	"github.com/zentinelproxy/sidecar/dataplane/internal/upstream"
 	"github.com/zentinelproxy/sidecar/internal/observe"
 	"github.com/zentinelproxy/sidecar/protocol"
 )
@@ -119,19 +120,18 @@ func PhaseIndex(p protocol.Phase, body bool) int { return observe.PhaseIndex(p, 
 func Observers(obs ...Observer) Observer { return observe.Observers(obs...) }
 
 type counters struct {
-	requests, blocked, failOpen, failClosed, refused, skipped   atomic.Uint64
-	upErrors, upTimeouts, clientGone, aborted                   atomic.Uint64
-	acceptErrors, connClamped, absoluteForm, upStale, upRetries atomic.Uint64
-	upEndpointRetries                                           atomic.Uint64
-	upUnsolicited, upClosed                                     atomic.Uint64
-	joined                                                      [2]atomic.Uint64 // per phase
-	bodyTooSlow                                                 atomic.Uint64
-	traceInvalid, tracestateInvalid, traceGenerated             atomic.Uint64
-	limits, inlined                                             atomic.Uint64
-	tls                                                         tlsCounters
-	tun                                                         tunnelCounters
-	rejected                                                    [numRejects]atomic.Uint64
-	inflight                                                    atomic.Int64
+	requests, blocked, failOpen, failClosed, refused, skipped atomic.Uint64
+	upErrors, upTimeouts, clientGone, aborted                 atomic.Uint64
+	acceptErrors, connClamped, absoluteForm                   atomic.Uint64
+	up                                                        upstream.Counters
+	joined                                                    [2]atomic.Uint64 // per phase
+	bodyTooSlow                                               atomic.Uint64
+	traceInvalid, tracestateInvalid, traceGenerated           atomic.Uint64
+	limits, inlined                                           atomic.Uint64
+	tls                                                       tlsCounters
+	tun                                                       tunnelCounters
+	rejected                                                  [numRejects]atomic.Uint64
+	inflight                                                  atomic.Int64
 }
 
 func (c *counters) snapshot() Stats {
@@ -150,14 +150,14 @@ func (c *counters) snapshot() Stats {
 		AcceptErrors:                 c.acceptErrors.Load(),
 		ListenersClamped:             c.connClamped.Load(),
 		AbsoluteForm:                 c.absoluteForm.Load(),
-		UpstreamStale:                c.upStale.Load(),
-		UpstreamRetries:              c.upRetries.Load(),
-		UpstreamDiscardedUnsolicited: c.upUnsolicited.Load(),
-		UpstreamDiscardedClosed:      c.upClosed.Load(),
+		UpstreamStale:                c.up.Stale.Load(),
+		UpstreamRetries:              c.up.Retries.Load(),
+		UpstreamDiscardedUnsolicited: c.up.Unsolicited.Load(),
+		UpstreamDiscardedClosed:      c.up.Closed.Load(),
 		RequestBodyReadsJoined:       c.joined[0].Load(),
 		ResponseBodyReadsJoined:      c.joined[1].Load(),
 		RequestBodyTooSlow:           c.bodyTooSlow.Load(),
-		EndpointRetries:              c.upEndpointRetries.Load(),
+		EndpointRetries:              c.up.EndpointRetries.Load(),
 		TraceInvalid:                 c.traceInvalid.Load(),
 		TracestateInvalid:            c.tracestateInvalid.Load(),
 		TraceGenerated:               c.traceGenerated.Load(),

@@ -18,6 +18,8 @@ import (
 	resourcepb "go.opentelemetry.io/proto/otlp/resource/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 
+	"github.com/zentinelproxy/sidecar/dataplane/internal/clock"
+	"github.com/zentinelproxy/sidecar/dataplane/internal/ratelog"
 	"github.com/zentinelproxy/sidecar/internal/config"
 )
 
@@ -63,7 +65,7 @@ type spanExporter struct {
 	resource  *resourcepb.Resource
 	scope     *commonpb.InstrumentationScope
 	log       zerolog.Logger
-	logErr    rateLog
+	logErr    ratelog.Limit
 
 	flushReq chan chan struct{}
 	stop     chan struct{}
@@ -151,7 +153,7 @@ func (e *spanExporter) record(rs *reqState, route, status int, d time.Duration) 
 		r.path = spanString(rs.ctx.Path())
 	}
 	if rs.rt != nil {
-		r.route, r.upstream = rs.rt.name, rs.rt.up.name
+		r.route, r.upstream = rs.rt.name, rs.rt.up.Name()
 	}
 	select {
 	case e.queue <- r:
@@ -177,7 +179,7 @@ func (e *spanExporter) run() {
 		cancel()
 		if err != nil {
 			e.failed.Add(uint64(len(spans)))
-			if ok, suppressed := e.logErr.allow(); ok {
+			if ok, suppressed := e.logErr.Allow(); ok {
 				e.log.Warn().Err(err).Int("spans", len(spans)).Uint64("suppressed", suppressed).Msg("exporting spans")
 			}
 		} else {
@@ -293,7 +295,7 @@ func (e *spanExporter) appendSpans(dst []*tracepb.Span, r *spanRecord) []*tracep
 	// The upstream exchange, and the agent phases around it.
 	reqAnchor, respAnchor := r.start, end
 	if r.upStart > 0 {
-		us := at(r.upStart)
+		us := clock.At(r.upStart)
 		ue := us
 		if r.upEnd > r.upStart {
 			ue = us.Add(r.upEnd - r.upStart)

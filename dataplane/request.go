@@ -12,6 +12,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/zentinelproxy/sidecar/dataplane/internal/upstream"
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/protocol"
 )
@@ -153,8 +154,8 @@ type reqState struct {
 	shadowConvs []*shadowConv
 
 	// Upstream.
-	upCC       any       // *fasthttp.clientConn; its type is unexported
-	upEP       *endpoint // the endpoint of upCC (endpoints.go)
+	upCC       any                // *fasthttp.clientConn; its type is unexported
+	upEP       *upstream.Endpoint // the endpoint of upCC (endpoints.go)
 	upWrap     eofConn
 	upSent     sentConn // the request's writes to the upstream (upstream.go)
 	upBR       *bufio.Reader

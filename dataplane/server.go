@@ -13,6 +13,7 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 
+	"github.com/zentinelproxy/sidecar/dataplane/internal/upstream"
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/internal/config"
 	"github.com/zentinelproxy/sidecar/internal/unixsock"
@@ -90,7 +91,7 @@ func New(cfg Config, agents map[string]agentmux.Agent, log zerolog.Logger) (*Ser
 	}
 	s.obs.Reset(t.routeIDs.names, t.agentIDs.names)
 	s.tbl.Store(t)
-	warnInsecureUpstreams(cfg.File, log)
+	upstream.WarnInsecure(cfg.File, log)
 	interval := time.Duration(0)
 	nofile := fdLimit()
 	budget := connectionBudget(cfg.File, nofile)
@@ -284,7 +285,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	t := s.tbl.Load()
 	t.stopUpstreams()
 	for _, up := range t.upstreams {
-		up.closeIdle()
+		up.CloseIdle()
 	}
 	s.mu.Lock()
 	agents := s.agents
@@ -360,7 +361,7 @@ func (s *Server) Swap(cfg *config.Config, agents map[string]agentmux.Agent) erro
 	t.startUpstreams(&s.log) // before requests can see t
 	s.tbl.Store(t)
 	s.reloadTLS(cfg)
-	warnInsecureUpstreams(cfg, s.log)
+	upstream.WarnInsecure(cfg, s.log)
 	old.stopUpstreams()
 	oldAgents := s.agents
 	s.agents = agents
@@ -368,7 +369,7 @@ func (s *Server) Swap(cfg *config.Config, agents map[string]agentmux.Agent) erro
 	for _, a := range agents {
 		keep[a] = true
 	}
-	keepUp := keptEndpoints(t)
+	keepUp := upstream.Kept(t.upstreams)
 	log := s.log
 	keepShadow := make(map[*shadowRunner]bool)
 	for _, e := range t.agents {
@@ -390,7 +391,7 @@ func (s *Server) Swap(cfg *config.Config, agents map[string]agentmux.Agent) erro
 				}
 			}
 		}
-		closeReplacedEndpoints(old, keepUp)
+		upstream.CloseReplaced(old.upstreams, keepUp)
 	})
 	return nil
 }
@@ -403,6 +404,16 @@ func (s *Server) Stats() Stats {
 		st.Connections[i] = l.conns.snapshot()
 	}
 	return st
+}
+
+// Upstreams returns a snapshot of the current upstreams.
+func (s *Server) Upstreams() []UpstreamStatus {
+	t := s.tbl.Load()
+	out := make([]UpstreamStatus, 0, len(t.upstreams))
+	for _, up := range t.upstreams {
+		out = append(out, up.Status())
+	}
+	return out
 }
 
 // Routes returns the route names of the current table, in configuration

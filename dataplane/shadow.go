@@ -12,6 +12,7 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 
+	"github.com/zentinelproxy/sidecar/dataplane/internal/ratelog"
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/internal/config"
 	"github.com/zentinelproxy/sidecar/protocol"
@@ -106,7 +107,7 @@ type shadowRunner struct {
 	queued, dropped, failed            atomic.Uint64
 	allowed, wouldBlock, wouldRedirect atomic.Uint64
 	wouldMutate                        atomic.Uint64
-	logBlock, logFail, logDrop         rateLog
+	logBlock, logFail, logDrop         ratelog.Limit
 	mu                                 sync.Mutex
 	byStatus                           map[int]uint64
 	byRule                             map[string]uint64
@@ -310,8 +311,8 @@ func (c *shadowConv) enqueue(ev *shadowEvent) bool {
 			return false
 		}
 		sr.dropped.Add(1)
-		if ok, sup := sr.logDrop.allow(); ok {
-			sr.log.Load().Warn().Str("agent", sr.name).Str("correlation_id", c.corr).Func(suppressed(sup)).
+		if ok, sup := sr.logDrop.Allow(); ok {
+			sr.log.Load().Warn().Str("agent", sr.name).Str("correlation_id", c.corr).Func(ratelog.Suppressed(sup)).
 				Msg("shadow agent queue full, conversation dropped")
 		}
 		return false
@@ -760,9 +761,9 @@ func (sr *shadowRunner) fail(c *shadowConv, err error) {
 	default:
 	}
 	sr.failed.Add(1)
-	if ok, sup := sr.logFail.allow(); ok {
+	if ok, sup := sr.logFail.Allow(); ok {
 		sr.log.Load().Warn().Str("agent", sr.name).Str("correlation_id", c.corr).
-			Str("failure", outcomeOf(err).String()).Func(suppressed(sup)).Err(err).Msg("shadow agent failed")
+			Str("failure", outcomeOf(err).String()).Func(ratelog.Suppressed(sup)).Err(err).Msg("shadow agent failed")
 	}
 }
 
@@ -777,7 +778,7 @@ func (sr *shadowRunner) countBlock(c *shadowConv, phase protocol.Phase, body boo
 		sr.byRule[k]++
 	}
 	sr.mu.Unlock()
-	if ok, sup := sr.logBlock.allow(); ok {
+	if ok, sup := sr.logBlock.Allow(); ok {
 		e := sr.log.Load().Info().Str("agent", sr.name).Str("correlation_id", c.corr).
 			Str("method", c.method).Str("uri", c.uri).Str("phase", phaseName(phase, body)).Int("status", d.Status)
 		if len(d.Audit.RuleIDs) > 0 {
@@ -787,7 +788,7 @@ func (sr *shadowRunner) countBlock(c *shadowConv, phase protocol.Phase, body boo
 			}
 			e = e.Array("rule_ids", arr)
 		}
-		e.Func(suppressed(sup)).Msg("shadow agent " + what)
+		e.Func(ratelog.Suppressed(sup)).Msg("shadow agent " + what)
 	}
 }
 

@@ -1,10 +1,7 @@
 package dataplane
 
 import (
-	"context"
 	"fmt"
-	"net"
-	"net/netip"
 	"sort"
 	"strings"
 	"sync"
@@ -14,9 +11,10 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 
+	"github.com/zentinelproxy/sidecar/dataplane/internal/ratelog"
+	"github.com/zentinelproxy/sidecar/dataplane/internal/upstream"
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/internal/config"
-	"github.com/zentinelproxy/sidecar/internal/rawio"
 )
 
 // table is one immutable routing table: routes resolved to upstreams and
@@ -25,7 +23,7 @@ type table struct {
 	cfg       *config.Config
 	routes    []*route
 	agents    []*agentEntry
-	upstreams []*upstream
+	upstreams []*upstream.Upstream
 
 	exact map[string][]*route // host → routes, longest prefix first
 	wild  map[string][]*route // ".example.com" → routes
@@ -79,8 +77,8 @@ type agentEntry struct {
 	agent  agentmux.Agent
 	limits agentLimits
 	// Log rate limits: refused operations, and failures per outcome.
-	logRefused rateLog
-	logFail    [numOutcomes]rateLog
+	logRefused ratelog.Limit
+	logFail    [numOutcomes]ratelog.Limit
 	// brk is the agent's circuit breaker (nil: off; breaker.go).
 	brk *breaker
 	// shadow runs a shadow agent's events (nil: an enforcing agent;
@@ -92,38 +90,6 @@ type agentEntry struct {
 	// (failover.go); fo counts it and the over-limit bodies (prefix.go).
 	failover bool
 	fo       *agentStats
-}
-
-type upstream struct {
-	name    string
-	nameB   []byte
-	idx     int
-	cfg     config.Upstream
-	hostHdr []byte  // host:port sent as Host with host_header: upstream
-	logErr  rateLog // rate limit of its error lines
-
-	// Endpoints (endpoints.go): the current list, the round-robin
-	// cursor, the balance policy and the attempts per request.
-	eps           atomic.Pointer[epList]
-	rr            atomic.Uint64
-	leastInFlight bool
-	attempts      int
-	// counters outlive reloads: a new table takes its predecessor's.
-	counters *upCounters
-
-	// Health checks and re-resolution (health.go).
-	log        *zerolog.Logger
-	logResolve rateLog
-	// lookup resolves endpoint names (nil: the default resolver).
-	lookup   func(ctx context.Context, network, host string) ([]netip.Addr, error)
-	stopCh   chan struct{}
-	stopOnce sync.Once
-	wg       sync.WaitGroup
-}
-
-// upCounters are an upstream's counters beyond its endpoints'.
-type upCounters struct {
-	resolutions, resolveErrors, addrsDropped atomic.Uint64
 }
 
 // Host header modes.
@@ -138,7 +104,7 @@ type route struct {
 	nameB    []byte
 	idx      int
 	prefix   []byte
-	up       *upstream
+	up       *upstream.Upstream
 	agents   []routeAgent
 	shadows  []*shadowRunner // observe-only agents (shadow.go)
 	hostMode uint8
@@ -233,19 +199,18 @@ func buildTable(cfg *config.Config, agents map[string]agentmux.Agent, prev *tabl
 		t.agents = append(t.agents, e)
 		byName[a.Name] = e
 	}
-	ups := make(map[string]*upstream, len(cfg.Upstreams))
+	ups := make(map[string]*upstream.Upstream, len(cfg.Upstreams))
 	for i := range cfg.Upstreams {
 		u := cfg.Upstreams[i]
-		var prevUp *upstream
+		var prevUp *upstream.Upstream
 		if prev != nil {
 			for _, old := range prev.upstreams {
-				if old.name == u.Name {
+				if old.Name() == u.Name {
 					prevUp = old
 				}
 			}
 		}
-		up := newUpstream(u, prevUp)
-		up.idx = len(t.upstreams)
+		up := upstream.New(u, prevUp)
 		t.upstreams = append(t.upstreams, up)
 		ups[u.Name] = up
 	}
@@ -396,44 +361,16 @@ func (t *table) agentNames() []string {
 	return n
 }
 
-// wrapUp wraps a dialed upstream connection in an upConn.
-func wrapUp(c net.Conn, err error) (net.Conn, error) {
-	if err != nil {
-		return nil, err
-	}
-	return &upConn{Conn: rawio.Wrap(c)}, nil
-}
-
-// newUpstream makes the upstream of u; the endpoints of prev (the same
-// upstream in the table being replaced, or nil) that did not change are
-// kept, warm pools and health state included.
-func newUpstream(u config.Upstream, prev *upstream) *upstream {
-	up := &upstream{name: u.Name, nameB: []byte(u.Name), cfg: u,
-		leastInFlight: u.Balance == config.BalanceLeastInFlight, attempts: max(1, u.EndpointAttempts)}
-	up.eps.Store(buildEndpoints(&up.cfg, prev))
-	if prev != nil {
-		up.counters = prev.counters
-	} else {
-		up.counters = new(upCounters)
-	}
-	host := "localhost"
-	if eps := u.EndpointList(); len(eps) > 0 && !strings.HasPrefix(eps[0], "unix:") {
-		host = eps[0]
-	}
-	up.hostHdr = []byte(host)
-	return up
-}
-
 // startUpstreams starts the health checks and re-resolutions of t.
 func (t *table) startUpstreams(log *zerolog.Logger) {
 	for _, up := range t.upstreams {
-		up.start(log)
+		up.Start(log)
 	}
 }
 
 // stopUpstreams stops them; t's endpoints go on serving its requests.
 func (t *table) stopUpstreams() {
 	for _, up := range t.upstreams {
-		up.stop()
+		up.Stop()
 	}
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/zentinelproxy/sidecar/dataplane/internal/ratelog"
 	"github.com/zentinelproxy/sidecar/internal/config"
 	"github.com/zentinelproxy/sidecar/internal/rawio"
 	"github.com/zentinelproxy/sidecar/protocol"
@@ -61,8 +62,8 @@ type listenerTLS struct {
 	mu     sync.Mutex // guards cfg and stamps (reloads)
 	cfg    config.ListenerTLS
 	stamps []fileStamp
-	errLog rateLog
-	hsLog  rateLog // failed handshakes
+	errLog ratelog.Limit
+	hsLog  ratelog.Limit // failed handshakes
 
 	stop chan struct{}
 	done chan struct{}
@@ -116,7 +117,7 @@ func (lt *listenerTLS) load(cfg config.ListenerTLS) error {
 func (lt *listenerTLS) reload(cfg config.ListenerTLS, why string) {
 	if err := lt.load(cfg); err != nil {
 		lt.stats.reloadErrors.Add(1)
-		if ok, suppressed := lt.errLog.allow(); ok {
+		if ok, suppressed := lt.errLog.Allow(); ok {
 			e := lt.log.Error().Str("listener", lt.name).Err(err)
 			if suppressed > 0 {
 				e = e.Uint64("suppressed", suppressed)
@@ -281,7 +282,7 @@ func (c *eofConn) handshake() error {
 	lt := c.lt
 	if err := c.tls.Handshake(); err != nil {
 		lt.stats.handshakeErrors.Add(1)
-		if ok, suppressed := lt.hsLog.allow(); ok {
+		if ok, suppressed := lt.hsLog.Allow(); ok {
 			e := lt.log.Warn().Str("listener", lt.name).Str("client", c.raw.RemoteAddr().String()).Err(err)
 			if suppressed > 0 {
 				e = e.Uint64("suppressed", suppressed)

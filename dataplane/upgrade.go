@@ -9,6 +9,9 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/zentinelproxy/sidecar/dataplane/internal/clock"
+	"github.com/zentinelproxy/sidecar/dataplane/internal/upstream"
 )
 
 // Upgrade requests (WebSocket and any other Connection: upgrade
@@ -240,7 +243,7 @@ func (rs *reqState) tunnel() bool {
 	cc, br, ep := rs.upCC, rs.upBR, rs.upEP
 	rs.upCC, rs.upBR, rs.upEP = nil, nil, nil
 	_ = rs.upResp.CloseBodyStream()
-	hc := ep.hc
+	hc := ep.Client()
 	// Bytes the upstream sent after its head are already in the reader,
 	// which reads through rs.upWrap (pooled with rs): copy them out.
 	var pre []byte
@@ -251,8 +254,8 @@ func (rs *reqState) tunnel() bool {
 	hc.ReleaseReader(br)
 	// The tunnel counts as in flight on its endpoint until it ends.
 	release := func() {
-		putConn(cc, hc.ReleaseConn, hc.CloseConn, true)
-		ep.inflight.Add(-1)
+		upstream.PutConn(cc, hc.ReleaseConn, hc.CloseConn, true)
+		ep.End()
 	}
 	if gone || conn == nil {
 		release()
@@ -268,7 +271,7 @@ func (rs *reqState) tunnel() bool {
 	t := &tunnel{srv: s, set: &l.tun, up: conn, release: release, pre: pre, idle: l.cfg.TunnelIdleTimeout}
 	t.cc, _ = rs.conn.(*eofConn)
 	t.head = rs.head101()
-	t.last.Store(int64(mono()))
+	t.last.Store(int64(clock.Mono()))
 	l.tun.add(t)
 	s.stats.tun.opened.Add(1)
 	// fasthttp skips the hijack handler only when it fails to set the
@@ -367,7 +370,7 @@ func (t *tunnel) pump(dst, src net.Conn, n *atomic.Uint64) {
 		_ = src.SetReadDeadline(time.Now().Add(t.idle))
 		k, err := src.Read(buf)
 		if k > 0 {
-			t.last.Store(int64(mono()))
+			t.last.Store(int64(clock.Mono()))
 			_ = dst.SetWriteDeadline(time.Now().Add(t.idle))
 			if _, werr := dst.Write(buf[:k]); werr != nil {
 				return
@@ -376,7 +379,7 @@ func (t *tunnel) pump(dst, src net.Conn, n *atomic.Uint64) {
 		}
 		if err != nil {
 			if isTimeout(err) && !t.closing.Load() {
-				if since := mono() - time.Duration(t.last.Load()); since < t.idle {
+				if since := clock.Mono() - time.Duration(t.last.Load()); since < t.idle {
 					continue
 				}
 				t.markIdle()

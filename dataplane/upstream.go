@@ -2,19 +2,18 @@ package dataplane
 
 import (
 	"bufio"
-	"crypto/tls"
 	"errors"
 	"io"
 	"net"
 	"os"
 	"strconv"
 	"syscall"
-	"time"
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/zentinelproxy/sidecar/dataplane/internal/clock"
+	"github.com/zentinelproxy/sidecar/dataplane/internal/upstream"
 	"github.com/zentinelproxy/sidecar/internal/config"
-	"github.com/zentinelproxy/sidecar/internal/rawio"
 	"github.com/zentinelproxy/sidecar/protocol"
 )
 
@@ -46,21 +45,6 @@ func (e *upstreamError) Error() string {
 
 func (e *upstreamError) Unwrap() error { return e.err }
 
-// putConn hands a pooled connection back to its HostClient, or closes it.
-// The connection's type is unexported, so it travels as any and is
-// recovered from the type of HostClient.ReleaseConn.
-func putConn[C any](v any, release, closeConn func(C), discard bool) {
-	c, ok := v.(C)
-	if !ok {
-		return
-	}
-	if discard {
-		closeConn(c)
-	} else {
-		release(c)
-	}
-}
-
 // forward sends the request upstream and reads the response head. It
 // reports whether the request goes on; false means a response is staged
 // or the client is gone.
@@ -72,25 +56,25 @@ func putConn[C any](v any, release, closeConn func(C), discard bool) {
 func (rs *reqState) forward() bool {
 	up := rs.rt.up
 	rs.finishIdle(protocol.PhaseRequest)
-	var tried [config.MaxEndpointAttempts]*endpoint
+	var tried [config.MaxEndpointAttempts]*upstream.Endpoint
 	ntried := 0
-	ep := up.pick(nil)
+	ep := up.Pick(nil)
 	if rs.trace.sampled {
-		rs.trace.upStart = int64(mono())
+		rs.trace.upStart = int64(clock.Mono())
 	}
 	flushed := false
 	for attempt := 0; ; attempt++ {
 		tried[ntried] = ep
 		ntried++
-		ep.requests.Add(1)
-		ep.inflight.Add(1)
+		ep.Begin()
 		rs.upEP = ep
-		cc, err := acquireConn(rs, ep, ep.hc.AcquireConn, ep.hc.CloseConn)
+		hc := ep.Client()
+		cc, err := upstream.AcquireConn(ep, &rs.srv.stats.up, hc.AcquireConn, hc.CloseConn)
 		if err != nil {
-			ep.inflight.Add(-1)
+			ep.End()
 			rs.upEP = nil
 			if !errors.Is(err, fasthttp.ErrNoFreeConns) {
-				up.failed(ep)
+				up.Failed(ep)
 			}
 			// Nothing was sent: any method may go elsewhere.
 			if next := rs.nextEndpoint(tried[:ntried]); next != nil {
@@ -107,8 +91,8 @@ func (rs *reqState) forward() bool {
 		}
 		rs.mu.Unlock()
 		if gone {
-			ep.hc.CloseConn(cc)
-			ep.inflight.Add(-1)
+			hc.CloseConn(cc)
+			ep.End()
 			rs.upEP = nil
 			rs.outcome = "client gone"
 			return false
@@ -137,8 +121,8 @@ func (rs *reqState) forward() bool {
 		rs.mu.Lock()
 		rs.upNet = nil
 		rs.mu.Unlock()
-		ep.hc.CloseConn(cc)
-		ep.inflight.Add(-1)
+		hc.CloseConn(cc)
+		ep.End()
 		rs.upEP = nil
 		rs.upResp.Reset()
 		var ce *clientError
@@ -159,14 +143,14 @@ func (rs *reqState) forward() bool {
 			// a time. The retry then dials a fresh connection.
 			if !flushed {
 				flushed = true
-				ep.hc.CloseIdleConnections()
-				rs.srv.stats.upStale.Add(1)
+				hc.CloseIdleConnections()
+				rs.srv.stats.up.Stale.Add(1)
 			}
-			rs.srv.stats.upRetries.Add(1)
+			rs.srv.stats.up.Retries.Add(1)
 			ntried-- // the same endpoint again
 			continue
 		}
-		up.failed(ep)
+		up.Failed(ep)
 		if !isTimeout(err) && rs.replayable(err) {
 			if next := rs.nextEndpoint(tried[:ntried]); next != nil {
 				ep = next
@@ -177,108 +161,27 @@ func (rs *reqState) forward() bool {
 	}
 }
 
-// maxDiscards bounds the pooled connections one request may find closed
-// or holding stray bytes before it dials instead (the pool's idle
-// connections are dropped at that point).
-const maxDiscards = 16
-
-// acquireConn takes a connection to ep from its pool (or dials one). A
-// pooled connection is looked at before a request is written on it: one
-// the upstream closed while it sat idle (EOF, reset) or one with bytes
-// waiting that no request asked for is closed and the next taken. The
-// stray bytes would otherwise be read as the answer to the request
-// written next, and every later request on that connection would get the
-// answer to the one before it (HTTP/1.1 has no request ids).
-//
-// The look is one recvfrom(2) with MSG_PEEK|MSG_DONTWAIT per reused
-// connection (rawio.Conn.Pending). nginx and HAProxy learn the same from
-// their event loops, for which a readable idle connection is an event;
-// here the runtime's poller keeps that readiness to itself, so it costs
-// the system call. In exchange, a request without a body on a reused
-// connection always has its write held to the read of the answer
-// (holdWrites): the peek sees the FIN that a held read would miss, so
-// the rule that held only connections used within the last few
-// milliseconds is gone, and its clock read with it.
-//
-// The pool's connection type is unexported: it is inferred from the
-// HostClient's methods (acquire and closeConn), as in putConn.
-func acquireConn[C pooledConn](rs *reqState, ep *endpoint, acquire func(time.Duration, bool) (C, error), closeConn func(C)) (C, error) {
-	flushed := false
-	for n := 0; ; n++ {
-		cc, err := acquire(0, false)
-		if err != nil || cc.LastUseTime().IsZero() {
-			return cc, err
-		}
-		rc := rawOf(cc.Conn())
-		if rc == nil {
-			return cc, nil
-		}
-		data, perr := rc.Pending()
-		if !data && perr == nil {
-			return cc, nil
-		}
-		closeConn(cc)
-		if data {
-			rs.srv.stats.upUnsolicited.Add(1)
-		} else {
-			rs.srv.stats.upClosed.Add(1)
-		}
-		if (perr != nil && !flushed) || n+1 == maxDiscards {
-			// A pooled connection the upstream closed while idle: after
-			// an upstream restart (or its idle timeout) the older idle
-			// ones are closed too, the pool being used last in, first
-			// out. Drop them all rather than finding out one at a time.
-			flushed = true
-			ep.hc.CloseIdleConnections()
-			rs.srv.stats.upStale.Add(1)
-		}
-	}
-}
-
-// pooledConn is what acquireConn needs of a pooled connection.
-type pooledConn interface {
-	Conn() net.Conn
-	LastUseTime() time.Time
-}
-
-// rawOf is the socket under an upstream connection (beneath its TLS, if
-// any), or nil when it is not a raw socket.
-func rawOf(c net.Conn) *rawio.Conn {
-	if uc, ok := c.(*upConn); ok {
-		c = uc.Conn
-	}
-	if tc, ok := c.(*tls.Conn); ok {
-		c = tc.NetConn()
-	}
-	rc, _ := c.(*rawio.Conn)
-	return rc
-}
-
 // nextEndpoint is the endpoint of the next attempt after tried failed, or
 // nil when the attempts are spent or no endpoint is left.
-func (rs *reqState) nextEndpoint(tried []*endpoint) *endpoint {
+func (rs *reqState) nextEndpoint(tried []*upstream.Endpoint) *upstream.Endpoint {
 	up := rs.rt.up
-	if len(tried) >= up.attempts || rs.canceled() {
+	if len(tried) >= up.Attempts() || rs.canceled() {
 		return nil
 	}
-	next := up.pick(tried)
+	next := up.Pick(tried)
 	if next != nil {
-		rs.srv.stats.upEndpointRetries.Add(1)
+		rs.srv.stats.up.EndpointRetries.Add(1)
 	}
 	return next
 }
 
 // endpointAnswered feeds the answer's status to the passive health check.
-func (rs *reqState) endpointAnswered(ep *endpoint) {
+func (rs *reqState) endpointAnswered(ep *upstream.Endpoint) {
 	if rs.trace.sampled {
-		rs.trace.upEnd = int64(mono())
-		rs.trace.upAddr = ep.addr
+		rs.trace.upEnd = int64(clock.Mono())
+		rs.trace.upAddr = ep.Addr()
 	}
-	if rs.upResp.StatusCode() >= 500 {
-		rs.rt.up.got5xx(ep)
-	} else {
-		ep.succeeded()
-	}
+	rs.rt.up.Answered(ep, rs.upResp.StatusCode())
 }
 
 // upstreamHost is the Host the upstream gets for a request whose (already
@@ -288,7 +191,7 @@ func (rt *route) upstreamHost(host []byte) []byte {
 	case rt.hostMode == hostLiteral:
 		return rt.hostLit
 	case rt.hostMode == hostUpstream || len(host) == 0:
-		return rt.up.hostHdr
+		return rt.up.HostHeader()
 	}
 	return host
 }
@@ -358,8 +261,8 @@ func (c *sentConn) Write(p []byte) (int, error) {
 // write goes out with the read of the response (holdWrites).
 func (rs *reqState) sendRequest(conn net.Conn, hold bool) error {
 	up := rs.rt.up
-	hc := rs.upEP.hc
-	extendWrite(conn, up.cfg.IdleTimeout)
+	hc := rs.upEP.Client()
+	upstream.ExtendWrite(conn, up.Config().IdleTimeout)
 	rs.reqSent = true
 	rs.upSent = sentConn{Conn: conn}
 	bw := hc.AcquireWriter(&rs.upSent)
@@ -371,7 +274,7 @@ func (rs *reqState) sendRequest(conn net.Conn, hold bool) error {
 	}
 	if err == nil {
 		if hold {
-			holdWrites(conn)
+			upstream.HoldWrites(conn)
 		}
 		if ferr := bw.Flush(); ferr != nil {
 			err = &upstreamError{err: ferr, write: true}
@@ -379,30 +282,6 @@ func (rs *reqState) sendRequest(conn net.Conn, hold bool) error {
 	}
 	hc.ReleaseWriter(bw)
 	return err
-}
-
-// holdWrites has the request's last write go out with the read of the
-// response (rawio.Conn.HoldWrites): the read that would find nothing yet
-// (EAGAIN) is not made, one system call fewer per request, which costs
-// 1.2–1.5 µs on a paravirtualized guest. Only for a request without a
-// body and a replayable method, on a reused connection: a failed write
-// then shows at the read, where staleConn still recognises it and
-// replayable still allows the retry.
-//
-// A held read does not look at the socket before it waits, so it would
-// not see a FIN that came while the connection sat idle: a peer that
-// closed fully answers the held request with a reset, which wakes the
-// read, but one that only half-closed and keeps reading (Apache's
-// lingering close of an expired keep-alive connection) answers nothing,
-// and the request would wait for its response timeout. acquireConn's
-// peek, just before, is what sees that FIN; what remains is a FIN that
-// arrives in the microseconds between the peek and the write.
-func holdWrites(conn net.Conn) {
-	if uc, ok := conn.(*upConn); ok {
-		if rc, ok := uc.Conn.(*rawio.Conn); ok {
-			rc.HoldWrites()
-		}
-	}
 }
 
 // writeBody writes the request body in the planned mode, framing it as
@@ -422,7 +301,7 @@ func (rs *reqState) writeBody(bw *bufio.Writer, conn net.Conn) error {
 	}
 	chunked := rs.upChunked
 	pipe := rs.reqMode == reqBodyPipe
-	idle := rs.rt.up.cfg.IdleTimeout
+	idle := rs.rt.up.Config().IdleTimeout
 	for {
 		buf := rs.chunkBuf(protocol.PhaseRequest)
 		n, last, err := rs.reqSrc.read(buf, rs.fill(protocol.PhaseRequest))
@@ -446,7 +325,7 @@ func (rs *reqState) writeBody(bw *bufio.Writer, conn net.Conn) error {
 			}
 			rs.shadowBody(protocol.PhaseRequest, data, last, total)
 		}
-		extendWrite(conn, idle)
+		upstream.ExtendWrite(conn, idle)
 		if len(data) > 0 {
 			var werr error
 			if chunked {
@@ -485,8 +364,8 @@ func (rs *reqState) writeBody(bw *bufio.Writer, conn net.Conn) error {
 // body is left on the connection as a stream.
 func (rs *reqState) readHead(conn net.Conn) error {
 	up := rs.rt.up
-	hc := rs.upEP.hc
-	extendRead(conn, up.cfg.ResponseTimeout)
+	hc := rs.upEP.Client()
+	upstream.ExtendRead(conn, up.Config().ResponseTimeout)
 	rs.upWrap = eofConn{Conn: conn}
 	br := hc.AcquireReader(&rs.upWrap)
 	resp := &rs.upResp
@@ -512,22 +391,22 @@ func (rs *reqState) releaseUpstream() {
 	aborted := rs.upAborted
 	rs.upNet = nil
 	rs.mu.Unlock()
-	hc := rs.upEP.hc
-	rs.upEP.inflight.Add(-1)
+	hc := rs.upEP.Client()
+	rs.upEP.End()
 	rs.upEP = nil
 	discard := aborted || rs.upClose || !rs.upBodyDone
 	if !discard && rs.upBR != nil && rs.upBR.Buffered() > 0 {
 		// Bytes past the end of the response answer no request: the
 		// connection is done (acquireConn explains why).
 		discard = true
-		rs.srv.stats.upUnsolicited.Add(1)
+		rs.srv.stats.up.Unsolicited.Add(1)
 	}
 	_ = rs.upResp.CloseBodyStream()
 	if rs.upBR != nil {
 		hc.ReleaseReader(rs.upBR)
 		rs.upBR = nil
 	}
-	putConn(rs.upCC, hc.ReleaseConn, hc.CloseConn, discard)
+	upstream.PutConn(rs.upCC, hc.ReleaseConn, hc.CloseConn, discard)
 	rs.upCC = nil
 }
 
@@ -545,8 +424,8 @@ func (rs *reqState) upstreamFailed(err error) bool {
 		rs.outcome = "client gone"
 		return false
 	}
-	if ok, suppressed := rs.rt.up.logErr.allow(); ok {
-		e := rs.logFields(s.log.Error()).Str("upstream", rs.rt.up.name).Err(err)
+	if ok, suppressed := rs.rt.up.LogErr().Allow(); ok {
+		e := rs.logFields(s.log.Error()).Str("upstream", rs.rt.up.Name()).Err(err)
 		if suppressed > 0 {
 			e = e.Uint64("suppressed", suppressed)
 		}

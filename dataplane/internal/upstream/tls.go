@@ -1,4 +1,4 @@
-package dataplane
+package upstream
 
 import (
 	"context"
@@ -64,11 +64,11 @@ func withUpstreamTLS(u *config.Upstream, addr string, dial fasthttp.DialFunc) fa
 func upstreamTLSConfig(t *config.UpstreamTLS, addr string) (*tls.Config, error) {
 	minV, err := config.TLSVersion(t.MinVersion)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrTLSConfig, err)
+		return nil, fmt.Errorf("%w: %v", errTLSConfig, err)
 	}
 	suites, err := config.CipherSuiteIDs(t.CipherSuites)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrTLSConfig, err)
+		return nil, fmt.Errorf("%w: %v", errTLSConfig, err)
 	}
 	conf := &tls.Config{
 		MinVersion:         minV,
@@ -87,14 +87,14 @@ func upstreamTLSConfig(t *config.UpstreamTLS, addr string) (*tls.Config, error) 
 	if t.CAFile != "" {
 		pool, err := config.LoadCertPool(t.CAFile)
 		if err != nil {
-			return nil, fmt.Errorf("%w: ca_file: %v", ErrTLSConfig, err)
+			return nil, fmt.Errorf("%w: ca_file: %v", errTLSConfig, err)
 		}
 		conf.RootCAs = pool
 	}
 	if t.CertFile != "" {
 		kp, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
 		if err != nil {
-			return nil, fmt.Errorf("%w: client certificate %s / %s: %v", ErrTLSConfig, t.CertFile, t.KeyFile, err)
+			return nil, fmt.Errorf("%w: client certificate %s / %s: %v", errTLSConfig, t.CertFile, t.KeyFile, err)
 		}
 		conf.Certificates = []tls.Certificate{kp}
 	}
@@ -117,9 +117,9 @@ func upstreamTLSKey(u *config.Upstream) string {
 	return b.String()
 }
 
-// warnInsecureUpstreams logs, at every start and reload, each upstream
+// WarnInsecure logs, at every start and reload, each upstream
 // whose certificate is not verified.
-func warnInsecureUpstreams(cfg *config.Config, log zerolog.Logger) {
+func WarnInsecure(cfg *config.Config, log zerolog.Logger) {
 	for _, u := range cfg.Upstreams {
 		if u.TLS != nil && u.TLS.InsecureSkipVerify {
 			log.Warn().Str("upstream", u.Name).

@@ -1,4 +1,4 @@
-package dataplane
+package upstream
 
 import (
 	"context"
@@ -20,7 +20,7 @@ var valueHealthUA = []byte("sidecar-health-check")
 
 // every runs run now and then every interval until the upstream stops
 // (the health check and DNS re-resolution goroutines).
-func (up *upstream) every(interval time.Duration, run func()) {
+func (up *Upstream) every(interval time.Duration, run func()) {
 	defer up.wg.Done()
 	t := time.NewTicker(interval)
 	defer t.Stop()
@@ -36,7 +36,7 @@ func (up *upstream) every(interval time.Duration, run func()) {
 
 // checkAll checks every endpoint at once, so that one slow endpoint does
 // not delay the others; each check ends within the check timeout.
-func (up *upstream) checkAll() {
+func (up *Upstream) checkAll() {
 	var wg sync.WaitGroup
 	for _, ep := range up.eps.Load().eps {
 		wg.Add(1)
@@ -51,7 +51,7 @@ func (up *upstream) checkAll() {
 // checkClient is the endpoint's own small pool for checks: a check must
 // not wait behind requests for a connection (max_conns), nor take one
 // from them.
-func (ep *endpoint) checkClient(up *upstream) *fasthttp.HostClient {
+func (ep *Endpoint) checkClient(up *Upstream) *fasthttp.HostClient {
 	if c := ep.checkHC.Load(); c != nil {
 		return c
 	}
@@ -78,7 +78,7 @@ func (ep *endpoint) checkClient(up *upstream) *fasthttp.HostClient {
 const maxHealthBody = 64 << 10
 
 // checkOne runs one check of ep and moves its health state.
-func (up *upstream) checkOne(ep *endpoint) {
+func (up *Upstream) checkOne(ep *Endpoint) {
 	hc := &up.cfg.HealthCheck
 	req := fasthttp.AcquireRequest()
 	resp := fasthttp.AcquireResponse()
@@ -125,12 +125,12 @@ func (e *healthStatusError) Error() string {
 
 // resolveOnce resolves the endpoint names and publishes the new list when
 // it changed. A failed resolution keeps the name's current endpoints.
-func (up *upstream) resolveOnce() {
+func (up *Upstream) resolveOnce() {
 	cfg := &up.cfg.Resolve
 	cur := up.eps.Load().eps
-	next := make([]*endpoint, 0, len(cur))
+	next := make([]*Endpoint, 0, len(cur))
 	for _, e := range up.cfg.EndpointList() {
-		mine := make([]*endpoint, 0, 4)
+		mine := make([]*Endpoint, 0, 4)
 		for _, ep := range cur {
 			if ep.origin == e {
 				mine = append(mine, ep)
@@ -153,7 +153,7 @@ func (up *upstream) resolveOnce() {
 		if err != nil || len(ips) == 0 {
 			up.counters.resolveErrors.Add(1)
 			if up.log != nil {
-				if ok, _ := up.logResolve.allow(); ok {
+				if ok, _ := up.logResolve.Allow(); ok {
 					up.log.Warn().Str("upstream", up.name).Str("name", host).AnErr("error", err).Msg("resolving upstream endpoint")
 				}
 			}
@@ -168,7 +168,7 @@ func (up *upstream) resolveOnce() {
 		}
 		for _, ip := range ips {
 			addr := netip.AddrPortFrom(ip.Unmap(), uint16(port)).String()
-			var ep *endpoint
+			var ep *Endpoint
 			for _, m := range mine {
 				if m.addr == addr {
 					ep = m

@@ -1,4 +1,4 @@
-package dataplane
+package upstream
 
 import (
 	"net"
@@ -9,6 +9,8 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 
+	"github.com/zentinelproxy/sidecar/dataplane/internal/clock"
+	"github.com/zentinelproxy/sidecar/dataplane/internal/ratelog"
 	"github.com/zentinelproxy/sidecar/internal/config"
 )
 
@@ -20,8 +22,8 @@ import (
 // anyway: a guess beats a certain 503. Endpoint objects carry their state
 // across reloads when their address and client settings are unchanged.
 
-// endpoint is one address of an upstream.
-type endpoint struct {
+// Endpoint is one address of an upstream.
+type Endpoint struct {
 	addr   string // what is dialed: host:port or unix:/path
 	origin string // the configured entry it came from (a name when resolved)
 	key    clientKey
@@ -40,7 +42,7 @@ type endpoint struct {
 	okRun, failRun atomic.Int32
 
 	checkHC  atomic.Pointer[fasthttp.HostClient]
-	logState rateLog
+	logState ratelog.Limit
 }
 
 // clientKey is what an endpoint's connection pool depends on besides the
@@ -48,7 +50,7 @@ type endpoint struct {
 type clientKey struct {
 	connect, keepAlive, maxWait time.Duration
 	maxConns, rbuf, wbuf        int
-	tls                         string // upstream_tls.go
+	tls                         string // tls.go
 }
 
 func keyOf(u *config.Upstream) clientKey {
@@ -59,7 +61,7 @@ func keyOf(u *config.Upstream) clientKey {
 // epList is an upstream's endpoints at one time; replaced whole when DNS
 // re-resolution changes it.
 type epList struct {
-	eps []*endpoint
+	eps []*Endpoint
 }
 
 // upstreamDial is the dial function of an endpoint address: every
@@ -73,9 +75,9 @@ func upstreamDial(u *config.Upstream, addr, origin string) (dial fasthttp.DialFu
 	return withUpstreamTLS(u, origin, func(a string) (net.Conn, error) { return wrapUp(fasthttp.DialTimeout(a, connect)) }), addr
 }
 
-func newEndpoint(u *config.Upstream, addr, origin string) *endpoint {
+func newEndpoint(u *config.Upstream, addr, origin string) *Endpoint {
 	dial, hcAddr := upstreamDial(u, addr, origin)
-	ep := &endpoint{addr: addr, origin: origin, key: keyOf(u)}
+	ep := &Endpoint{addr: addr, origin: origin, key: keyOf(u)}
 	ep.hc = &fasthttp.HostClient{
 		Addr:                          hcAddr,
 		Dial:                          dial,
@@ -95,7 +97,7 @@ func newEndpoint(u *config.Upstream, addr, origin string) *endpoint {
 
 // available reports whether the endpoint may take requests now. *now is
 // read from the clock only when an ejection must be checked.
-func (ep *endpoint) available(now *time.Duration) bool {
+func (ep *Endpoint) available(now *time.Duration) bool {
 	if ep.unhealthy.Load() {
 		return false
 	}
@@ -104,7 +106,7 @@ func (ep *endpoint) available(now *time.Duration) bool {
 		return true
 	}
 	if *now == 0 {
-		*now = mono()
+		*now = clock.Mono()
 	}
 	if int64(*now) < until {
 		return false
@@ -114,14 +116,14 @@ func (ep *endpoint) available(now *time.Duration) bool {
 }
 
 // ejected reports whether the endpoint is ejected now.
-func (ep *endpoint) ejected() bool {
+func (ep *Endpoint) ejected() bool {
 	until := ep.ejectedUntil.Load()
-	return until != 0 && int64(mono()) < until
+	return until != 0 && int64(clock.Mono()) < until
 }
 
 // pick chooses the endpoint of an attempt, skipping those already tried;
 // nil when every endpoint was tried.
-func (up *upstream) pick(tried []*endpoint) *endpoint {
+func (up *Upstream) pick(tried []*Endpoint) *Endpoint {
 	eps := up.eps.Load().eps
 	n := len(eps)
 	if n == 1 {
@@ -164,7 +166,7 @@ func (up *upstream) pick(tried []*endpoint) *endpoint {
 	return eps[best]
 }
 
-func wasTried(tried []*endpoint, ep *endpoint) bool {
+func wasTried(tried []*Endpoint, ep *Endpoint) bool {
 	for _, t := range tried {
 		if t == ep {
 			return true
@@ -176,7 +178,7 @@ func wasTried(tried []*endpoint, ep *endpoint) bool {
 // Passive health: outcomes of requests.
 
 // succeeded records an answer below 500.
-func (ep *endpoint) succeeded() {
+func (ep *Endpoint) succeeded() {
 	if ep.consec5xx.Load() != 0 {
 		ep.consec5xx.Store(0)
 	}
@@ -186,7 +188,7 @@ func (ep *endpoint) succeeded() {
 }
 
 // got5xx records a 5xx answer.
-func (up *upstream) got5xx(ep *endpoint) {
+func (up *Upstream) got5xx(ep *Endpoint) {
 	ep.status5xx.Add(1)
 	if ep.consecErr.Load() != 0 {
 		ep.consecErr.Store(0)
@@ -198,7 +200,7 @@ func (up *upstream) got5xx(ep *endpoint) {
 
 // failed records a connection failure (connect refused or timed out, a
 // connection broken before the answer).
-func (up *upstream) failed(ep *endpoint) {
+func (up *Upstream) failed(ep *Endpoint) {
 	ep.errs.Add(1)
 	if lim := up.cfg.Ejection.ConsecutiveErrors; lim > 0 && int(ep.consecErr.Add(1)) >= lim {
 		up.eject(ep, "consecutive connection errors")
@@ -207,13 +209,13 @@ func (up *upstream) failed(ep *endpoint) {
 
 // eject takes ep out for the ejection time. An upstream of one endpoint
 // is never ejected: there is nowhere else to go.
-func (up *upstream) eject(ep *endpoint, why string) {
+func (up *Upstream) eject(ep *Endpoint, why string) {
 	ep.consec5xx.Store(0)
 	ep.consecErr.Store(0)
 	if len(up.eps.Load().eps) < 2 {
 		return
 	}
-	now := int64(mono())
+	now := int64(clock.Mono())
 	old := ep.ejectedUntil.Load()
 	if old != 0 && now < old {
 		return
@@ -227,11 +229,11 @@ func (up *upstream) eject(ep *endpoint, why string) {
 	up.logTransition(ep, "upstream endpoint ejected", why)
 }
 
-func (up *upstream) logTransition(ep *endpoint, msg, why string) {
+func (up *Upstream) logTransition(ep *Endpoint, msg, why string) {
 	if up.log == nil {
 		return
 	}
-	if ok, suppressed := ep.logState.allow(); ok {
+	if ok, suppressed := ep.logState.Allow(); ok {
 		e := up.log.Warn().Str("upstream", up.name).Str("endpoint", ep.addr).Str("reason", why)
 		if suppressed > 0 {
 			e = e.Uint64("suppressed", suppressed)
@@ -243,13 +245,13 @@ func (up *upstream) logTransition(ep *endpoint, msg, why string) {
 // buildEndpoints makes the endpoints of u, reusing those of prev (the
 // same upstream in the previous table) whose address and client settings
 // did not change, with their health state and counters.
-func buildEndpoints(u *config.Upstream, prev *upstream) *epList {
+func buildEndpoints(u *config.Upstream, prev *Upstream) *epList {
 	key := keyOf(u)
-	var old []*endpoint
+	var old []*Endpoint
 	if prev != nil {
 		old = prev.eps.Load().eps
 	}
-	reuse := func(addr, origin string) *endpoint {
+	reuse := func(addr, origin string) *Endpoint {
 		for _, ep := range old {
 			if ep.addr == addr && ep.origin == origin && ep.key == key {
 				return ep
@@ -285,19 +287,16 @@ func isHostName(addr string) bool {
 	return err == nil && host != "" && net.ParseIP(host) == nil
 }
 
-// closeIdle closes the idle connections of every endpoint.
-func (up *upstream) closeIdle() {
+// CloseIdle closes the idle connections of every endpoint.
+func (up *Upstream) CloseIdle() {
 	for _, ep := range up.eps.Load().eps {
-		ep.hc.CloseIdleConnections()
-		if c := ep.checkHC.Load(); c != nil {
-			c.CloseIdleConnections()
-		}
+		ep.closeIdle()
 	}
 }
 
-// start runs the upstream's health checks and DNS re-resolution until
-// stop.
-func (up *upstream) start(log *zerolog.Logger) {
+// Start runs the upstream's health checks and DNS re-resolution until
+// Stop.
+func (up *Upstream) Start(log *zerolog.Logger) {
 	up.log = log
 	up.stopCh = make(chan struct{})
 	if up.cfg.HealthCheck.Path != "" {
@@ -310,59 +309,12 @@ func (up *upstream) start(log *zerolog.Logger) {
 	}
 }
 
-// stop ends what start began and waits for it (each wait is bounded by a
+// Stop ends what Start began and waits for it (each wait is bounded by a
 // check or resolution timeout).
-func (up *upstream) stop() {
+func (up *Upstream) Stop() {
 	if up.stopCh == nil {
 		return
 	}
 	up.stopOnce.Do(func() { close(up.stopCh) })
 	up.wg.Wait()
-}
-
-// Upstreams returns a snapshot of the current upstreams.
-func (s *Server) Upstreams() []UpstreamStatus {
-	t := s.tbl.Load()
-	out := make([]UpstreamStatus, 0, len(t.upstreams))
-	for _, up := range t.upstreams {
-		us := UpstreamStatus{Name: up.name, Resolutions: up.counters.resolutions.Load(),
-			ResolveErrors: up.counters.resolveErrors.Load(), AddressesDropped: up.counters.addrsDropped.Load()}
-		for _, ep := range up.eps.Load().eps {
-			us.Endpoints = append(us.Endpoints, EndpointStatus{
-				Upstream: up.name, Address: ep.addr,
-				Healthy: !ep.unhealthy.Load(), Ejected: ep.ejected(),
-				InFlight: ep.inflight.Load(),
-				Requests: ep.requests.Load(), Errors: ep.errs.Load(), Status5xx: ep.status5xx.Load(),
-				Ejections: ep.ejections.Load(), Checks: ep.checks.Load(), ChecksFailed: ep.checksFailed.Load(),
-			})
-		}
-		out = append(out, us)
-	}
-	return out
-}
-
-// keptEndpoints is the set of t's endpoints.
-func keptEndpoints(t *table) map[*endpoint]bool {
-	keep := make(map[*endpoint]bool)
-	for _, up := range t.upstreams {
-		for _, ep := range up.eps.Load().eps {
-			keep[ep] = true
-		}
-	}
-	return keep
-}
-
-// closeReplacedEndpoints closes the idle connections of old's endpoints
-// that the new table (keep) does not use.
-func closeReplacedEndpoints(old *table, keep map[*endpoint]bool) {
-	for _, up := range old.upstreams {
-		for _, ep := range up.eps.Load().eps {
-			if !keep[ep] {
-				ep.hc.CloseIdleConnections()
-				if c := ep.checkHC.Load(); c != nil {
-					c.CloseIdleConnections()
-				}
-			}
-		}
-	}
 }
