@@ -1,7 +1,43 @@
-// Package dataplane is the sidecar's HTTP reverse proxy: a fasthttp
-// listener in front of one service that shows every request and response
-// to the agents configured for its route, in order, and does what they
-// decide (agent protocol v2, docs/protocol.md sections 7 and 8).
+// Package dataplane is the sidecar's HTTP reverse proxy: listeners in
+// front of one or more services that show every request and response to
+// the agents configured for its route, in order, and do what they decide
+// (agent protocol v2, docs/protocol.md sections 7 and 8).
+//
+// # API
+//
+// The stable API is what a process embedding the proxy needs: Server
+// (New from a Config, Serve or ListenAndServe, Swap to reload routes and
+// agents without dropping a request, Shutdown to drain), its snapshots
+// for status pages and metrics (Stats, PolicyStatus, Upstreams,
+// AgentStatus, TracingStats and their types), the Observer and
+// RequestRecorder interfaces with the event vocabulary they take
+// (Outcome, RequestOutcome, RequestSummary, the phase indices), and the
+// errors and marker headers. The vocabulary and the snapshot types are
+// defined in internal/observe, so that the metrics and the access log
+// need not link the proxy, and re-exported here. Everything else is in
+// dataplane/internal and may change at any time.
+//
+// # Layout
+//
+// A request goes listeners → front end → exchange → upstream, each in a
+// package of its own under dataplane/internal:
+//
+//   - http1: the HTTP/1.1 front end over fasthttp (connections, TLS
+//     listeners, parse errors, the head normalisation its parse needs,
+//     writing the response, Upgrade tunnels);
+//   - exchange: the engine-independent core, one Exchange per request
+//     (the agent chain and its decisions, header operations and their
+//     rules, body policy, decision cache, shadow agents, circuit
+//     breakers, failover, trace context, the request's summary), with
+//     the two seams a front end and an upstream implement;
+//   - upstream: the upstream side (endpoints, pools, balancing, health
+//     checks, DNS re-resolution, TLS to the upstream, retries, the
+//     HTTP/1.1 request writer and response reader).
+//
+// This package wires them: a Server owns the exchange core, one http1
+// Listener per configured listener and the upstreams of the current
+// routing table, and keeps the listeners within the process's file
+// descriptor budget (fdlimit.go).
 //
 // # Per request
 //
@@ -41,7 +77,7 @@
 // answered for it, so memory stays at one chunk per request however large
 // the body; a final allow ends an agent's say over the rest of the body.
 // A chunk takes every byte already received, up to its size, so chunks
-// follow bytes rather than the sender's framing (coalesce.go). A request
+// follow bytes rather than the sender's framing. A request
 // body slower than its listener's body_min_rate is answered 408.
 // A body an agent may rewrite is sent chunked (or, buffered, with its new
 // Content-Length). A header decision does not end an agent's say over the
@@ -64,20 +100,20 @@
 //
 // An upstream is one or more endpoints, balanced round robin or by least
 // requests in flight, taken out by an active health check or ejected
-// after consecutive failures, and optionally re-resolved from DNS
-// (endpoints.go, health.go). A request whose endpoint refuses or breaks
-// the connection before the upstream could act on it moves to another.
+// after consecutive failures, and optionally re-resolved from DNS. A
+// request whose endpoint refuses or breaks the connection before the
+// upstream could act on it moves to another.
 // The W3C trace context is checked strictly, made when asked, and spans
-// may be exported over OTLP (trace.go, otlp.go).
+// may be exported over OTLP.
 //
 // # TLS and Upgrade
 //
-// A listener with tls serves HTTPS (tls.go): certificates chosen by SNI,
+// A listener with tls serves HTTPS: certificates chosen by SNI,
 // optional client certificates, rotation without a restart, and the
 // connection's TLS facts in every RequestHeaders' metadata. An upstream
-// with tls is dialed over TLS (upstream_tls.go). A WebSocket or other
-// Upgrade request passes the agents, and on the upstream's 101 its bytes
-// are tunnelled both ways, uninspected (upgrade.go).
+// with tls is dialed over TLS. A WebSocket or other Upgrade request
+// passes the agents, and on the upstream's 101 its bytes are tunnelled
+// both ways, uninspected.
 //
 // # Cost
 //

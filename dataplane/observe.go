@@ -1,9 +1,6 @@
 package dataplane
 
 import (
-	"sync/atomic"
-
-	"github.com/zentinelproxy/sidecar/dataplane/internal/upstream"
 	"github.com/zentinelproxy/sidecar/internal/observe"
 	"github.com/zentinelproxy/sidecar/protocol"
 )
@@ -118,57 +115,3 @@ func PhaseIndex(p protocol.Phase, body bool) int { return observe.PhaseIndex(p, 
 // Observers returns an Observer that passes every event to each of obs in
 // order (observe.Observers).
 func Observers(obs ...Observer) Observer { return observe.Observers(obs...) }
-
-type counters struct {
-	requests, blocked, failOpen, failClosed, refused, skipped atomic.Uint64
-	upErrors, upTimeouts, clientGone, aborted                 atomic.Uint64
-	acceptErrors, connClamped, absoluteForm                   atomic.Uint64
-	up                                                        upstream.Counters
-	joined                                                    [2]atomic.Uint64 // per phase
-	bodyTooSlow                                               atomic.Uint64
-	traceInvalid, tracestateInvalid, traceGenerated           atomic.Uint64
-	limits, inlined                                           atomic.Uint64
-	tls                                                       tlsCounters
-	tun                                                       tunnelCounters
-	rejected                                                  [numRejects]atomic.Uint64
-	inflight                                                  atomic.Int64
-}
-
-func (c *counters) snapshot() Stats {
-	st := Stats{
-		Requests:                     c.requests.Load(),
-		Blocked:                      c.blocked.Load(),
-		FailOpen:                     c.failOpen.Load(),
-		FailClosed:                   c.failClosed.Load(),
-		MutationsRefused:             c.refused.Load(),
-		InspectionSkipped:            c.skipped.Load(),
-		UpstreamErrors:               c.upErrors.Load(),
-		UpstreamTimeouts:             c.upTimeouts.Load(),
-		ClientGone:                   c.clientGone.Load(),
-		ResponseAborted:              c.aborted.Load(),
-		InFlight:                     c.inflight.Load(),
-		AcceptErrors:                 c.acceptErrors.Load(),
-		ListenersClamped:             c.connClamped.Load(),
-		AbsoluteForm:                 c.absoluteForm.Load(),
-		UpstreamStale:                c.up.Stale.Load(),
-		UpstreamRetries:              c.up.Retries.Load(),
-		UpstreamDiscardedUnsolicited: c.up.Unsolicited.Load(),
-		UpstreamDiscardedClosed:      c.up.Closed.Load(),
-		RequestBodyReadsJoined:       c.joined[0].Load(),
-		ResponseBodyReadsJoined:      c.joined[1].Load(),
-		RequestBodyTooSlow:           c.bodyTooSlow.Load(),
-		EndpointRetries:              c.up.EndpointRetries.Load(),
-		TraceInvalid:                 c.traceInvalid.Load(),
-		TracestateInvalid:            c.tracestateInvalid.Load(),
-		TraceGenerated:               c.traceGenerated.Load(),
-		LimitsExceeded:               c.limits.Load(),
-		InlineBodies:                 c.inlined.Load(),
-		TLS:                          c.tls.snapshot(),
-		Tunnels:                      c.tun.snapshot(),
-		Rejected:                     make(map[string]uint64, numRejects),
-	}
-	for i := range c.rejected {
-		st.Rejected[RejectReasons[i]] = c.rejected[i].Load()
-	}
-	return st
-}

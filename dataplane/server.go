@@ -11,11 +11,13 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
-	"github.com/valyala/fasthttp"
 
+	"github.com/zentinelproxy/sidecar/dataplane/internal/exchange"
+	"github.com/zentinelproxy/sidecar/dataplane/internal/http1"
 	"github.com/zentinelproxy/sidecar/dataplane/internal/upstream"
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/internal/config"
+	"github.com/zentinelproxy/sidecar/internal/observe"
 	"github.com/zentinelproxy/sidecar/internal/unixsock"
 )
 
@@ -23,9 +25,28 @@ import (
 var (
 	// ErrDataplaneConfig: the configuration cannot be served (a missing
 	// agent instance, too many agents on a route).
-	ErrDataplaneConfig = errors.New("dataplane: invalid configuration")
+	ErrDataplaneConfig = exchange.ErrConfig
 	// ErrDataplaneClosed: the server was shut down.
 	ErrDataplaneClosed = errors.New("dataplane: server closed")
+	// ErrTLSConfig is a listener TLS setting that cannot be loaded (a
+	// missing file, a bad PEM block, a key that does not match).
+	ErrTLSConfig = http1.ErrTLSConfig
+	// ErrCircuitOpen is the failure of a request that did not consult an
+	// agent because its circuit is open (an unavailable agent).
+	ErrCircuitOpen = exchange.ErrCircuitOpen
+	// ErrTracing is a tracing setting that cannot be applied.
+	ErrTracing = exchange.ErrTracing
+)
+
+// Marker headers the dataplane adds.
+const (
+	// HeaderFailOpen is set on the upstream request and the response when
+	// an agent failed open; one value per agent.
+	HeaderFailOpen = exchange.HeaderFailOpen
+	// HeaderInspection is "skipped" when a body went uninspected because it
+	// exceeded a buffered agent's limit ("partial" when only its prefix was
+	// inspected).
+	HeaderInspection = exchange.HeaderInspection
 )
 
 // Config configures a Server.
@@ -41,32 +62,25 @@ type Config struct {
 // listeners of its configuration (ListenAndServe) or any net.Listener
 // (Serve), and swaps routes and agents atomically (Swap).
 type Server struct {
-	log   zerolog.Logger
-	spans *spanExporter // trace span export (otlp.go); nil when off
-	obs   Observer
-	rec   RequestRecorder // obs, when it also wants request summaries
-	tbl   atomic.Pointer[table]
-	stats counters
-	watch *watcher
+	log  zerolog.Logger
+	core *exchange.Core
+	lsts []*http1.Listener
 
-	lsts []*listener
+	h1      http1.Counters
+	up      upstream.Counters
+	clamped atomic.Uint64 // listeners whose limits were lowered to the descriptor budget
 
 	mu     sync.Mutex
 	agents map[string]agentmux.Agent
+	// ups are the upstreams of the current table (Swap and Shutdown
+	// start and stop them, under mu; status pages read them).
+	ups    atomic.Pointer[[]*upstream.Upstream]
 	closed bool
 	serves sync.WaitGroup
 	// addrs are the bound listener addresses; listening is set once they
 	// accept and cleared when Shutdown starts (readiness).
 	addrs     []net.Addr
 	listening atomic.Bool
-}
-
-type listener struct {
-	cfg   config.Listener
-	srv   *fasthttp.Server
-	tls   *listenerTLS // nil: plain HTTP
-	tun   tunnelSet    // open Upgrade tunnels (upgrade.go)
-	conns *connSet     // client connections (conn.go)
 }
 
 // New builds a server for cfg. agents holds one instance per agent of
@@ -80,84 +94,74 @@ func New(cfg Config, agents map[string]agentmux.Agent, log zerolog.Logger) (*Ser
 	if err := cfg.File.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Server{log: log, obs: cfg.Observer, agents: agents}
-	if s.obs == nil {
-		s.obs = NopObserver{}
-	}
-	s.rec, _ = s.obs.(RequestRecorder)
-	t, err := buildTable(cfg.File, agents, nil)
+	s := &Server{log: log, agents: agents, core: exchange.NewCore(cfg.Observer, log)}
+	t, ups, err := s.buildTable(cfg.File, agents, nil, nil)
 	if err != nil {
 		return nil, err
 	}
-	s.obs.Reset(t.routeIDs.names, t.agentIDs.names)
-	s.tbl.Store(t)
+	s.core.Publish(t)
+	s.ups.Store(&ups)
 	upstream.WarnInsecure(cfg.File, log)
 	interval := time.Duration(0)
 	nofile := fdLimit()
 	budget := connectionBudget(cfg.File, nofile)
 	for _, lc := range cfg.File.Listeners {
-		l := &listener{cfg: lc}
-		if lc.TLS != nil {
-			lt, err := newListenerTLS(lc.Name, *lc.TLS, log, &s.stats.tls)
-			if err != nil {
-				s.closeTLS()
-				return nil, fmt.Errorf("dataplane: listener %s: %w", lc.Name, err)
-			}
-			l.tls = lt
+		explicit := lc.MaxConnections != 0
+		if clampConnections(&lc, budget, nofile, log) {
+			s.clamped.Add(1)
 		}
-		explicit := l.cfg.MaxConnections != 0
-		if clampConnections(&l.cfg, budget, nofile, log) {
-			s.stats.connClamped.Add(1)
+		if clampTunnels(&lc, budget, nofile, explicit, log) {
+			s.clamped.Add(1)
 		}
-		if clampTunnels(&l.cfg, budget, nofile, explicit, log) {
-			s.stats.connClamped.Add(1)
+		l, err := http1.NewListener(lc, s.core, log, &s.h1)
+		if err != nil {
+			s.closeListeners()
+			return nil, fmt.Errorf("dataplane: listener %s: %w", lc.Name, err)
 		}
-		l.conns = newConnSet(lc.Name, l.cfg.MaxConnections, lc.LingeringTimeout, int64(lc.MaxLingeringBytes))
-		l.srv = s.newFastServer(l)
 		s.lsts = append(s.lsts, l)
 		if interval == 0 || lc.DisconnectCheck < interval {
 			interval = lc.DisconnectCheck
 		}
 	}
 	// Goroutines last: nothing is left running when New fails.
-	if s.spans, err = newSpanExporter(cfg.File.Tracing, log); err != nil {
-		s.closeTLS()
+	if err := s.core.Start(cfg.File.Tracing, interval); err != nil {
+		s.closeListeners()
 		return nil, err
 	}
-	if interval > 0 {
-		s.watch = newWatcher(interval, func(rs *reqState) { rs.cancel() })
+	for _, up := range ups {
+		up.Start(&s.log)
 	}
-	t.startUpstreams(&s.log)
 	return s, nil
 }
 
-func (s *Server) newFastServer(l *listener) *fasthttp.Server {
-	return &fasthttp.Server{
-		Handler:                      func(ctx *fasthttp.RequestCtx) { s.handle(ctx, l) },
-		ErrorHandler:                 s.parseError,
-		Logger:                       fastLogger{log: s.log},
-		Concurrency:                  fastConcurrency(l.cfg.MaxConnections),
-		ReadBufferSize:               int(l.cfg.ReadBufferSize),
-		WriteBufferSize:              int(l.cfg.WriteBufferSize),
-		ReadTimeout:                  l.cfg.ReadTimeout,
-		IdleTimeout:                  l.cfg.IdleTimeout,
-		StreamRequestBody:            true,
-		DisablePreParseMultipartForm: true,
-		NoDefaultServerHeader:        true,
-		NoDefaultContentType:         true,
-		CloseOnShutdown:              true,
-		SecureErrorLogMessage:        true,
+// buildTable builds the routing table of cfg: its upstreams (from prev's
+// where unchanged, prevUps), then the routes and agent policies.
+func (s *Server) buildTable(cfg *config.Config, agents map[string]agentmux.Agent, prev *exchange.Table, prevUps []*upstream.Upstream) (*exchange.Table, []*upstream.Upstream, error) {
+	ups := make([]*upstream.Upstream, 0, len(cfg.Upstreams))
+	seam := make([]exchange.Upstream, 0, len(cfg.Upstreams))
+	for _, u := range cfg.Upstreams {
+		var prevUp *upstream.Upstream
+		for _, old := range prevUps {
+			if old.Name() == u.Name {
+				prevUp = old
+			}
+		}
+		up := upstream.New(u, prevUp, &s.up)
+		ups = append(ups, up)
+		seam = append(seam, up)
 	}
+	t, err := exchange.BuildTable(cfg, agents, seam, prev)
+	if err != nil {
+		return nil, nil, err
+	}
+	return t, ups, nil
 }
 
-// fastConcurrency is fasthttp's worker limit for a listener of maxConns
-// connections. The listener enforces max_connections itself (conn.go);
-// fasthttp's limit, which answers 503 past it, only has to stay out of
-// its way. A worker outlives its connection's place by the moment
-// between Close and its return to the pool, so the limit is well above
-// maxConns (a limit costs fasthttp nothing until workers are used).
-func fastConcurrency(maxConns int) int {
-	return max(fasthttp.DefaultConcurrency, 2*maxConns)
+// closeListeners stops the certificate watchers of the listeners.
+func (s *Server) closeListeners() {
+	for _, l := range s.lsts {
+		l.Close()
+	}
 }
 
 // Serve serves HTTP on ln with the settings of the first configured
@@ -193,7 +197,7 @@ func (s *Server) Addrs() []net.Addr {
 	return append([]net.Addr(nil), s.addrs...)
 }
 
-func (s *Server) serve(l *listener, ln net.Listener) error {
+func (s *Server) serve(l *http1.Listener, ln net.Listener) error {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -203,7 +207,7 @@ func (s *Server) serve(l *listener, ln net.Listener) error {
 	s.serves.Add(1)
 	s.mu.Unlock()
 	defer s.serves.Done()
-	return l.srv.Serve(&eofListener{Listener: ln, hdrBuf: int(l.cfg.ReadBufferSize), tls: l.tls, conns: l.conns, log: s.log, stats: &s.stats})
+	return l.Serve(ln)
 }
 
 // ListenAndServe listens on every configured listener and serves until
@@ -211,12 +215,12 @@ func (s *Server) serve(l *listener, ln net.Listener) error {
 func (s *Server) ListenAndServe() error {
 	lns := make([]net.Listener, 0, len(s.lsts))
 	for _, l := range s.lsts {
-		ln, err := listen(l.cfg.Address)
+		ln, err := listen(l.Config().Address)
 		if err != nil {
 			for _, o := range lns {
 				_ = o.Close()
 			}
-			return fmt.Errorf("dataplane: listener %s: %w", l.cfg.Name, err)
+			return fmt.Errorf("dataplane: listener %s: %w", l.Config().Name, err)
 		}
 		lns = append(lns, ln)
 	}
@@ -257,7 +261,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.mu.Unlock()
 	var first error
 	for _, l := range s.lsts {
-		if err := l.srv.ShutdownWithContext(ctx); err != nil && first == nil {
+		if err := l.Shutdown(ctx); err != nil && first == nil {
 			first = err
 		}
 	}
@@ -271,26 +275,25 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		}
 	}
 	s.waitLingering(ctx)
-	s.drainTunnels(ctx)
-	s.stopShadows(ctx)
-	s.closeTLS()
-	if s.watch != nil {
-		s.watch.close()
+	for _, l := range s.lsts {
+		l.DrainTunnels(ctx)
 	}
-	if s.spans != nil {
-		if err := s.spans.shutdown(ctx); err != nil && first == nil {
-			first = err
-		}
-	}
-	t := s.tbl.Load()
-	t.stopUpstreams()
-	for _, up := range t.upstreams {
-		up.CloseIdle()
+	s.core.StopShadows(ctx)
+	s.closeListeners()
+	if err := s.core.Stop(ctx); err != nil && first == nil {
+		first = err
 	}
 	s.mu.Lock()
+	ups := *s.ups.Load()
 	agents := s.agents
 	s.agents = nil
 	s.mu.Unlock()
+	for _, up := range ups {
+		up.Stop()
+	}
+	for _, up := range ups {
+		up.CloseIdle()
+	}
 	for name, a := range agents {
 		if err := a.Close(); err != nil {
 			s.log.Warn().Str("agent", name).Err(err).Msg("closing agent")
@@ -305,7 +308,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 func (s *Server) waitLingering(ctx context.Context) {
 	var tick *time.Ticker
 	for _, l := range s.lsts {
-		for l.conns.lingering.Load() > 0 {
+		for l.Lingering() > 0 {
 			if tick == nil {
 				tick = time.NewTicker(5 * time.Millisecond)
 				defer tick.Stop()
@@ -315,22 +318,6 @@ func (s *Server) waitLingering(ctx context.Context) {
 			case <-ctx.Done():
 				return
 			}
-		}
-	}
-}
-
-// stopShadows stops the shadow agents' workers and waits for them to
-// leave (or ctx to end).
-func (s *Server) stopShadows(ctx context.Context) {
-	t := s.tbl.Load()
-	for _, e := range t.agents {
-		if e.shadow != nil {
-			e.shadow.stop()
-		}
-	}
-	for _, e := range t.agents {
-		if e.shadow != nil {
-			e.shadow.waitStopped(ctx)
 		}
 	}
 }
@@ -352,38 +339,33 @@ func (s *Server) Swap(cfg *config.Config, agents map[string]agentmux.Agent) erro
 	if s.closed {
 		return ErrDataplaneClosed
 	}
-	old := s.tbl.Load()
-	t, err := buildTable(cfg, agents, old)
+	old := s.core.Table()
+	oldUps := *s.ups.Load()
+	t, ups, err := s.buildTable(cfg, agents, old, oldUps)
 	if err != nil {
 		return err
 	}
-	s.obs.Reset(t.routeIDs.names, t.agentIDs.names)
-	t.startUpstreams(&s.log) // before requests can see t
-	s.tbl.Store(t)
-	s.reloadTLS(cfg)
+	for _, up := range ups {
+		up.Start(&s.log) // before requests can see t
+	}
+	s.core.Publish(t)
+	s.ups.Store(&ups)
+	for _, l := range s.lsts {
+		l.ReloadTLS(cfg)
+	}
 	upstream.WarnInsecure(cfg, s.log)
-	old.stopUpstreams()
+	for _, up := range oldUps {
+		up.Stop()
+	}
 	oldAgents := s.agents
 	s.agents = agents
 	keep := make(map[agentmux.Agent]bool, len(agents))
 	for _, a := range agents {
 		keep[a] = true
 	}
-	keepUp := upstream.Kept(t.upstreams)
+	keepUp := upstream.Kept(ups)
 	log := s.log
-	keepShadow := make(map[*shadowRunner]bool)
-	for _, e := range t.agents {
-		if e.shadow != nil {
-			keepShadow[e.shadow] = true
-		}
-	}
-	old.retire(func() {
-		// Shadow runners the new table does not carry over stop.
-		for _, e := range old.agents {
-			if e.shadow != nil && !keepShadow[e.shadow] {
-				e.shadow.stop()
-			}
-		}
+	old.Retire(t, func() {
 		for name, a := range oldAgents {
 			if !keep[a] {
 				if err := a.Close(); err != nil {
@@ -391,26 +373,34 @@ func (s *Server) Swap(cfg *config.Config, agents map[string]agentmux.Agent) erro
 				}
 			}
 		}
-		upstream.CloseReplaced(old.upstreams, keepUp)
+		upstream.CloseReplaced(oldUps, keepUp)
 	})
 	return nil
 }
 
 // Stats returns the server's counters.
 func (s *Server) Stats() Stats {
-	st := s.stats.snapshot()
+	var st observe.Stats
+	s.core.Stats(&st)
+	s.h1.Fill(&st)
+	st.ListenersClamped = s.clamped.Load()
+	st.UpstreamStale = s.up.Stale.Load()
+	st.UpstreamRetries = s.up.Retries.Load()
+	st.UpstreamDiscardedUnsolicited = s.up.Unsolicited.Load()
+	st.UpstreamDiscardedClosed = s.up.Closed.Load()
+	st.EndpointRetries = s.up.EndpointRetries.Load()
 	st.Connections = make([]ConnStats, len(s.lsts))
 	for i, l := range s.lsts {
-		st.Connections[i] = l.conns.snapshot()
+		st.Connections[i] = l.ConnStats()
 	}
 	return st
 }
 
 // Upstreams returns a snapshot of the current upstreams.
 func (s *Server) Upstreams() []UpstreamStatus {
-	t := s.tbl.Load()
-	out := make([]UpstreamStatus, 0, len(t.upstreams))
-	for _, up := range t.upstreams {
+	ups := *s.ups.Load()
+	out := make([]UpstreamStatus, 0, len(ups))
+	for _, up := range ups {
 		out = append(out, up.Status())
 	}
 	return out
@@ -418,178 +408,34 @@ func (s *Server) Upstreams() []UpstreamStatus {
 
 // Routes returns the route names of the current table, in configuration
 // order.
-func (s *Server) Routes() []string { return s.tbl.Load().routeNames() }
+func (s *Server) Routes() []string { return s.core.Routes() }
 
 // Agents returns the agent names of the current table, in configuration
 // order.
-func (s *Server) Agents() []string { return s.tbl.Load().agentNames() }
+func (s *Server) Agents() []string { return s.core.Agents() }
 
 // AgentStatus returns a snapshot of every current agent.
-func (s *Server) AgentStatus() []agentmux.AgentStatus {
-	t := s.tbl.Load()
-	out := make([]agentmux.AgentStatus, 0, len(t.agents))
-	for _, a := range t.agents {
-		out = append(out, a.agent.Snapshot())
-	}
-	return out
-}
+func (s *Server) AgentStatus() []agentmux.AgentStatus { return s.core.AgentStatus() }
 
-// acquireTable pins the current table for one request; the re-check
-// makes sure a concurrent Swap cannot retire it unnoticed.
-func (s *Server) acquireTable() *table {
-	for {
-		t := s.tbl.Load()
-		t.acquire()
-		if s.tbl.Load() == t {
-			return t
-		}
-		t.release()
-	}
-}
+// PolicyStatus returns the current state of the policy features.
+func (s *Server) PolicyStatus() PolicyStatus { return s.core.PolicyStatus() }
 
-func (s *Server) handle(ctx *fasthttp.RequestCtx, l *listener) {
-	t := s.acquireTable()
-	s.stats.requests.Add(1)
-	s.stats.inflight.Add(1)
-	rs := acquireReqState(s, t, ctx, l)
-	if s.watch != nil {
-		s.watch.add(rs)
-	}
-	defer s.recoverPanic(rs)
-	streaming := rs.serve()
-	if rs.closeConn || (rs.hasReqBody && !rs.reqBodyEOF) {
-		// Asked for, a refused head, or unread body bytes that would be
-		// parsed as the next request: closed lingeringly, the client may
-		// still be sending.
-		ctx.SetConnectionClose()
-		if ec, ok := rs.conn.(*eofConn); ok {
-			ec.markLinger()
-		}
-	}
-	if !streaming {
-		rs.finish()
-	}
-}
+// Breakers returns the circuit of every current agent that has one.
+func (s *Server) Breakers() []BreakerStatus { return s.core.Breakers() }
 
-// recoverPanic keeps one broken request from taking the process down.
-// The request's state is abandoned, not pooled.
-func (s *Server) recoverPanic(rs *reqState) {
-	r := recover()
-	if r == nil {
-		return
-	}
-	s.log.Error().Uint64("req", rs.id).Bytes("corr", rs.corr).Interface("panic", r).Msg("request handler panicked")
-	if s.watch != nil {
-		s.watch.remove(rs)
-	}
-	rs.abandon()
-	rs.ctx.Response.Reset()
-	rs.ctx.SetStatusCode(fasthttp.StatusInternalServerError)
-	rs.ctx.SetBodyString("internal error")
-	rs.ctx.SetConnectionClose()
-	if ec, ok := rs.ctx.Conn().(*eofConn); ok {
-		ec.markLinger()
-	}
-	s.stats.inflight.Add(-1)
-	rs.tbl.release()
-}
+// Shadows returns the counters of every current shadow agent.
+func (s *Server) Shadows() []ShadowStatus { return s.core.Shadows() }
 
-// parseError answers a request fasthttp could not parse, generically.
-//
-// A connection on which no byte of a request arrived is closed without
-// an answer, as nginx and net/http do: at read_timeout that is an idle
-// connection, and a client that picked it for its next request at that
-// moment would read a 408 for a request it never sent. (fasthttp itself
-// closes a kept-alive connection silently at idle_timeout.)
-func (s *Server) parseError(ctx *fasthttp.RequestCtx, err error) {
-	ec, _ := ctx.Conn().(*eofConn)
-	if ec != nil && ec.handshakeFailed() {
-		// No request was ever read: counted as a handshake error (tls.go).
-		ctx.SetConnectionClose()
-		return
-	}
-	if ec != nil && !ec.got {
-		if isTimeout(err) && ec.conns != nil {
-			ec.conns.idleClosed.Add(1)
-		}
-		// Closed now, the answer fasthttp writes next goes nowhere.
-		_ = ec.Close()
-		ctx.SetConnectionClose()
-		return
-	}
-	status, body, reason := fasthttp.StatusBadRequest, "bad request", rejectParse
-	var small *fasthttp.ErrSmallBuffer
-	switch {
-	case errors.As(err, &small):
-		status, body, reason = fasthttp.StatusRequestHeaderFieldsTooLarge, "request header fields too large", rejectHeaderTooLarge
-		if ec, ok := ctx.Conn().(*eofConn); ok && ec.requestLineTooLong() {
-			status, body, reason = fasthttp.StatusRequestURITooLong, "request URI too long", rejectURITooLong
-		}
-	case isTimeout(err):
-		status, body, reason = fasthttp.StatusRequestTimeout, "request timeout", rejectHeadTimeout
-	case errors.Is(err, fasthttp.ErrBodyTooLarge):
-		status, body = fasthttp.StatusRequestEntityTooLarge, "request entity too large"
-	}
-	if reason != rejectHeadTimeout && ec != nil {
-		// The rest of the request may still be arriving. (A head that
-		// timed out stalled: nothing is on its way.)
-		ec.markLinger()
-	}
-	s.stats.rejected[reason].Add(1)
-	s.log.Debug().Err(err).Int("status", status).Msg("unparsable request")
-	ctx.Response.Reset()
-	ctx.SetStatusCode(status)
-	ctx.SetContentType("text/plain; charset=utf-8")
-	ctx.SetBodyString(body)
-	ctx.SetConnectionClose()
-}
+// Caches returns the counters of every current agent's decision cache.
+func (s *Server) Caches() []CacheStatus { return s.core.Caches() }
 
-// fastLogger routes fasthttp's own messages (mostly connection errors of
-// clients that went away) to debug.
-type fastLogger struct{ log zerolog.Logger }
+// Failovers returns the failover counters of every current agent that
+// has retried or has several members.
+func (s *Server) Failovers() []FailoverStatus { return s.core.Failovers() }
 
-func (f fastLogger) Printf(format string, args ...any) {
-	if e := f.log.Debug(); e != nil {
-		e.Msgf(format, args...)
-	}
-}
+// Bodies returns the over-limit counters of every current agent with a
+// prefix or stream action on some route.
+func (s *Server) Bodies() []BodyStatus { return s.core.Bodies() }
 
-// logFields adds the request's identity to a log event.
-func (rs *reqState) logFields(e *zerolog.Event) *zerolog.Event {
-	if e == nil {
-		return nil
-	}
-	e = e.Uint64("req", rs.id).Bytes("corr", rs.corr)
-	if rs.rt != nil {
-		e = e.Str("route", rs.rt.name)
-	}
-	if rs.ctx != nil {
-		e = e.Bytes("method", rs.ctx.Method()).Bytes("path", clip(rs.ctx.Path(), 256))
-	}
-	return e
-}
-
-func clip(b []byte, n int) []byte {
-	if len(b) > n {
-		return b[:n]
-	}
-	return b
-}
-
-type stampCache struct {
-	sec int64
-	b   []byte
-}
-
-var stamp atomic.Pointer[stampCache]
-
-// timestamp is t in RFC 3339 (UTC, seconds), formatted once per second.
-func timestamp(t time.Time) []byte {
-	sec := t.Unix()
-	if c := stamp.Load(); c != nil && c.sec == sec {
-		return c.b
-	}
-	c := &stampCache{sec: sec, b: t.UTC().AppendFormat(nil, time.RFC3339)}
-	stamp.Store(c)
-	return c.b
-}
+// TracingStats returns the span export counters (zero without export).
+func (s *Server) TracingStats() TracingStats { return s.core.TracingStats() }

@@ -9,8 +9,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/valyala/fasthttp"
-
 	"github.com/zentinelproxy/sidecar/dataplane/internal/clock"
 	"github.com/zentinelproxy/sidecar/internal/rawio"
 )
@@ -40,9 +38,6 @@ type upConn struct {
 	readDL, writeDL time.Time
 }
 
-// UpConn is the type of every connection the upstream pools make.
-type UpConn = upConn
-
 var errNoSyscallConn = errors.New("dataplane: connection has no socket")
 
 // SetReadDeadline implements net.Conn, keeping the cache in step.
@@ -57,9 +52,6 @@ func (c *upConn) SetWriteDeadline(t time.Time) error {
 	return c.Conn.SetWriteDeadline(t)
 }
 
-// ReadDeadline is the read deadline last set.
-func (c *upConn) ReadDeadline() time.Time { return c.readDL }
-
 // SyscallConn exposes the socket.
 func (c *upConn) SyscallConn() (syscall.RawConn, error) {
 	if sc, ok := c.Conn.(syscall.Conn); ok {
@@ -68,9 +60,9 @@ func (c *upConn) SyscallConn() (syscall.RawConn, error) {
 	return nil, errNoSyscallConn
 }
 
-// ExtendRead sets the read deadline of c to d from now, or leaves it
+// extendRead sets the read deadline of c to d from now, or leaves it
 // where it is when that is between 7/8 of d and d from now.
-func ExtendRead(c net.Conn, d time.Duration) {
+func extendRead(c net.Conn, d time.Duration) {
 	now := clock.At(clock.Mono())
 	if uc, ok := c.(*upConn); ok {
 		if left := uc.readDL.Sub(now); left >= d-d/8 && left <= d {
@@ -82,8 +74,8 @@ func ExtendRead(c net.Conn, d time.Duration) {
 	_ = c.SetReadDeadline(now.Add(d))
 }
 
-// ExtendWrite is ExtendRead for the write deadline.
-func ExtendWrite(c net.Conn, d time.Duration) {
+// extendWrite is extendRead for the write deadline.
+func extendWrite(c net.Conn, d time.Duration) {
 	now := clock.At(clock.Mono())
 	if uc, ok := c.(*upConn); ok {
 		if left := uc.writeDL.Sub(now); left >= d-d/8 && left <= d {
@@ -103,9 +95,9 @@ func wrapUp(c net.Conn, err error) (net.Conn, error) {
 	return &upConn{Conn: rawio.Wrap(c)}, nil
 }
 
-// RawOf is the socket under an upstream connection (beneath its TLS, if
+// rawOf is the socket under an upstream connection (beneath its TLS, if
 // any), or nil when it is not a raw socket.
-func RawOf(c net.Conn) *rawio.Conn {
+func rawOf(c net.Conn) *rawio.Conn {
 	if uc, ok := c.(*upConn); ok {
 		c = uc.Conn
 	}
@@ -116,7 +108,7 @@ func RawOf(c net.Conn) *rawio.Conn {
 	return rc
 }
 
-// HoldWrites has the request's last write go out with the read of the
+// holdWrites has the request's last write go out with the read of the
 // response (rawio.Conn.HoldWrites): the read that would find nothing yet
 // (EAGAIN) is not made, one system call fewer per request, which costs
 // 1.2–1.5 µs on a paravirtualized guest. Only for a request without a
@@ -129,10 +121,10 @@ func RawOf(c net.Conn) *rawio.Conn {
 // closed fully answers the held request with a reset, which wakes the
 // read, but one that only half-closed and keeps reading (Apache's
 // lingering close of an expired keep-alive connection) answers nothing,
-// and the request would wait for its response timeout. AcquireConn's
+// and the request would wait for its response timeout. acquireConn's
 // peek, just before, is what sees that FIN; what remains is a FIN that
 // arrives in the microseconds between the peek and the write.
-func HoldWrites(conn net.Conn) {
+func holdWrites(conn net.Conn) {
 	if uc, ok := conn.(*upConn); ok {
 		if rc, ok := uc.Conn.(*rawio.Conn); ok {
 			rc.HoldWrites()
@@ -140,10 +132,10 @@ func HoldWrites(conn net.Conn) {
 	}
 }
 
-// PutConn hands a pooled connection back to its HostClient, or closes it.
+// putConn hands a pooled connection back to its HostClient, or closes it.
 // The connection's type is unexported, so it travels as any and is
 // recovered from the type of HostClient.ReleaseConn.
-func PutConn[C any](v any, release, closeConn func(C), discard bool) {
+func putConn[C any](v any, release, closeConn func(C), discard bool) {
 	c, ok := v.(C)
 	if !ok {
 		return
@@ -160,7 +152,7 @@ func PutConn[C any](v any, release, closeConn func(C), discard bool) {
 // connections are dropped at that point).
 const maxDiscards = 16
 
-// AcquireConn takes a connection to ep from its pool (or dials one). A
+// acquireConn takes a connection to ep from its pool (or dials one). A
 // pooled connection is looked at before a request is written on it: one
 // the upstream closed while it sat idle (EOF, reset) or one with bytes
 // waiting that no request asked for is closed and the next taken. The
@@ -174,20 +166,20 @@ const maxDiscards = 16
 // here the runtime's poller keeps that readiness to itself, so it costs
 // the system call. In exchange, a request without a body on a reused
 // connection always has its write held to the read of the answer
-// (HoldWrites): the peek sees the FIN that a held read would miss, so
+// (holdWrites): the peek sees the FIN that a held read would miss, so
 // the rule that held only connections used within the last few
 // milliseconds is gone, and its clock read with it.
 //
 // The pool's connection type is unexported: it is inferred from the
-// HostClient's methods (acquire and closeConn), as in PutConn.
-func AcquireConn[C pooledConn](ep *Endpoint, st *Counters, acquire func(time.Duration, bool) (C, error), closeConn func(C)) (C, error) {
+// HostClient's methods (acquire and closeConn), as in putConn.
+func acquireConn[C pooledConn](ep *Endpoint, st *Counters, acquire func(time.Duration, bool) (C, error), closeConn func(C)) (C, error) {
 	flushed := false
 	for n := 0; ; n++ {
 		cc, err := acquire(0, false)
 		if err != nil || cc.LastUseTime().IsZero() {
 			return cc, err
 		}
-		rc := RawOf(cc.Conn())
+		rc := rawOf(cc.Conn())
 		if rc == nil {
 			return cc, nil
 		}
@@ -213,42 +205,20 @@ func AcquireConn[C pooledConn](ep *Endpoint, st *Counters, acquire func(time.Dur
 	}
 }
 
-// pooledConn is what AcquireConn needs of a pooled connection.
+// pooledConn is what acquireConn needs of a pooled connection.
 type pooledConn interface {
 	Conn() net.Conn
 	LastUseTime() time.Time
 }
 
-// Client is the endpoint's connection pool.
-func (ep *Endpoint) Client() *fasthttp.HostClient { return ep.hc }
-
-// Addr is what the endpoint dials: host:port or unix:/path.
-func (ep *Endpoint) Addr() string { return ep.addr }
-
-// Begin counts an attempt on the endpoint, in flight until End.
-func (ep *Endpoint) Begin() {
+// begin counts an attempt on the endpoint, in flight until end.
+func (ep *Endpoint) begin() {
 	ep.requests.Add(1)
 	ep.inflight.Add(1)
 }
 
-// End ends an attempt Begin counted.
-func (ep *Endpoint) End() { ep.inflight.Add(-1) }
-
-// Answered feeds an answer's status to the passive health check.
-func (up *Upstream) Answered(ep *Endpoint, status int) {
-	if status >= 500 {
-		up.got5xx(ep)
-	} else {
-		ep.succeeded()
-	}
-}
-
-// Failed records a connection failure of ep (passive health check).
-func (up *Upstream) Failed(ep *Endpoint) { up.failed(ep) }
-
-// Pick chooses the endpoint of an attempt, skipping those already tried;
-// nil when every endpoint was tried.
-func (up *Upstream) Pick(tried []*Endpoint) *Endpoint { return up.pick(tried) }
+// end ends an attempt begin counted.
+func (ep *Endpoint) end() { ep.inflight.Add(-1) }
 
 // closeIdle closes the idle connections of ep and of its health check.
 func (ep *Endpoint) closeIdle() {

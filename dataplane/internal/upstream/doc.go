@@ -3,7 +3,7 @@
 // flight), one fasthttp.HostClient connection pool per endpoint, the
 // active health checks and the passive ejection that take endpoints out,
 // DNS re-resolution of endpoint names, TLS to the upstream, and the look
-// at a pooled connection before it is reused (AcquireConn).
+// at a pooled connection before it is reused (acquireConn).
 //
 // An Upstream belongs to one routing table; New builds the next table's
 // from the previous one, keeping the endpoints whose address and client
@@ -11,7 +11,6 @@
 // counters. Start runs its health checks and re-resolution until Stop;
 // its endpoints go on serving the requests of their table after Stop.
 //
-// Every connection the pools make is an UpConn: a raw socket
-// (internal/rawio), under TLS when configured, that caches its
-// deadlines (ExtendRead, ExtendWrite move them only when they drifted).
+// Every connection the pools make is a raw socket (internal/rawio),
+// under TLS when configured, that caches its deadlines (upConn).
 package upstream

@@ -51,7 +51,7 @@ func TestResolveOnce(t *testing.T) {
 	u = cfg.Upstreams[0]
 	u.Resolve.MaxAddresses = 2
 	dns := &fakeDNS{addrs: map[string][]string{"pool.test": {"10.0.0.3", "10.0.0.1", "10.0.0.2"}}}
-	up := New(u, nil)
+	up := New(u, nil, new(Counters))
 	up.lookup = dns.lookup
 	if got := addrsOf(up); len(got) != 2 || got[1] != "pool.test:8080" {
 		t.Fatalf("before resolution %v", got)
@@ -81,7 +81,7 @@ func TestResolveOnce(t *testing.T) {
 		t.Fatalf("after a failure %v (errors %d)", got, up.counters.resolveErrors.Load())
 	}
 	// A reload with the same settings keeps the resolved endpoints.
-	next := New(u, up)
+	next := New(u, up, new(Counters))
 	if got := addrsOf(next); len(got) != 3 || next.eps.Load().eps[1] != kept || next.counters != up.counters {
 		t.Fatalf("after reload %v", got)
 	}

@@ -33,6 +33,8 @@ type Upstream struct {
 	attempts      int
 	// counters outlive reloads: a new table takes its predecessor's.
 	counters *upCounters
+	// stats are the server's upstream counters.
+	stats *Counters
 
 	// Health checks and re-resolution (health.go).
 	log        *zerolog.Logger
@@ -49,11 +51,11 @@ type upCounters struct {
 	resolutions, resolveErrors, addrsDropped atomic.Uint64
 }
 
-// New makes the upstream of u; the endpoints of prev (the same upstream
-// in the table being replaced, or nil) that did not change are kept,
-// warm pools and health state included.
-func New(u config.Upstream, prev *Upstream) *Upstream {
-	up := &Upstream{name: u.Name, nameB: []byte(u.Name), cfg: u,
+// New makes the upstream of u, counting into stats; the endpoints of prev
+// (the same upstream in the table being replaced, or nil) that did not
+// change are kept, warm pools and health state included.
+func New(u config.Upstream, prev *Upstream, stats *Counters) *Upstream {
+	up := &Upstream{name: u.Name, nameB: []byte(u.Name), cfg: u, stats: stats,
 		leastInFlight: u.Balance == config.BalanceLeastInFlight, attempts: max(1, u.EndpointAttempts)}
 	up.eps.Store(buildEndpoints(&up.cfg, prev))
 	if prev != nil {
@@ -69,24 +71,15 @@ func New(u config.Upstream, prev *Upstream) *Upstream {
 	return up
 }
 
-// Name is the upstream's configured name.
+// Name implements exchange.Upstream: the upstream's configured name.
 func (up *Upstream) Name() string { return up.name }
 
 // NameBytes is Name as bytes (request metadata), read-only.
 func (up *Upstream) NameBytes() []byte { return up.nameB }
 
-// Config is the upstream's configuration, read-only.
-func (up *Upstream) Config() *config.Upstream { return &up.cfg }
-
-// HostHeader is the Host a request gets with host_header: upstream (the
-// first endpoint's host:port), read-only.
+// HostHeader implements exchange.Upstream: the Host a request gets with
+// host_header: upstream (the first endpoint's host:port), read-only.
 func (up *Upstream) HostHeader() []byte { return up.hostHdr }
-
-// Attempts is how many endpoints one request may try.
-func (up *Upstream) Attempts() int { return up.attempts }
-
-// LogErr rate-limits the upstream's error lines.
-func (up *Upstream) LogErr() *ratelog.Limit { return &up.logErr }
 
 // Status is a snapshot of the upstream.
 func (up *Upstream) Status() observe.UpstreamStatus {
