@@ -305,9 +305,6 @@ func (ex *Exchange) responseHeaders() bool {
 	h := ex.res.Head()
 	ex.respSeen = true
 	ex.respHasBody = h.HasBody
-	// From here on the response head decides whether the connection is
-	// reused (the upstream keeps its Connection: close).
-	ex.upClose = false
 	ex.fromUpstream(h)
 	if len(ex.shadowConvs) > 0 {
 		ex.shadowResponse()

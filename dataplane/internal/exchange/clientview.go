@@ -17,7 +17,7 @@ import (
 // request one meaning: the Host is the canonical host the route matched
 // (at the Host's place; first for an absolute-form target without Host),
 // and the client's X-Sidecar-* headers are dropped. It is built on the
-// first event that needs it, pointing into fasthttp's raw header block (no
+// first event that needs it, pointing into the head's fields (no
 // copy), and the agents' request header operations apply to it as to the
 // upstream's list: every applied operation is recorded in ex.opLog
 // (reqOp, applyReqOps) and replayed onto ex.chdr when the view is built,
@@ -59,7 +59,7 @@ func (ex *Exchange) clientHeaders() {
 			switch {
 			case foldEq(k, "host"):
 				if sawHost {
-					continue // fasthttp refuses a second Host; never two here
+					continue // a front end refuses a second Host; never two here
 				}
 				sawHost = true
 				v = host

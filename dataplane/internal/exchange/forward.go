@@ -16,7 +16,6 @@ type upState struct {
 	upReq      UpstreamRequest
 	res        UpstreamResponse // nil until the upstream answered
 	reqSent    bool             // the upstream request went to the upstream: its headers are final
-	upClose    bool             // the upstream connection is not to be reused (an upgrade attempt)
 	upBodyDone bool             // the response body was read to its end
 }
 
@@ -66,7 +65,7 @@ func (ex *Exchange) releaseUpstream() {
 	if ex.res == nil {
 		return
 	}
-	ex.res.Release(ex.upBodyDone && !ex.upClose)
+	ex.res.Release(ex.upBodyDone)
 	ex.res = nil
 }
 

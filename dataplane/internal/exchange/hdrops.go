@@ -323,6 +323,7 @@ func (ex *Exchange) applyStashed() {
 		return
 	}
 	r := &ex.resp
+	r.Origin = nil // the head is no longer the upstream's as it came
 	if len(ops) <= smallBatch {
 		for _, op := range ops {
 			name := ex.opArena[op.nameOff : op.nameOff+op.nameLen]

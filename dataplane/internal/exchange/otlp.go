@@ -330,5 +330,5 @@ func (e *spanExporter) appendSpans(dst []*tracepb.Span, r *spanRecord) []*tracep
 	return dst
 }
 
-// observe.TracingStats returns the span export counters (zero without export).
+// TracingStats returns the span export counters (zero without export).
 func (c *Core) TracingStats() observe.TracingStats { return c.spans.stats() }

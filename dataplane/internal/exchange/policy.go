@@ -5,7 +5,7 @@ import (
 	"github.com/zentinelproxy/sidecar/internal/observe"
 )
 
-// observe.PolicyStatus returns the current state of the policy features.
+// PolicyStatus returns the current state of the policy features.
 func (c *Core) PolicyStatus() observe.PolicyStatus {
 	return observe.PolicyStatus{Circuits: c.Breakers(), Shadows: c.Shadows(), Caches: c.Caches(), Failovers: c.Failovers(), Bodies: c.Bodies()}
 }

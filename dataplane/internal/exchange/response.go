@@ -39,6 +39,13 @@ type Response struct {
 	Fields []Field
 	Body   []byte
 	Size   int64
+	// Origin, when set, is the upstream response whose head the staged
+	// one is, unchanged but for the fields named in Dropped (the
+	// hop-by-hop ones): a front end on the upstream's own HTTP engine may
+	// copy the head from it rather than field by field (for fasthttp, a
+	// quarter of the cost). Front ends that cannot ignore it.
+	Origin  UpstreamResponse
+	Dropped [][]byte
 }
 
 // respState is the response staged for the client and the agents' say
@@ -69,10 +76,18 @@ type stashedOp struct {
 
 func (r *respState) reset() {
 	*r = respState{
-		resp:    Response{Fields: trimList(r.resp.Fields, 4096)},
+		resp:    Response{Fields: trimList(r.resp.Fields, 4096), Dropped: trimNames(r.resp.Dropped)},
 		respOps: r.respOps[:0],
 		opArena: trim(r.opArena, 64<<10),
 	}
+}
+
+func trimNames(l [][]byte) [][]byte {
+	if cap(l) > 256 {
+		return nil
+	}
+	clear(l)
+	return l[:0]
 }
 
 // Response is the response staged for the client (Serve returned).
@@ -87,7 +102,7 @@ func (ex *Exchange) Aborted() bool { return ex.respAbort }
 // stashed operations apply to it again (local, block, redirect).
 func (ex *Exchange) stage(status int) *Response {
 	r := &ex.resp
-	*r = Response{Kind: ResponseFull, Status: status, Fields: r.Fields[:0]}
+	*r = Response{Kind: ResponseFull, Status: status, Fields: r.Fields[:0], Dropped: r.Dropped[:0]}
 	ex.respOpsApplied = 0
 	return r
 }
@@ -118,6 +133,9 @@ func (ex *Exchange) finishResponseHeaders() {
 	if ex.skipped[0] || ex.skipped[1] {
 		r.Fields = setFirst(r.Fields, hdrInspection, valueSkipped)
 	}
+	if ex.nFailed > 0 || ex.skipped[0] || ex.skipped[1] {
+		r.Origin = nil
+	}
 }
 
 // setFirst sets the value of the first header called name, or adds one
@@ -139,10 +157,12 @@ func setFirst(list []Field, name, value []byte) []Field {
 func (ex *Exchange) fromUpstream(h *ResponseHead) {
 	r := ex.stage(h.Status)
 	r.Reason = h.Reason
+	r.Origin = ex.res
 	names := connectionNames(ex.scratch[:0], h.Fields)
 	list := r.Fields
 	for _, f := range h.Fields {
 		if hopName(f.Name) || (len(names) > 0 && listed(names, f.Name)) {
+			r.Dropped = append(r.Dropped, f.Name)
 			continue
 		}
 		list = append(list, f)

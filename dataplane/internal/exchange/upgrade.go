@@ -94,9 +94,11 @@ var errUnaskedSwitch = errors.New("upstream answered 101 Switching Protocols to 
 // to any other. It reports whether the request goes on as an ordinary
 // response.
 func (ex *Exchange) upgraded() bool {
-	ex.upClose = true // after an upgrade attempt the connection is not reused
 	if ex.res.Head().Status != 101 {
-		return true // the upstream refused the upgrade: relay its answer
+		// The upstream refused the upgrade: relay its answer. Whether its
+		// connection is reused is, as for any answer, what the answer
+		// says (Connection: close) and whether its body was read whole.
+		return true
 	}
 	if !ex.upgrade {
 		return ex.upstreamFailed(errUnaskedSwitch)

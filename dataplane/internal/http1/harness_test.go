@@ -34,6 +34,8 @@ type recUpstream struct {
 	mu   sync.Mutex
 	head []byte
 	n    int
+	// answer, when set, makes the response (else a 502).
+	answer func() exchange.UpstreamResponse
 }
 
 func (u *recUpstream) Name() string             { return "u" }
@@ -49,9 +51,47 @@ func (u *recUpstream) RoundTrip(r *exchange.UpstreamRequest) (exchange.UpstreamR
 	_ = bw.Flush()
 	u.mu.Lock()
 	u.head, u.n = b.Bytes(), u.n+1
+	answer := u.answer
 	u.mu.Unlock()
+	if answer != nil {
+		return answer(), nil
+	}
 	return nil, errRecorded
 }
+
+// cannedResponse is an upstream answer without a body, its head parsed
+// by fasthttp.
+type cannedResponse struct {
+	resp fasthttp.Response
+	head exchange.ResponseHead
+}
+
+func newCanned(tb testing.TB, raw string) *cannedResponse {
+	c := &cannedResponse{}
+	c.resp.SkipBody = true
+	c.resp.Header.SetNoDefaultContentType(true)
+	if err := c.resp.Read(bufio.NewReader(bytes.NewReader([]byte(raw)))); err != nil {
+		tb.Fatalf("%q: %v", raw, err)
+	}
+	h := &c.resp.Header
+	c.head.Status, c.head.Reason, c.head.ContentLength = h.StatusCode(), h.StatusMessage(), int64(h.ContentLength())
+	for k, v := range h.All() {
+		c.head.Fields = append(c.head.Fields, exchange.Field{Name: k, Value: v})
+	}
+	return c
+}
+
+func (c *cannedResponse) Head() *exchange.ResponseHead    { return &c.head }
+func (c *cannedResponse) Body() exchange.Source           { return nil }
+func (c *cannedResponse) Endpoint() string                { return "" }
+func (c *cannedResponse) Release(bool)                    {}
+func (c *cannedResponse) Detach() (exchange.Tunnel, bool) { return exchange.Tunnel{}, false }
+
+// copyingResponse is a cannedResponse whose head a front end may copy
+// whole, as the upstream side's.
+type copyingResponse struct{ *cannedResponse }
+
+func (c copyingResponse) CopyHeadTo(dst *fasthttp.ResponseHeader) { c.resp.Header.CopyTo(dst) }
 
 // take returns the head recorded since the last take (nil: none).
 func (u *recUpstream) take() []byte {

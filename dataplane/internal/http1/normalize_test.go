@@ -267,3 +267,54 @@ func TestObsFoldRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestCopiedHeadIsTheFieldsHead: a response head the front end copies
+// whole from the upstream's (exchange.Response.Origin) goes out byte for
+// byte as the one written field by field from the exchange's list:
+// specials (Content-Type, Server, cookies, Content-Length) and repeated
+// fields kept in their order, the status line in HTTP/1.1 with the
+// upstream's reason; the hop-by-hop fields and those a Connection header
+// names are left out, and fields of one name keep their order then too.
+func TestCopiedHeadIsTheFieldsHead(t *testing.T) {
+	h := newHeadHarness(t)
+	for _, raw := range []string{
+		"HTTP/1.1 200 OK\r\nServer: up\r\nDate: Sat, 28 Nov 2026 09:00:00 GMT\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\n",
+		"HTTP/1.1 200 Fine\r\nConnection: close\r\nContent-Length: 0\r\n\r\n",
+		"HTTP/1.0 404 Not Here\r\nKeep-Alive: timeout=5\r\nConnection: keep-alive, X-Hop\r\nX-Hop: 1\r\nX-Keep: a\r\nX-Keep: b\r\nContent-Length: 0\r\n\r\n",
+		"HTTP/1.1 302 Found\r\nLocation: /x\r\nSet-Cookie: a=1\r\nSet-Cookie: b=2; Path=/\r\nTrailer: X-T\r\nProxy-Authenticate: Basic\r\nUpgrade: h2c\r\nContent-Length: 0\r\n\r\n",
+		"HTTP/1.1 200 OK\r\nConnection: content-type\r\nContent-Type: text/html\r\nContent-Encoding: gzip\r\nX-A: 1\r\nContent-Length: 0\r\n\r\n",
+		// Nothing to leave out: copied whole.
+		"HTTP/1.0 200 OK\r\nX-A: 1\r\nX-A: 2\r\nContent-Length: 0\r\n\r\n",
+		"HTTP/1.1 201 Made\r\nSet-Cookie: a=1\r\nServer: up\r\nSet-Cookie: b=2\r\nContent-Encoding: br\r\nX-Keep: a\r\nVary: x\r\nX-Keep: b\r\nContent-Length: 0\r\n\r\n",
+	} {
+		var heads [2][]byte
+		for i, copying := range []bool{false, true} {
+			canned := newCanned(t, raw)
+			if copying {
+				h.up.answer = func() exchange.UpstreamResponse { return copyingResponse{canned} }
+			} else {
+				h.up.answer = func() exchange.UpstreamResponse { return canned }
+			}
+			ctx := h.run([]byte("HEAD / HTTP/1.1\r\nHost: a\r\n\r\n"))
+			h.up.take()
+			// The Date line is the server's clock, not the upstream's.
+			var kept []byte
+			for _, l := range bytes.SplitAfter(ctx.Response.Header.AppendBytes(nil), []byte("\r\n")) {
+				if !bytes.HasPrefix(l, []byte("Date: ")) {
+					kept = append(kept, l...)
+				}
+			}
+			heads[i] = kept
+		}
+		h.up.answer = nil
+		if !bytes.Equal(heads[0], heads[1]) {
+			t.Errorf("%q:\nfield by field:\n%s\ncopied:\n%s", raw, heads[0], heads[1])
+		}
+		if bytes.Contains(bytes.ToLower(heads[0]), []byte("keep-alive")) || bytes.Contains(heads[0], []byte("X-Hop")) || !bytes.HasPrefix(heads[0], []byte("HTTP/1.1 ")) {
+			t.Errorf("%q: hop-by-hop fields or an old version left in:\n%s", raw, heads[0])
+		}
+		if a, b := bytes.Index(heads[0], []byte("X-Keep: a")), bytes.Index(heads[0], []byte("X-Keep: b")); a > b {
+			t.Errorf("%q: fields of one name out of order:\n%s", raw, heads[0])
+		}
+	}
+}

@@ -216,6 +216,18 @@ func (r *request) respond() bool {
 // by the close that never comes on a kept-alive connection.
 func (r *request) writeHead(res *exchange.Response) {
 	h := &r.ctx.Response.Header
+	if o, ok := res.Origin.(headCopier); ok && len(res.Dropped) == 0 {
+		// The upstream's head as it came, with no hop-by-hop field to
+		// leave out: copied whole. (fasthttp's delete does not keep the
+		// order of the fields it leaves, that of fields of one name
+		// included: a head with fields to leave out goes field by field.)
+		o.CopyHeadTo(h)
+		h.SetNoDefaultContentType(true)
+		if !h.IsHTTP11() {
+			h.SetProtocol(protoHTTP11)
+		}
+		return
+	}
 	h.SetNoDefaultContentType(true)
 	h.SetStatusCode(res.Status)
 	if len(res.Reason) > 0 {
@@ -225,6 +237,15 @@ func (r *request) writeHead(res *exchange.Response) {
 		h.AddBytesKV(f.Name, f.Value)
 	}
 }
+
+// headCopier is an upstream response read by fasthttp (the upstream
+// side's), whose head fasthttp copies whole (exchange.Response.Origin).
+type headCopier interface {
+	CopyHeadTo(dst *fasthttp.ResponseHeader)
+}
+
+// protoHTTP11 is the version of every response the sidecar sends.
+var protoHTTP11 = []byte("HTTP/1.1")
 
 // reqBody is the client's request body as the exchange reads it
 // (exchange.Source): fasthttp's body stream, the bufio.Reader under it

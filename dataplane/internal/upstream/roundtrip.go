@@ -478,6 +478,10 @@ func (c *call) readHeadFields() {
 // Head implements exchange.UpstreamResponse.
 func (c *call) Head() *exchange.ResponseHead { return &c.head }
 
+// CopyHeadTo copies the response head to a front end's fasthttp response
+// (exchange.Response.Origin).
+func (c *call) CopyHeadTo(dst *fasthttp.ResponseHeader) { c.resp.Header.CopyTo(dst) }
+
 // Endpoint implements exchange.UpstreamResponse.
 func (c *call) Endpoint() string {
 	if c.ep == nil {
