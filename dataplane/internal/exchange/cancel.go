@@ -2,7 +2,7 @@ package exchange
 
 import (
 	"context"
-	"net"
+	"io"
 	"sync"
 	"time"
 
@@ -17,7 +17,7 @@ type cancelState struct {
 	mu        sync.Mutex
 	cancelCh  chan struct{} // closed by cancel; replaced for the next request once closed
 	cancelErr error
-	upNet     net.Conn // the upstream connection in use (aborted by cancel)
+	upNet     io.Closer // what the upstream is doing for the request (aborted by cancel)
 	upAborted bool
 
 	// Watcher list (guarded by the shard lock).
@@ -101,8 +101,8 @@ func (ex *Exchange) resetCancel() {
 // guard is the Exchange as the upstream's Guard.
 type guard Exchange
 
-// Attach implements Guard: c is the upstream connection cancel aborts.
-func (g *guard) Attach(c net.Conn) bool {
+// Attach implements Guard: c is what cancel aborts.
+func (g *guard) Attach(c io.Closer) bool {
 	ex := (*Exchange)(g)
 	ex.mu.Lock()
 	defer ex.mu.Unlock()

@@ -2,6 +2,7 @@ package exchange
 
 import (
 	"errors"
+	"io"
 	"net"
 	"time"
 )
@@ -215,12 +216,13 @@ type BodyProducer interface {
 	Consumed() bool
 }
 
-// Guard ties an upstream connection to the request, so that a client
-// that goes away aborts it.
+// Guard ties what the upstream is doing for the request to it, so that a
+// client that goes away aborts it: an HTTP/1 connection, closed; an
+// HTTP/2 stream would register the cancel of its context.
 type Guard interface {
 	// Attach registers c, closed if the request is canceled; false: it
 	// was canceled already (c is not registered).
-	Attach(c net.Conn) bool
+	Attach(c io.Closer) bool
 	// Detach unregisters the connection; aborted reports that cancel
 	// closed it meanwhile.
 	Detach() (aborted bool)
