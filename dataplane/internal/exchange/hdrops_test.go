@@ -68,3 +68,25 @@ func TestHeaderOpRules(t *testing.T) {
 		}
 	}
 }
+
+// TestHopName: the hop-by-hop names, any case, and the Proxy-* family;
+// nothing else.
+func TestHopName(t *testing.T) {
+	for _, h := range hopByHop {
+		for _, k := range []string{h, strings.ToUpper(h), strings.ToUpper(h[:1]) + h[1:]} {
+			if !hopName([]byte(k)) {
+				t.Errorf("%q: not hop-by-hop", k)
+			}
+		}
+	}
+	for _, k := range []string{"Proxy-Foo", "proxy-status", "PROXY-X"} {
+		if !hopName([]byte(k)) {
+			t.Errorf("%q: not hop-by-hop", k)
+		}
+	}
+	for _, k := range []string{"", "t", "tee", "host", "content-length", "x-connection", "connections", "keep-alives", "proxy-", "proxy", "transfer-encodings", "Upgrade-Insecure-Requests", "trailers"} {
+		if hopName([]byte(k)) {
+			t.Errorf("%q: taken for hop-by-hop", k)
+		}
+	}
+}

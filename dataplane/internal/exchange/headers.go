@@ -42,7 +42,8 @@ const (
 func s2b(s string) []byte { return unsafe.Slice(unsafe.StringData(s), len(s)) }
 
 // hopByHop are the connection-level headers a proxy never forwards, in
-// lower case, plus the Proxy-* family checked by prefix.
+// lower case, plus the Proxy-* family checked by prefix: what hopName
+// checks, by length.
 var hopByHop = []string{
 	"connection", "keep-alive", "proxy-connection", "proxy-authenticate",
 	"proxy-authorization", "te", "trailer", "transfer-encoding", "upgrade",
@@ -152,15 +153,23 @@ func checkOp(scratch []byte, op *protocol.HeaderOp) ([]byte, string) {
 	return scratch, ""
 }
 
-// hopName reports whether a header name (any case) is hop-by-hop.
+// hopName reports whether a header name (any case) is hop-by-hop. It
+// runs for every field of every request and response: the length picks
+// the one or two names to compare with (hopByHop, and the Proxy-*
+// family).
 func hopName(k []byte) bool {
 	if len(k) > 6 && foldEq(k[:6], "proxy-") {
 		return true
 	}
-	for _, h := range hopByHop {
-		if foldEq(k, h) {
-			return true
-		}
+	switch len(k) {
+	case 2:
+		return foldEq(k, "te")
+	case 7:
+		return foldEq(k, "trailer") || foldEq(k, "upgrade")
+	case 10:
+		return foldEq(k, "connection") || foldEq(k, "keep-alive")
+	case 17:
+		return foldEq(k, "transfer-encoding")
 	}
 	return false
 }
@@ -207,17 +216,6 @@ func eachName(names []byte, f func([]byte)) {
 		f(names[:i])
 		names = names[i+1:]
 	}
-}
-
-// connectionNames appends, NUL-terminated, the names the Connection
-// fields of list name (the hop-by-hop ones a sender added).
-func connectionNames(dst []byte, list []Field) []byte {
-	for _, f := range list {
-		if foldEq(f.Name, "connection") {
-			dst = appendTokens(dst, f.Value)
-		}
-	}
-	return dst
 }
 
 // listed reports whether name is one of the NUL-terminated names.

@@ -22,7 +22,7 @@ import (
 // forwarded once answered.
 
 // flagReqPrefix marks an agent that inspects only the request body's
-// prefix (slot flags, request.go).
+// prefix (slot flags, exchange.go).
 const flagReqPrefix uint16 = 1 << 15 // the top bit: far from the iota flags
 
 var valuePartial = []byte("partial")

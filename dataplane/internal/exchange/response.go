@@ -158,14 +158,28 @@ func (ex *Exchange) fromUpstream(h *ResponseHead) {
 	r := ex.stage(h.Status)
 	r.Reason = h.Reason
 	r.Origin = ex.res
-	names := connectionNames(ex.scratch[:0], h.Fields)
 	list := r.Fields
+	names := ex.scratch[:0] // what Connection fields name (rare: a second pass)
 	for _, f := range h.Fields {
-		if hopName(f.Name) || (len(names) > 0 && listed(names, f.Name)) {
+		if hopName(f.Name) {
+			if foldEq(f.Name, "connection") {
+				names = appendTokens(names, f.Value)
+			}
 			r.Dropped = append(r.Dropped, f.Name)
 			continue
 		}
 		list = append(list, f)
+	}
+	if len(names) > 0 {
+		kept := list[:0]
+		for _, f := range list {
+			if listed(names, f.Name) {
+				r.Dropped = append(r.Dropped, f.Name)
+				continue
+			}
+			kept = append(kept, f)
+		}
+		list = kept
 	}
 	r.Fields = list
 	ex.scratch = names[:0]

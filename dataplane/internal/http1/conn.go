@@ -214,7 +214,8 @@ const (
 // A connection takes its place when accepted and gives it back exactly
 // once: when it closes (after its lingering close, if any: it holds a
 // descriptor until then), or when it becomes a tunnel (max_tunnels
-// bounds those; fdlimit.go keeps both within the descriptor budget).
+// bounds those; the dataplane's fdlimit.go keeps both within the
+// descriptor budget).
 // fasthttp closes every connection it served or hijacked through Close,
 // TLS handshake failures included; state makes a second Close (a
 // shutdown closing an idle connection, then its worker) a no-op.

@@ -137,9 +137,12 @@ func (r *request) readHead() (reason int, outcome string, ok bool) {
 	hd.Proto = h.Protocol()
 	hd.HTTP11 = h.IsHTTP11()
 	hd.ContentLength = int64(h.ContentLength())
-	hd.ContentLengthValue = h.PeekBytes(hdrContentLength)
+	hd.ContentLengthValue = nil
 	fields := hd.Fields[:0]
 	for k, v := range h.AllInOrder() {
+		if len(k) == len(hdrContentLength) && hd.ContentLengthValue == nil && foldEq(k, "content-length") {
+			hd.ContentLengthValue = v
+		}
 		fields = append(fields, exchange.Field{Name: k, Value: v})
 	}
 	hd.Fields = fields

@@ -19,10 +19,10 @@ import (
 // closes or fails (the other side is closed at once), when no byte went
 // either way for tunnel_idle_timeout, or at shutdown once the grace
 // period is over. Tunnels are capped per listener (max_tunnels, 503 past
-// it; with max_connections within the descriptor budget, fdlimit.go); a
-// tunnel's client connection leaves the listener's max_connections count
-// when the tunnel starts. A tunnel holds its upstream connection against
-// the upstream's max_conns until it ends.
+// it; with max_connections within the descriptor budget, the dataplane's
+// fdlimit.go); a tunnel's client connection leaves the listener's
+// max_connections count when the tunnel starts. A tunnel holds its
+// upstream connection against the upstream's max_conns until it ends.
 
 var statusLine101 = []byte("HTTP/1.1 101 Switching Protocols\r\n")
 
@@ -191,7 +191,7 @@ func (t *tunnel) run(c net.Conn) {
 	t.mu.Unlock()
 	if t.cc != nil {
 		// A tunnel counts against max_tunnels, no longer against
-		// max_connections (fdlimit.go budgets both).
+		// max_connections (the dataplane's fdlimit.go budgets both).
 		t.cc.release()
 	}
 	// fasthttp releases c for reuse once this handler returns: forget it
