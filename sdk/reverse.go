@@ -16,7 +16,7 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/zentinelproxy/sidecar/internal/handshake"
+	"github.com/zentinelproxy/sidecar/handshake"
 	"github.com/zentinelproxy/sidecar/internal/redial"
 	"github.com/zentinelproxy/sidecar/protocol"
 	"github.com/zentinelproxy/sidecar/uds"

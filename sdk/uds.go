@@ -13,7 +13,7 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/zentinelproxy/sidecar/internal/handshake"
+	"github.com/zentinelproxy/sidecar/handshake"
 	"github.com/zentinelproxy/sidecar/internal/pbwire"
 	"github.com/zentinelproxy/sidecar/internal/rawio"
 	"github.com/zentinelproxy/sidecar/internal/udswriter"

@@ -19,9 +19,9 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/zentinelproxy/sidecar/grpcagent/pb"
+	"github.com/zentinelproxy/sidecar/handshake"
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/internal/grpcwire"
-	"github.com/zentinelproxy/sidecar/internal/handshake"
 	"github.com/zentinelproxy/sidecar/internal/redial"
 	"github.com/zentinelproxy/sidecar/protocol"
 )

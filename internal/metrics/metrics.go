@@ -25,8 +25,8 @@ import (
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/internal/dataplane"
 	"github.com/zentinelproxy/sidecar/internal/gomaxprocs"
-	"github.com/zentinelproxy/sidecar/internal/reverse"
 	"github.com/zentinelproxy/sidecar/protocol"
+	"github.com/zentinelproxy/sidecar/reverse"
 )
 
 // ErrMetricsRegister is returned when the collectors cannot be registered

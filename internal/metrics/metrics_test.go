@@ -19,8 +19,8 @@ import (
 
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/internal/dataplane"
-	"github.com/zentinelproxy/sidecar/internal/reverse"
 	"github.com/zentinelproxy/sidecar/protocol"
+	"github.com/zentinelproxy/sidecar/reverse"
 	"github.com/zentinelproxy/sidecar/sdk"
 )
 

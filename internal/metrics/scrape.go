@@ -4,7 +4,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/zentinelproxy/sidecar/internal/dataplane"
-	"github.com/zentinelproxy/sidecar/internal/reverse"
+	"github.com/zentinelproxy/sidecar/reverse"
 )
 
 // Metrics read at scrape time, from agent pools, reverse listeners and the

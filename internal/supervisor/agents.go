@@ -11,8 +11,8 @@ import (
 
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/internal/config"
-	"github.com/zentinelproxy/sidecar/internal/reverse"
 	"github.com/zentinelproxy/sidecar/internal/transports"
+	"github.com/zentinelproxy/sidecar/reverse"
 )
 
 // agentSet is the agent instances of one configuration, handed to the

@@ -9,7 +9,7 @@ import (
 
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/internal/config"
-	"github.com/zentinelproxy/sidecar/internal/reverse"
+	"github.com/zentinelproxy/sidecar/reverse"
 )
 
 // reloadSignal reloads on SIGHUP, through the admin listener when there

@@ -39,8 +39,8 @@ import (
 	"github.com/zentinelproxy/sidecar/internal/dataplane"
 	"github.com/zentinelproxy/sidecar/internal/extproc"
 	"github.com/zentinelproxy/sidecar/internal/metrics"
-	"github.com/zentinelproxy/sidecar/internal/reverse"
 	"github.com/zentinelproxy/sidecar/internal/version"
+	"github.com/zentinelproxy/sidecar/reverse"
 )
 
 // Defaults of Options.

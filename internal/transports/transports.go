@@ -23,8 +23,8 @@ import (
 	"github.com/zentinelproxy/sidecar/internal/config"
 	"github.com/zentinelproxy/sidecar/internal/extproc"
 	"github.com/zentinelproxy/sidecar/internal/grpcclient"
-	"github.com/zentinelproxy/sidecar/internal/reverse"
 	"github.com/zentinelproxy/sidecar/internal/udsclient"
+	"github.com/zentinelproxy/sidecar/reverse"
 )
 
 // Factory builds the proxy side of one configured agent; log carries the

@@ -11,8 +11,8 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/zentinelproxy/sidecar/handshake"
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
-	"github.com/zentinelproxy/sidecar/internal/handshake"
 	"github.com/zentinelproxy/sidecar/internal/rawio"
 	"github.com/zentinelproxy/sidecar/internal/redial"
 	"github.com/zentinelproxy/sidecar/internal/udswriter"

@@ -19,8 +19,8 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/zentinelproxy/sidecar/grpcagent/pb"
+	"github.com/zentinelproxy/sidecar/handshake"
 	"github.com/zentinelproxy/sidecar/internal/grpcwire"
-	"github.com/zentinelproxy/sidecar/internal/handshake"
 	"github.com/zentinelproxy/sidecar/protocol"
 	"github.com/zentinelproxy/sidecar/sdk"
 )

@@ -72,8 +72,8 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/zentinelproxy/sidecar/handshake"
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
-	"github.com/zentinelproxy/sidecar/internal/handshake"
 	"github.com/zentinelproxy/sidecar/internal/udsclient"
 	"github.com/zentinelproxy/sidecar/internal/udswriter"
 	"github.com/zentinelproxy/sidecar/internal/unixsock"

@@ -140,7 +140,7 @@ func TestGroup(t *testing.T) {
 // TestSampleConfig keeps testdata/reverse/sidecar.yaml valid for both the
 // configuration loader and ListenerConfigs.
 func TestSampleConfig(t *testing.T) {
-	c, err := config.Load("../../testdata/reverse/sidecar.yaml")
+	c, err := config.Load("../testdata/reverse/sidecar.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
