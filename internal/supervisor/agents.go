@@ -76,7 +76,7 @@ func buildAgents(cfg *config.Config, prev *agentSet, log zerolog.Logger) (_ *bui
 
 	// Reverse listeners by address: kept when their agents are the same
 	// instances, bound when new.
-	lcs, err := reverse.ListenerConfigs(transports.ReverseSpecs(cfg))
+	lcs, err := transports.ReverseListenerConfigs(transports.ReverseSpecs(cfg))
 	if err != nil {
 		return nil, invalidConfig{err}
 	}

@@ -24,7 +24,6 @@ import (
 	"github.com/zentinelproxy/sidecar/internal/extproc"
 	"github.com/zentinelproxy/sidecar/internal/grpcclient"
 	"github.com/zentinelproxy/sidecar/internal/udsclient"
-	"github.com/zentinelproxy/sidecar/reverse"
 )
 
 // Factory builds the proxy side of one configured agent; log carries the
@@ -113,30 +112,6 @@ func NewGRPC(a *config.Agent, log zerolog.Logger) (agentmux.Agent, error) {
 	})
 }
 
-// ReverseSpecs collects the agents of transport reverse, for
-// reverse.ListenerConfigs.
-func ReverseSpecs(cfg *config.Config) []reverse.AgentSpec {
-	var specs []reverse.AgentSpec
-	for i := range cfg.Agents {
-		a := &cfg.Agents[i]
-		if a.Transport != config.TransportReverse {
-			continue
-		}
-		specs = append(specs, reverse.AgentSpec{
-			Name:           a.Name,
-			Address:        a.Address,
-			MaxInFlight:    a.MaxInFlight,
-			MaxQueue:       a.MaxQueue,
-			MessageTimeout: a.Timeouts.Message,
-			FrameTimeout:   a.Timeouts.Frame,
-			MaxPending:     int(a.MaxPendingBytes),
-			JSONOnly:       a.PayloadEncoding == config.EncodingJSON,
-			Options:        a.Options,
-		})
-	}
-	return specs
-}
-
 // Check validates what package config leaves to the transports (their
 // options) without opening anything. Errors carry the line of the agent
 // or its options.
@@ -164,7 +139,7 @@ func Check(cfg *config.Config) error {
 		}
 	}
 	if specs := ReverseSpecs(cfg); len(specs) > 0 {
-		if _, err := reverse.ListenerConfigs(specs); err != nil {
+		if _, err := ReverseListenerConfigs(specs); err != nil {
 			// The error names the agent; point at the first reverse agent.
 			for i := range cfg.Agents {
 				if cfg.Agents[i].Transport == config.TransportReverse && strings.Contains(err.Error(), strconv.Quote(cfg.Agents[i].Name)) {
