@@ -485,7 +485,7 @@ agents:
 	}
 	dial(rv1, "rv1")
 	testutil.WaitFor(t, "rv1 connected", func() bool { return connected("rv1") })
-	first := s.set.reverse[0]
+	first := s.agents.Listeners()[0]
 
 	// A new route and a second reverse agent at a new address.
 	st.WriteConfig(t, path, conf("  - {name: rv2, transport: reverse, address: \"unix:"+rv2+"\", failure_mode: open, options: {allow_no_token: \"true\"}}\n", "",
@@ -493,7 +493,7 @@ agents:
 	if err := s.Reload(); err != nil {
 		t.Fatal(err)
 	}
-	if s.set.reverse[0] != first || !connected("rv1") {
+	if s.agents.Listeners()[0] != first || !connected("rv1") {
 		t.Error("the unchanged reverse listener was replaced")
 	}
 	dial(rv2, "rv2")
@@ -521,7 +521,7 @@ agents:
 		}
 		return err != nil
 	})
-	if !connected("rv1") || s.set.reverse[0] != first {
+	if !connected("rv1") || s.agents.Listeners()[0] != first {
 		t.Error("rv1 lost its listener or connection")
 	}
 }

@@ -3,6 +3,9 @@ package transports_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -144,48 +147,152 @@ func TestReverseListenerConfigs(t *testing.T) {
 	}
 }
 
-func TestReverseGroup(t *testing.T) {
+// TestBuildReverse: reverse agents are built through the factory table
+// like the others, one listener per address shared by its agents, each
+// agent's pool taking the registrations its ids admit; a socket path is
+// free again once Agents closed.
+func TestBuildReverse(t *testing.T) {
 	sock := testutil.SocketDir(t) + "/g.sock"
-	specs := []transports.ReverseSpec{
-		{Name: "waf", Address: "unix:" + sock, Options: map[string]string{"tokens": testToken}},
-		{Name: "bot", Address: "unix:" + sock, Options: map[string]string{"tokens": "bot-token"}},
-		{Name: "auth", Address: "127.0.0.1:0", Options: map[string]string{"tokens": testToken, "ids": "auth-*"}},
-	}
-	g, err := transports.NewReverseGroup(specs, testLogger(t))
+	yaml := fmt.Sprintf(`
+listeners: [{address: "127.0.0.1:0"}]
+upstreams: [{name: app, address: "127.0.0.1:1"}]
+agents:
+  - {name: waf, transport: reverse, address: "unix:%[1]s", options: {tokens: %[2]q}}
+  - {name: bot, transport: reverse, address: "unix:%[1]s", options: {tokens: bot-token}}
+  - {name: auth, transport: reverse, address: "127.0.0.1:0", options: {tokens: %[2]q, ids: "auth-*"}}
+routes: [{name: r, upstream: app, agents: [waf, bot, auth]}]
+`, sock, testToken)
+	cfg, err := config.Parse([]byte(yaml))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(g.Listeners()) != 2 {
-		t.Fatalf("%d listeners", len(g.Listeners()))
+	r := newAgents(t)
+	b, err := r.Build(cfg)
+	if err != nil {
+		t.Fatal(err)
 	}
-	served := make(chan error, 1)
-	go func() { served <- g.Serve(context.Background()) }()
+	b.Commit()
+	lns := r.Listeners()
+	if len(lns) != 2 {
+		t.Fatalf("%d listeners", len(lns))
+	}
 	runAgent(t, sock, "waf-1", testToken, newHandler("waf-1"))
 	runAgent(t, sock, "bot", "bot-token", newHandler("bot"))
-	runAgent(t, g.Listeners()[1].TCPAddr().String(), "auth-1", testToken, newHandler("auth-1"))
+	runAgent(t, lns[1].TCPAddr().String(), "auth-1", testToken, newHandler("auth-1"))
 	for name, id := range map[string]string{"waf": "waf-1", "bot": "bot", "auth": "auth-1"} {
-		a, err := g.Agent(name)
-		if err != nil {
-			t.Fatal(err)
+		a := b.Agents()[name]
+		if a == nil || a != r.Agent(name) || a.Snapshot().Transport != config.TransportReverse {
+			t.Fatalf("%s: instance %v", name, a)
 		}
 		testutil.WaitFor(t, name, func() bool { return a.Snapshot().Connections == 1 })
 		if got, err := call(context.Background(), a); err != nil || got != id {
 			t.Errorf("%s: %q, %v", name, got, err)
 		}
 	}
-	if _, err := g.Agent("nope"); !errors.Is(err, reverse.ErrReverseConfig) {
-		t.Errorf("unknown agent: %v", err)
+	if len(b.Agents()) != 3 || r.Agent("nope") != nil {
+		t.Errorf("agents %v", b.Agents())
 	}
-	_ = g.Close()
-	if err := <-served; err != nil {
-		t.Fatalf("Serve: %v", err)
-	}
-	// A second group on the same socket path works once the first closed.
-	g2, err := transports.NewReverseGroup(specs[:1], testLogger(t))
+	r.Close()
+	// Another Agents binds the same socket path once the first closed.
+	r2 := newAgents(t)
+	cfg.Agents, cfg.Routes[0].Agents = cfg.Agents[:1], cfg.Routes[0].Agents[:1]
+	b2, err := r2.Build(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	_ = g2.Close()
+	b2.Commit()
+}
+
+// TestBuildReverseListeners: across builds a reverse listener whose
+// agents' keys stay is kept with its connections, one at a new address
+// is bound (its pool is fresh), changing one in place is refused as the
+// operator's error, one whose address is gone closes once committed, and
+// an aborted build closes what it bound.
+func TestBuildReverseListeners(t *testing.T) {
+	dir := testutil.SocketDir(t)
+	rv1, rv2, rv3 := filepath.Join(dir, "rv1.sock"), filepath.Join(dir, "rv2.sock"), filepath.Join(dir, "rv3.sock")
+	conf := func(extra, opts string) *config.Config {
+		t.Helper()
+		c, err := config.Parse(fmt.Appendf(nil, `
+listeners: [{address: "127.0.0.1:0"}]
+upstreams: [{name: app, address: "127.0.0.1:1"}]
+agents:
+  - {name: rv1, transport: reverse, address: "unix:%s", options: {allow_no_token: "true"%s}}
+%sroutes: [{name: r, upstream: app, agents: [rv1]}]
+`, rv1, opts, extra))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	rv := func(name, path string) string {
+		return fmt.Sprintf("  - {name: %s, transport: reverse, address: \"unix:%s\", options: {allow_no_token: \"true\"}}\n", name, path)
+	}
+	gone := func(path string) func() bool {
+		return func() bool {
+			c, err := net.Dial("unix", path)
+			if err == nil {
+				c.Close()
+			}
+			return err != nil
+		}
+	}
+	r := newAgents(t)
+	b1, err := r.Build(conf("", ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b1.Commit()
+	defer closeAll(b1)
+	first, inst := r.Listeners()[0], r.Agent("rv1")
+	runAgent(t, rv1, "rv1", "", newHandler("rv1"))
+	testutil.WaitFor(t, "rv1 connected", func() bool { return inst.Snapshot().Connections == 1 })
+
+	b2, err := r.Build(conf(rv("rv2", rv2), ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fresh := b2.Fresh(); len(fresh) != 1 || fresh["rv2"] == nil || b2.Agents()["rv1"] != inst {
+		t.Fatalf("fresh %v", fresh)
+	}
+	b2.Commit()
+	defer closeAll(b2)
+	if lns := r.Listeners(); len(lns) != 2 || lns[0] != first {
+		t.Fatal("the unchanged reverse listener was replaced")
+	}
+	runAgent(t, rv2, "rv2", "", newHandler("rv2"))
+	testutil.WaitFor(t, "rv2 connected", func() bool { return r.Agent("rv2").Snapshot().Connections == 1 })
+
+	_, err = r.Build(conf(rv("rv2", rv2), `, registration_timeout: "3s"`))
+	if !errors.Is(err, config.ErrConfigInvalid) || !strings.Contains(err.Error(), "restart") {
+		t.Fatalf("in-place change: %v", err)
+	}
+	if r.Listeners()[0] != first || r.Agent("rv2").Snapshot().Connections != 1 {
+		t.Error("a refused build changed the committed set")
+	}
+
+	b3, err := r.Build(conf(rv("rv3", rv3), ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gone(rv3)() {
+		t.Fatal("rv3's listener not bound by the build")
+	}
+	b3.Abort()
+	testutil.WaitFor(t, "rv3's listener closed by Abort", gone(rv3))
+
+	b4, err := r.Build(conf("", ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(b4.Fresh()) != 0 {
+		t.Errorf("fresh %v", b4.Fresh())
+	}
+	b4.Commit()
+	testutil.WaitFor(t, "rv2's listener closed", gone(rv2))
+	if r.Listeners()[0] != first || inst.Snapshot().Connections != 1 {
+		t.Error("rv1 lost its listener or connection")
+	}
 }
 
 // TestReverseSampleConfig keeps testdata/reverse/sidecar.yaml valid for both the

@@ -1,9 +1,14 @@
 // Package transports turns configured agents (config.Agent) into the
 // proxy side of their transport — a udsclient.Client, a grpcclient.Client,
-// an extproc.Client or the pool of a reverse listener — seen by everything
+// an extproc.Client or the pool of a reverse.Listener — seen by everything
 // else only as an agentmux.Agent. It also checks what package config
 // leaves to the transports (their options) and decides, with InstanceKey,
 // when two configured agents are served by the same instance.
+//
+// Agents builds the agents of a running sidecar through one table of
+// factories, one per transport, and keeps them across reloads; it owns
+// the reverse listeners (one per address, kept, bound, retired or refused
+// by a reload), so that the supervisor handles every transport alike.
 //
 // The dataplane knows none of this: it is handed agentmux.Agent values.
 package transports
@@ -34,8 +39,9 @@ type Factory func(a *config.Agent, log zerolog.Logger) (agentmux.Agent, error)
 type Factories map[string]Factory
 
 // Dialing returns the factories of the transports whose instances dial
-// their agent: uds, grpc and ext_proc. Reverse agents dial the sidecar; their
-// instances are the pools of a reverse.Listener (see ReverseSpecs).
+// their agent: uds, grpc and ext_proc. Reverse agents dial the sidecar:
+// their factory, in the same table in Agents.Build, hands out the pools of
+// the reverse listener at their address, which Agents owns.
 func Dialing() Factories {
 	return Factories{config.TransportUDS: NewUDS, config.TransportGRPC: NewGRPC, config.TransportExtProc: NewExtProc}
 }
@@ -114,8 +120,15 @@ func NewGRPC(a *config.Agent, log zerolog.Logger) (agentmux.Agent, error) {
 
 // Check validates what package config leaves to the transports (their
 // options) without opening anything. Errors carry the line of the agent
-// or its options.
+// or its options and wrap config.ErrConfigInvalid.
 func Check(cfg *config.Config) error {
+	if err := check(cfg); err != nil {
+		return invalidConfig{err}
+	}
+	return nil
+}
+
+func check(cfg *config.Config) error {
 	for i := range cfg.Agents {
 		a := &cfg.Agents[i]
 		switch a.Transport {
