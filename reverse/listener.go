@@ -133,6 +133,18 @@ type pool struct {
 	a *agent
 }
 
+var _ agentmux.Reporter = (*pool)(nil)
+
+// Snapshot implements agentmux.Reporter: the pool's connections and
+// counters, and its listener, which every agent on the listener reports
+// alike.
+func (h *pool) Snapshot() agentmux.AgentStatus {
+	st := h.Pool.Snapshot()
+	ls := h.l.status()
+	st.Listener = &ls
+	return st
+}
+
 // Close implements agentmux.Agent: new registrations for this agent are
 // refused, then CancelAll goes to every connection and they are closed.
 func (h *pool) Close() error {
@@ -309,6 +321,49 @@ func (l *Listener) Stats() Stats {
 		Pending:            c.pending.Load(),
 		Refusing:           c.refusing.Load(),
 		Active:             c.active.Load(),
+	}
+}
+
+// name is the listener's address as its agents configure it:
+// "unix:/path", or the bound host:port ("unbound" before it listens).
+func (l *Listener) name() string {
+	if l.cfg.UnixPath != "" {
+		return "unix:" + l.cfg.UnixPath
+	}
+	if a := l.TCPAddr(); a != nil {
+		return a.String()
+	}
+	return "unbound"
+}
+
+// status describes the listener for /status and the metrics: Stats under
+// its name, the refusals by their stable label values (version, invalid,
+// unknown_agent, auth, id_limit, agent_limit, shutdown, timeout,
+// bad_frame, tls_error, evicted, busy).
+func (l *Listener) status() agentmux.ListenerStatus {
+	st := l.Stats()
+	return agentmux.ListenerStatus{
+		Address:  l.name(),
+		Accepted: st.Accepted,
+		Rejected: map[string]uint64{
+			"version":       st.RejectedVersion,
+			"invalid":       st.RejectedInvalid,
+			"unknown_agent": st.RejectedUnknown,
+			"auth":          st.RejectedAuth,
+			"id_limit":      st.RejectedIDLimit,
+			"agent_limit":   st.RejectedAgentLimit,
+			"shutdown":      st.RejectedShutdown,
+			"timeout":       st.Timeouts,
+			"bad_frame":     st.BadFrames,
+			"tls_error":     st.TLSErrors,
+			"evicted":       st.Evicted,
+			"busy":          st.Busy,
+		},
+		Delayed:  st.Delayed,
+		Unheld:   st.Unheld,
+		Pending:  st.Pending,
+		Refusing: st.Refusing,
+		Active:   st.Active,
 	}
 }
 

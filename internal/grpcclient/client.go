@@ -38,7 +38,10 @@ var (
 // long-lived ProcessStream that multiplexes many requests by request_id;
 // it negotiates with GetCapabilities and checks HealthCheck before a
 // connection takes requests, reconnects with backoff and hands out
-// exchanges on the least loaded connection. It implements agentmux.Agent.
+var _ agentmux.Reporter = (*Client)(nil)
+
+// exchanges on the least loaded connection. It implements agentmux.Agent;
+// its report (agentmux.Reporter) is its pool's.
 type Client struct {
 	*agentmux.Pool
 	cfg    Config

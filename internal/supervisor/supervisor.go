@@ -38,7 +38,6 @@ import (
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/internal/config"
 	"github.com/zentinelproxy/sidecar/internal/dataplane"
-	"github.com/zentinelproxy/sidecar/internal/extproc"
 	"github.com/zentinelproxy/sidecar/internal/metrics"
 	"github.com/zentinelproxy/sidecar/internal/transports"
 	"github.com/zentinelproxy/sidecar/internal/version"
@@ -145,10 +144,6 @@ func Start(ctx context.Context, cfg *config.Config, o Options) (*Supervisor, err
 		if err != nil {
 			return nil, err
 		}
-		// The ext_proc transport's own counters (sidecar_extproc_events_total).
-		if err := m.Registry().Register(extproc.Collector()); err != nil {
-			return nil, errors.Join(metrics.ErrMetricsRegister, err)
-		}
 		s.metrics = m
 		obs = append(obs, m)
 	}
@@ -206,7 +201,6 @@ func Start(ctx context.Context, cfg *config.Config, o Options) (*Supervisor, err
 		s.metrics.SetUpstreams(srv.Upstreams)
 		s.metrics.SetTracing(srv.TracingStats)
 		s.metrics.SetPolicy(srv.PolicyStatus)
-		s.metrics.SetReverse(s.agents.Listeners)
 	}
 	go func() {
 		defer close(s.served)

@@ -131,9 +131,12 @@ func (c *Config) Validate() error {
 	return nil
 }
 
+var _ agentmux.Reporter = (*Client)(nil)
+
 // Client keeps Conns handshaken connections to one agent, reconnecting
 // with backoff, and hands out exchanges on the least loaded one. It
-// implements agentmux.Agent.
+// implements agentmux.Agent; its report (agentmux.Reporter) is its
+// pool's: connections, in flight, counters, writes and frames.
 type Client struct {
 	*agentmux.Pool
 	cfg    Config
