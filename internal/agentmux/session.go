@@ -120,6 +120,34 @@ var nextID atomic.Uint64
 // NextRequestID returns a fresh request id, unique in this process.
 func NextRequestID() uint64 { return nextID.Add(1) }
 
+// Defaults of the session limits. Every transport's configuration
+// (udsclient, grpcclient, extproc, reverse) and the configuration file
+// (internal/config: max_in_flight, max_queue, timeouts.message) take
+// them from here.
+const (
+	// DefaultMessageTimeout bounds the wait for each reply.
+	DefaultMessageTimeout = time.Second
+	// DefaultMaxInFlight is the proxy's in-flight limit per connection.
+	DefaultMaxInFlight = 1024
+	// DefaultMaxQueue is how many requests may wait for an in-flight slot
+	// per connection.
+	DefaultMaxQueue = 1024
+)
+
+// MessageDeadline is the deadline of one event sent at now: the earlier
+// of w's deadline and the message timeout from now (zero: neither; a
+// timeout <= 0 is none). byMsg says the message timeout is the earlier.
+// Every transport bounds its events with it.
+func MessageDeadline(w Wait, now time.Time, timeout time.Duration) (dl time.Time, byMsg bool) {
+	dl = w.Deadline
+	if timeout > 0 {
+		if m := now.Add(timeout); dl.IsZero() || m.Before(dl) {
+			return m, true
+		}
+	}
+	return dl, false
+}
+
 // SessionConfig bounds one Session.
 type SessionConfig struct {
 	// Name labels errors and logs.
@@ -325,15 +353,9 @@ func (s *Session) waitSlot(w Wait) error {
 }
 
 // deadline is the earlier of w's deadline and MessageTimeout from now
-// (zero: neither); byMsg says MessageTimeout is the earlier.
+// (MessageDeadline).
 func (s *Session) deadline(w Wait, now time.Time) (dl time.Time, byMsg bool) {
-	dl = w.Deadline
-	if s.cfg.MessageTimeout > 0 {
-		if m := now.Add(s.cfg.MessageTimeout); dl.IsZero() || m.Before(dl) {
-			return m, true
-		}
-	}
-	return dl, false
+	return MessageDeadline(w, now, s.cfg.MessageTimeout)
 }
 
 // Deliver hands a decoded reply to the exchange waiting for it and returns

@@ -11,7 +11,9 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/internal/grpcwire"
+	"github.com/zentinelproxy/sidecar/internal/redial"
 )
 
 // ErrGRPCConfig: the client configuration is invalid.
@@ -106,15 +108,15 @@ func DefaultConfig(name, address string) Config {
 		Address:          address,
 		Conns:            1,
 		ClientName:       "zentinel-sidecar/0.1",
-		DialTimeout:      2 * time.Second,
-		MessageTimeout:   time.Second,
-		MaxInFlight:      1024,
-		MaxQueue:         1024,
+		DialTimeout:      redial.DefaultConnectTimeout + redial.DefaultHandshakeTimeout,
+		MessageTimeout:   agentmux.DefaultMessageTimeout,
+		MaxInFlight:      agentmux.DefaultMaxInFlight,
+		MaxQueue:         agentmux.DefaultMaxQueue,
 		HealthInterval:   10 * time.Second,
 		KeepaliveTime:    30 * time.Second,
 		KeepaliveTimeout: 10 * time.Second,
-		BackoffMin:       50 * time.Millisecond,
-		BackoffMax:       5 * time.Second,
+		BackoffMin:       redial.DefaultMin,
+		BackoffMax:       redial.DefaultMax,
 		MaxMessageSize:   grpcwire.MaxMessageSize,
 		Logger:           zerolog.Nop(),
 	}

@@ -78,6 +78,17 @@ type Config struct {
 	Logger zerolog.Logger
 }
 
+// Ping liveness of a framed agent connection (a Link), on the UDS and
+// reverse transports alike.
+const (
+	// DefaultPingInterval is how long a connection may be idle before the
+	// proxy pings the agent.
+	DefaultPingInterval = 5 * time.Second
+	// DefaultPingTimeout closes a connection whose agent sent nothing for
+	// this long.
+	DefaultPingTimeout = 15 * time.Second
+)
+
 // DefaultConfig returns a Config with production defaults for the agent
 // name at path.
 func DefaultConfig(name, path string) Config {
@@ -86,18 +97,18 @@ func DefaultConfig(name, path string) Config {
 		Path:             path,
 		Conns:            1,
 		ClientName:       "zentinel-sidecar/0.1",
-		DialTimeout:      time.Second,
-		HandshakeTimeout: 2 * time.Second,
-		MessageTimeout:   time.Second,
-		MaxInFlight:      1024,
-		MaxQueue:         1024,
-		WriteTimeout:     5 * time.Second,
+		DialTimeout:      redial.DefaultConnectTimeout,
+		HandshakeTimeout: redial.DefaultHandshakeTimeout,
+		MessageTimeout:   agentmux.DefaultMessageTimeout,
+		MaxInFlight:      agentmux.DefaultMaxInFlight,
+		MaxQueue:         agentmux.DefaultMaxQueue,
+		WriteTimeout:     udswriter.DefaultWriteTimeout,
 		MaxPendingBytes:  udswriter.DefaultMaxPendingBytes,
-		PingInterval:     5 * time.Second,
-		PingTimeout:      15 * time.Second,
+		PingInterval:     DefaultPingInterval,
+		PingTimeout:      DefaultPingTimeout,
 		FrameTimeout:     uds.DefaultFrameTimeout,
-		BackoffMin:       50 * time.Millisecond,
-		BackoffMax:       5 * time.Second,
+		BackoffMin:       redial.DefaultMin,
+		BackoffMax:       redial.DefaultMax,
 		Logger:           zerolog.Nop(),
 	}
 }
