@@ -3,9 +3,9 @@
 // It is the transport-independent half of the proxy side of agent protocol
 // v2: request ids, the in-flight limit with a bounded wait queue, per-event
 // deadlines, cancellation, late-reply accounting and failing every waiter
-// when the connection dies. A transport (uds, reverse, grpcagent) supplies a
-// Link that puts events on the wire and feeds decoded replies back through
-// Session.Deliver from its single read loop.
+// when the connection dies. A transport (udsclient, reverse, grpcclient,
+// extproc) supplies a Link that puts events on the wire and feeds decoded
+// replies back through Session.Deliver from its single read loop.
 //
 // Every event the proxy sends gets exactly one reply, so an Exchange has at
 // most one event outstanding; the reply is delivered by swapping Reply

@@ -29,9 +29,9 @@ import (
 // More sentinel errors of the proxy side.
 var (
 	// ErrGRPCNotServing: the agent's HealthCheck says it is not ready.
-	ErrGRPCNotServing = errors.New("grpcagent: agent not serving")
+	ErrGRPCNotServing = errors.New("grpcclient: agent not serving")
 	// ErrGRPCCapabilities: GetCapabilities failed or its answer was refused.
-	ErrGRPCCapabilities = errors.New("grpcagent: capability negotiation failed")
+	ErrGRPCCapabilities = errors.New("grpcclient: capability negotiation failed")
 )
 
 // Client keeps Conns connections to one gRPC agent, each carrying one

@@ -17,7 +17,7 @@ import (
 )
 
 // ErrGRPCConfig: the client configuration is invalid.
-var ErrGRPCConfig = errors.New("grpcagent: invalid config")
+var ErrGRPCConfig = errors.New("grpcclient: invalid config")
 
 // TLSConfig secures the connection to the agent. The zero value is
 // plaintext (loopback and trusted networks only).
@@ -96,7 +96,7 @@ type Config struct {
 	// TLS secures the connection.
 	TLS TLSConfig
 	// Logger receives connection events. It carries the agent field (the
-	// dataplane's transport builders add it); the transport does not add it.
+	// factories of internal/transports add it); the transport does not add it.
 	Logger zerolog.Logger
 }
 

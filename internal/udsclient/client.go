@@ -74,7 +74,7 @@ type Config struct {
 	BackoffMin time.Duration
 	BackoffMax time.Duration
 	// Logger receives connection events. It carries the agent field (the
-	// dataplane's transport builders add it); the transport does not add it.
+	// factories of internal/transports add it); the transport does not add it.
 	Logger zerolog.Logger
 }
 
