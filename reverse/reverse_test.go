@@ -360,7 +360,7 @@ func TestReconnect(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Break the connection from the proxy side.
-	p := a.(*Agent).Pool
+	p := a.(*pool).Pool
 	for _, s := range p.Sessions() {
 		_ = s.Close()
 	}
