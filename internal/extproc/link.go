@@ -366,13 +366,7 @@ func setMutation(d *protocol.Decision, p protocol.Phase, idx uint32, a protocol.
 // cannot finish by w's deadline (a connection not ready, a processor
 // that stopped reading) has its stream canceled.
 func (st *reqStream) send(pr *extprocsvc.ProcessingRequest, w agentmux.Wait) error {
-	cfg := &st.l.c.cfg
-	dl := w.Deadline
-	if cfg.MessageTimeout > 0 {
-		if m := time.Now().Add(cfg.MessageTimeout); dl.IsZero() || m.Before(dl) {
-			dl = m
-		}
-	}
+	dl, _ := agentmux.MessageDeadline(w, time.Now(), st.l.c.cfg.MessageTimeout)
 	if st.stream == nil {
 		ctx, cancel := context.WithCancel(context.Background())
 		st.mu.Lock()

@@ -1,8 +1,10 @@
 // Package metrics exports the sidecar's Prometheus metrics: it implements
 // observe.Observer (requests by route and outcome, agent round-trip
-// latency per phase, agent errors by kind, body bytes) and reads agent
-// pools, reverse listeners and the dataplane's counters at scrape time
-// (connections, in-flight, late replies, registrations).
+// latency per phase, agent errors by kind, body bytes) and reads, at
+// scrape time, the dataplane's counters and what every agent instance
+// reports of itself through agentmux.Reporter, whatever its transport
+// (connections, in-flight, late replies, an ext_proc agent's events, a
+// reverse agent's listener and its registrations).
 //
 // The request path never builds a label set: Reset resolves every
 // counter and histogram of the new routing table into slices indexed like
@@ -25,7 +27,6 @@ import (
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/internal/gomaxprocs"
 	"github.com/zentinelproxy/sidecar/internal/observe"
-	"github.com/zentinelproxy/sidecar/internal/reverse"
 	"github.com/zentinelproxy/sidecar/protocol"
 )
 
@@ -118,11 +119,10 @@ type Metrics struct {
 	// resetMu orders concurrent Resets (each builds a whole table).
 	resetMu sync.Mutex
 
-	agents  atomic.Pointer[func() []agentmux.AgentStatus]
-	reverse atomic.Pointer[func() []*reverse.Listener]
-	stats   atomic.Pointer[func() observe.Stats]
-	ups     upstreamCollector // endpoint state (upstreams.go)
-	policy  atomic.Pointer[func() observe.PolicyStatus]
+	agents atomic.Pointer[func() []agentmux.AgentStatus]
+	stats  atomic.Pointer[func() observe.Stats]
+	ups    upstreamCollector // endpoint state (upstreams.go)
+	policy atomic.Pointer[func() observe.PolicyStatus]
 }
 
 // handles are the label-resolved metrics of one routing table.
@@ -274,24 +274,16 @@ func New(cfg Config) (*Metrics, error) {
 // the admin listener's /metrics).
 func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
 
-// SetAgents sets where scrapes read the agents' connection state
-// (dataplane.Server.AgentStatus); nil stops those metrics.
+// SetAgents sets where scrapes read the agents' reports
+// (dataplane.Server.AgentStatus, each agent's agentmux.Reporter): their
+// connections and counters, an ext_proc agent's events, a reverse agent's
+// listener; nil stops those metrics.
 func (m *Metrics) SetAgents(f func() []agentmux.AgentStatus) {
 	if f == nil {
 		m.agents.Store(nil)
 		return
 	}
 	m.agents.Store(&f)
-}
-
-// SetReverse sets where scrapes find the reverse listeners; nil stops the
-// registration metrics.
-func (m *Metrics) SetReverse(f func() []*reverse.Listener) {
-	if f == nil {
-		m.reverse.Store(nil)
-		return
-	}
-	m.reverse.Store(&f)
 }
 
 // SetStats sets where scrapes read the dataplane's counters

@@ -19,8 +19,8 @@ import (
 
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/internal/observe"
-	"github.com/zentinelproxy/sidecar/internal/reverse"
 	"github.com/zentinelproxy/sidecar/protocol"
+	"github.com/zentinelproxy/sidecar/reverse"
 	"github.com/zentinelproxy/sidecar/sdk"
 )
 
@@ -414,7 +414,6 @@ func TestReverseRegistrations(t *testing.T) {
 	}()
 
 	m := newMetrics(t)
-	m.SetReverse(func() []*reverse.Listener { return []*reverse.Listener{l} })
 	m.SetAgents(func() []agentmux.AgentStatus { return []agentmux.AgentStatus{l.Agent("rv").Snapshot()} })
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -453,6 +452,28 @@ func TestReverseRegistrations(t *testing.T) {
 	}
 	cancel()
 	agents.Wait()
+}
+
+// TestSharedReverseListener: agents on one reverse listener each report
+// it; its series are exported once, under its address.
+func TestSharedReverseListener(t *testing.T) {
+	cfg := reverse.DefaultConfig()
+	cfg.UnixPath = filepath.Join(t.TempDir(), "rev.sock")
+	cfg.Agents = []reverse.AgentConfig{{Name: "a", AllowNoToken: true}, {Name: "b", AllowNoToken: true}}
+	l, err := reverse.NewListener(cfg, zerolog.Nop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	m := newMetrics(t)
+	m.SetAgents(func() []agentmux.AgentStatus {
+		return []agentmux.AgentStatus{l.Agent("a").Snapshot(), l.Agent("b").Snapshot()}
+	})
+	v := values(t, m.Registry()) // a series collected twice fails the gather
+	listener := "unix:" + cfg.UnixPath
+	expect(t, v, fmt.Sprintf(`sidecar_reverse_registrations_accepted_total{listener=%q}`, listener), 0)
+	expect(t, v, fmt.Sprintf(`sidecar_reverse_connections{listener=%q,state="pending"}`, listener), 0)
+	expect(t, v, `sidecar_agent_connections{agent="b",transport="reverse"}`, 0)
 }
 
 func TestHotPathDoesNotAllocate(t *testing.T) {

@@ -7,6 +7,11 @@ import (
 	"path"
 	"strings"
 	"time"
+
+	"github.com/zentinelproxy/sidecar/internal/agentmux"
+	"github.com/zentinelproxy/sidecar/internal/udsclient"
+	"github.com/zentinelproxy/sidecar/internal/udswriter"
+	"github.com/zentinelproxy/sidecar/uds"
 )
 
 // Config configures a Listener.
@@ -170,12 +175,12 @@ func DefaultConfig() Config {
 		MaxConnsPerID:       8,
 		MaxConnsPerAgent:    256,
 		MaxInFlight:         256,
-		MaxQueue:            1024,
-		MessageTimeout:      time.Second,
-		WriteTimeout:        5 * time.Second,
-		PingInterval:        5 * time.Second,
-		PingTimeout:         15 * time.Second,
-		FrameTimeout:        5 * time.Second, // uds.DefaultFrameTimeout
+		MaxQueue:            agentmux.DefaultMaxQueue,
+		MessageTimeout:      agentmux.DefaultMessageTimeout,
+		WriteTimeout:        udswriter.DefaultWriteTimeout,
+		PingInterval:        udsclient.DefaultPingInterval,
+		PingTimeout:         udsclient.DefaultPingTimeout,
+		FrameTimeout:        uds.DefaultFrameTimeout,
 		FailureDelay:        200 * time.Millisecond,
 		MaxFailureDelay:     2 * time.Second,
 		FailureMemory:       10 * time.Minute,

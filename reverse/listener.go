@@ -1,54 +1,3 @@
-// Package reverse accepts agent-initiated connections: agents behind a NAT
-// or scaled dynamically dial the proxy, register, and then carry the normal
-// agent protocol v2, proxy → agent, exactly like a UDS agent connection.
-//
-// The first frame on a connection must be a RegistrationRequest (0x03, or
-// the same JSON in a 0x01 frame, answered in 0x02), complete within the
-// registration timeout and at most MaxRegistrationSize bytes. The listener
-// then checks, in this order:
-//
-//  1. protocol_version is 2 and agent_id is a non-empty printable id of at
-//     most 256 bytes ("unsupported protocol version", "invalid registration");
-//  2. agent_id matches an ID pattern of a configured agent: the first agent
-//     in configuration order whose pattern matches gets the connection;
-//  3. auth_token is one of that agent's tokens, compared in constant time;
-//  4. the limits: connections per agent_id and per agent ("too many
-//     connections for agent id", "too many connections for agent").
-//
-// A refusal is answered with {"accepted":false,"error":reason} and the
-// connection is closed; the reason never says more than the list above.
-// Failing check 2 or 3 is answered "authentication failed" alike, byte for
-// byte, so that refusals do not reveal which agent ids exist; the counters
-// and the log tell them apart. Such a failure is an authentication
-// failure of its (peer, agent_id), the peer being the IP address (the /64
-// for IPv6) or the user id on a Unix socket: each doubles the delay before
-// that key's next refusal is answered. A registration with a valid token
-// is never delayed (see failures).
-//
-// Connections that have not registered share MaxPending slots, at most
-// MaxPendingPerPeer per peer. A newcomer at a limit is let in and the
-// connection of its scope that has sent nothing for the longest gives way
-// (see admission); a refused connection gives its slot back before its
-// answer is held back or drained, and at most MaxRefusing are held open.
-// Neither silent connections nor wrong tokens, from however many
-// addresses including the agent's own, can keep a valid registration out.
-//
-// Duplicate agent ids: an id may hold up to MaxConnsPerID connections at
-// once (an instance may open several for throughput); a registration beyond
-// that is refused, and the connections already serving are kept. Refusing
-// the newcomer rather than replacing the oldest means that a second,
-// misconfigured instance with the same id cannot knock a healthy one off,
-// and that two instances cannot flap each other forever. The price is that
-// an instance that restarts while the proxy still holds its dead
-// connections waits until Ping liveness (PingTimeout) frees them; its SDK
-// keeps retrying with backoff meanwhile.
-//
-// Every configured agent name has one agentmux.Pool, which exists before
-// any agent registers: Begin fails with agentmux.ErrAgentUnavailable while
-// it is empty, so routes follow their failure policy. New requests go to
-// the connection with the fewest in flight. A connection that dies fails
-// its in-flight requests with agentmux.ErrAgentConnLost and leaves the
-// pool. Close drains: CancelAll to every connection, then close.
 package reverse
 
 import (
@@ -72,8 +21,8 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/zentinelproxy/sidecar/handshake"
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
-	"github.com/zentinelproxy/sidecar/internal/handshake"
 	"github.com/zentinelproxy/sidecar/internal/udsclient"
 	"github.com/zentinelproxy/sidecar/internal/udswriter"
 	"github.com/zentinelproxy/sidecar/internal/unixsock"
@@ -95,7 +44,7 @@ const (
 	ReasonVersion = "unsupported protocol version"
 	ReasonInvalid = "invalid registration"
 	// ReasonUnknown is never sent: an unknown agent_id is answered
-	// ReasonAuth. It labels the cause in logs and RejectedByReason.
+	// ReasonAuth. It labels the cause in logs and Stats.RejectedUnknown.
 	ReasonUnknown    = "unknown agent"
 	ReasonAuth       = "authentication failed"
 	ReasonIDLimit    = "too many connections for agent id"
@@ -160,19 +109,6 @@ func (s Stats) Rejected() uint64 {
 		s.RejectedIDLimit + s.RejectedAgentLimit + s.RejectedShutdown
 }
 
-// RejectedByReason maps each refusal reason to its count (for metrics).
-func (s Stats) RejectedByReason() map[string]uint64 {
-	return map[string]uint64{
-		ReasonVersion:    s.RejectedVersion,
-		ReasonInvalid:    s.RejectedInvalid,
-		ReasonUnknown:    s.RejectedUnknown,
-		ReasonAuth:       s.RejectedAuth,
-		ReasonIDLimit:    s.RejectedIDLimit,
-		ReasonAgentLimit: s.RejectedAgentLimit,
-		ReasonShutdown:   s.RejectedShutdown,
-	}
-}
-
 type counters struct {
 	accepted, version, invalid, unknown, auth, idLimit, agentLimit, shutdown atomic.Uint64
 	timeouts, badFrames, tlsErrors, aborted, evicted, busy, delayed, unheld  atomic.Uint64
@@ -183,23 +119,35 @@ type counters struct {
 type agent struct {
 	cfg    AgentConfig
 	tokens tokenSet
-	handle *Agent
+	handle *pool
 	conns  int  // live connections, guarded by Listener.mu
 	closed bool // guarded by Listener.mu
 }
 
-// Agent is the pool of one configured agent name; it implements
-// agentmux.Agent. Closing it drains its connections and refuses further
-// registrations for it.
-type Agent struct {
+// pool is the pool of one configured agent name, handed out by
+// Listener.Agent; it implements agentmux.Agent. Closing it drains its
+// connections and refuses further registrations for it.
+type pool struct {
 	*agentmux.Pool
 	l *Listener
 	a *agent
 }
 
+var _ agentmux.Reporter = (*pool)(nil)
+
+// Snapshot implements agentmux.Reporter: the pool's connections and
+// counters, and its listener, which every agent on the listener reports
+// alike.
+func (h *pool) Snapshot() agentmux.AgentStatus {
+	st := h.Pool.Snapshot()
+	ls := h.l.status()
+	st.Listener = &ls
+	return st
+}
+
 // Close implements agentmux.Agent: new registrations for this agent are
 // refused, then CancelAll goes to every connection and they are closed.
-func (h *Agent) Close() error {
+func (h *pool) Close() error {
 	h.l.mu.Lock()
 	h.a.closed = true
 	h.l.mu.Unlock()
@@ -257,7 +205,7 @@ func NewListener(cfg Config, log zerolog.Logger) (*Listener, error) {
 			return nil, err
 		}
 		a := &agent{cfg: ac, tokens: ts}
-		a.handle = &Agent{Pool: agentmux.NewPool(ac.Name, Transport), l: l, a: a}
+		a.handle = &pool{Pool: agentmux.NewPool(ac.Name, Transport), l: l, a: a}
 		l.agents = append(l.agents, a)
 		l.byName[ac.Name] = a
 	}
@@ -373,6 +321,49 @@ func (l *Listener) Stats() Stats {
 		Pending:            c.pending.Load(),
 		Refusing:           c.refusing.Load(),
 		Active:             c.active.Load(),
+	}
+}
+
+// name is the listener's address as its agents configure it:
+// "unix:/path", or the bound host:port ("unbound" before it listens).
+func (l *Listener) name() string {
+	if l.cfg.UnixPath != "" {
+		return "unix:" + l.cfg.UnixPath
+	}
+	if a := l.TCPAddr(); a != nil {
+		return a.String()
+	}
+	return "unbound"
+}
+
+// status describes the listener for /status and the metrics: Stats under
+// its name, the refusals by their stable label values (version, invalid,
+// unknown_agent, auth, id_limit, agent_limit, shutdown, timeout,
+// bad_frame, tls_error, evicted, busy).
+func (l *Listener) status() agentmux.ListenerStatus {
+	st := l.Stats()
+	return agentmux.ListenerStatus{
+		Address:  l.name(),
+		Accepted: st.Accepted,
+		Rejected: map[string]uint64{
+			"version":       st.RejectedVersion,
+			"invalid":       st.RejectedInvalid,
+			"unknown_agent": st.RejectedUnknown,
+			"auth":          st.RejectedAuth,
+			"id_limit":      st.RejectedIDLimit,
+			"agent_limit":   st.RejectedAgentLimit,
+			"shutdown":      st.RejectedShutdown,
+			"timeout":       st.Timeouts,
+			"bad_frame":     st.BadFrames,
+			"tls_error":     st.TLSErrors,
+			"evicted":       st.Evicted,
+			"busy":          st.Busy,
+		},
+		Delayed:  st.Delayed,
+		Unheld:   st.Unheld,
+		Pending:  st.Pending,
+		Refusing: st.Refusing,
+		Active:   st.Active,
 	}
 }
 

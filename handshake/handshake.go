@@ -1,6 +1,3 @@
-// Package handshake holds the version and capability negotiation of agent
-// protocol v2, shared by the UDS, reverse and gRPC transports. It does no
-// I/O: transports move the messages, this package decides on them.
 package handshake
 
 import (

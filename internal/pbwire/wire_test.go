@@ -1,4 +1,4 @@
-package grpcwire
+package pbwire_test
 
 import (
 	"bytes"
@@ -11,7 +11,6 @@ import (
 	"strings"
 	"testing"
 
-	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
@@ -20,59 +19,13 @@ import (
 	"github.com/zentinelproxy/sidecar/protocol"
 )
 
-// decodeFrame decodes wire bytes with the hand decoder into the protocol
-// message a frame of type t carries.
-func decodeFrame(t protocol.MsgType, wire []byte) (any, error) {
-	var f Frame
-	f.Parse(bytes.Clone(wire))
-	if f.Err != nil {
-		return nil, f.Err
-	}
-	var err error
-	switch f.Payload {
-	case PayloadRequestHeaders:
-		var m protocol.RequestHeaders
-		err = f.DecodeRequestHeaders(&m)
-		return &m, err
-	case PayloadRequestBodyChunk, PayloadResponseBodyChunk:
-		var m protocol.BodyChunk
-		err = f.DecodeBodyChunk(&m)
-		return &m, err
-	case PayloadResponseHeaders:
-		var m protocol.ResponseHeaders
-		err = f.DecodeResponseHeaders(&m)
-		return &m, err
-	case PayloadDecision:
-		var m protocol.Decision
-		err = f.DecodeDecision(&m)
-		return &m, err
-	case PayloadBodyMutation:
-		var m protocol.BodyMutation
-		err = f.DecodeBodyMutation(&m)
-		return &m, err
-	case PayloadCancel:
-		var m protocol.CancelRequest
-		err = f.DecodeCancel(&m)
-		return &m, err
-	case PayloadCancelAll:
-		var m protocol.CancelAll
-		err = f.DecodeCancelAll(&m)
-		return &m, err
-	case PayloadPing, PayloadPong:
-		var m protocol.Ping
-		err = f.DecodePing(&m)
-		return &m, err
-	}
-	return nil, errors.New("no payload")
-}
-
-func payloadOf(t protocol.MsgType) Payload {
-	return map[protocol.MsgType]Payload{
-		protocol.TypeRequestHeaders: PayloadRequestHeaders, protocol.TypeRequestBodyChunk: PayloadRequestBodyChunk,
-		protocol.TypeResponseHeaders: PayloadResponseHeaders, protocol.TypeResponseBodyChunk: PayloadResponseBodyChunk,
-		protocol.TypeDecision: PayloadDecision, protocol.TypeBodyMutation: PayloadBodyMutation,
-		protocol.TypeCancelRequest: PayloadCancel, protocol.TypeCancelAll: PayloadCancelAll,
-		protocol.TypePing: PayloadPing, protocol.TypePong: PayloadPong,
+func payloadOf(t protocol.MsgType) pbwire.Payload {
+	return map[protocol.MsgType]pbwire.Payload{
+		protocol.TypeRequestHeaders: pbwire.PayloadRequestHeaders, protocol.TypeRequestBodyChunk: pbwire.PayloadRequestBodyChunk,
+		protocol.TypeResponseHeaders: pbwire.PayloadResponseHeaders, protocol.TypeResponseBodyChunk: pbwire.PayloadResponseBodyChunk,
+		protocol.TypeDecision: pbwire.PayloadDecision, protocol.TypeBodyMutation: pbwire.PayloadBodyMutation,
+		protocol.TypeCancelRequest: pbwire.PayloadCancel, protocol.TypeCancelAll: pbwire.PayloadCancelAll,
+		protocol.TypePing: pbwire.PayloadPing, protocol.TypePong: pbwire.PayloadPong,
 	}[t]
 }
 
@@ -81,7 +34,7 @@ func checkWire(t *testing.T, name string, mt protocol.MsgType, msg any) {
 	t.Helper()
 	want := toPB(mt, msg)
 	// Hand encoder → generated decoder.
-	wire, err := AppendMessage(nil, asMessage(mt, msg))
+	wire, err := pbwire.AppendMessage(nil, asMessage(mt, msg))
 	if err != nil {
 		t.Fatalf("%s: encode: %v", name, err)
 	}
@@ -101,7 +54,7 @@ func checkWire(t *testing.T, name string, mt protocol.MsgType, msg any) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var f Frame
+	var f pbwire.Frame
 	f.Parse(gwire)
 	if f.Payload != payloadOf(mt) {
 		t.Fatalf("%s: payload %d, want %d", name, f.Payload, payloadOf(mt))
@@ -284,23 +237,23 @@ func TestWireRandom(t *testing.T) {
 // before and after protocol.Decision.Normalize.
 func FuzzFrame(f *testing.F) {
 	for _, c := range protocolMessages() {
-		wire, _ := AppendMessage(nil, asMessage(c.t, c.msg))
+		wire, _ := pbwire.AppendMessage(nil, asMessage(c.t, c.msg))
 		f.Add(wire)
 	}
 	f.Add([]byte{0x08, 42, 0x32, 100, 1, 2})
 	f.Add([]byte{0x32, 0x02, 0x2a, 0x00})
 	f.Fuzz(func(t *testing.T, wire []byte) {
-		var fr Frame
+		var fr pbwire.Frame
 		fr.Parse(wire)
 		var ref pb.AgentMessage
 		if proto.Unmarshal(wire, &ref) != nil || fr.Err != nil {
 			return
 		}
-		types := map[Payload]protocol.MsgType{
-			PayloadRequestHeaders: protocol.TypeRequestHeaders, PayloadRequestBodyChunk: protocol.TypeRequestBodyChunk,
-			PayloadResponseHeaders: protocol.TypeResponseHeaders, PayloadResponseBodyChunk: protocol.TypeResponseBodyChunk,
-			PayloadDecision: protocol.TypeDecision, PayloadBodyMutation: protocol.TypeBodyMutation,
-			PayloadPing: protocol.TypePing, PayloadPong: protocol.TypePong,
+		types := map[pbwire.Payload]protocol.MsgType{
+			pbwire.PayloadRequestHeaders: protocol.TypeRequestHeaders, pbwire.PayloadRequestBodyChunk: protocol.TypeRequestBodyChunk,
+			pbwire.PayloadResponseHeaders: protocol.TypeResponseHeaders, pbwire.PayloadResponseBodyChunk: protocol.TypeResponseBodyChunk,
+			pbwire.PayloadDecision: protocol.TypeDecision, pbwire.PayloadBodyMutation: protocol.TypeBodyMutation,
+			pbwire.PayloadPing: protocol.TypePing, pbwire.PayloadPong: protocol.TypePong,
 		}
 		mt, ok := types[fr.Payload]
 		if !ok || duplicateFields(wire) {
@@ -352,47 +305,9 @@ func duplicateFields(b []byte) bool {
 	return false
 }
 
-func TestEncodeErrors(t *testing.T) {
-	var o Outgoing
-	big := &protocol.BodyChunk{RequestID: 1, Data: make([]byte, MaxMessageSize), TotalSize: -1, Progress: -1}
-	err := o.Encode(big.As(protocol.PhaseRequest), 0)
-	if !errors.Is(err, ErrGRPCMessageTooLarge) || !strings.Contains(err.Error(), "10485760") {
-		t.Fatalf("oversized: %v", err)
-	}
-	if err := o.Encode(big.As(protocol.PhaseRequest), 1024); !errors.Is(err, ErrGRPCMessageTooLarge) {
-		t.Fatalf("over a lower limit: %v", err)
-	}
-	if err := o.Encode(nil, 0); !errors.Is(err, ErrGRPCMessageType) {
-		t.Fatalf("no message: %v", err)
-	}
-	if err := o.Encode(&protocol.HandshakeRequest{}, 0); !errors.Is(err, ErrGRPCMessageType) {
-		t.Fatalf("handshake on the stream: %v", err)
-	}
-	if err := o.Encode(&protocol.CancelRequest{RequestID: 1, Reason: b("\xff")}, 0); !errors.Is(err, ErrGRPCMessageType) {
-		t.Fatalf("invalid UTF-8 in a string field: %v", err)
-	}
-	if o.Len() != 0 {
-		t.Fatal("a failed Encode left a message behind")
-	}
-	if err := o.Encode(&protocol.CancelRequest{RequestID: 1, Reason: b("timeout")}, 0); err != nil || o.Len() == 0 {
-		t.Fatal(err)
-	}
-	o.Free()
-	// A large message goes through gRPC's buffer pool and decodes.
-	chunk := &protocol.BodyChunk{RequestID: 9, Data: bytes.Repeat([]byte("z"), 64<<10), TotalSize: -1, Progress: -1}
-	if err := o.Encode(chunk.As(protocol.PhaseRequest), 0); err != nil {
-		t.Fatal(err)
-	}
-	got, err := decodeFrame(protocol.TypeRequestBodyChunk, o.buf.ReadOnlyData())
-	o.Free()
-	if err != nil || canon(got) != canon(chunk) {
-		t.Fatalf("large chunk: %v", err)
-	}
-}
-
 func TestAgentErrorWire(t *testing.T) {
 	for _, reason := range []string{"handler error", "", "bad \xff utf-8", strings.Repeat("r", 5000)} {
-		wire := AppendAgentError(nil, 77, reason)
+		wire := pbwire.AppendAgentError(nil, 77, reason)
 		var m pb.AgentMessage
 		if err := proto.Unmarshal(wire, &m); err != nil {
 			t.Fatalf("%q: %v", reason, err)
@@ -400,86 +315,25 @@ func TestAgentErrorWire(t *testing.T) {
 		if m.RequestId != 77 || m.GetAgentError() == nil || len(m.GetAgentError().Message) > 1024 {
 			t.Fatalf("%q: %v", reason, &m)
 		}
-		var f Frame
+		var f pbwire.Frame
 		f.Parse(wire)
 		msg, err := f.AgentError()
-		if f.Payload != PayloadAgentError || err != nil || msg != m.GetAgentError().Message {
+		if f.Payload != pbwire.PayloadAgentError || err != nil || msg != m.GetAgentError().Message {
 			t.Fatalf("%q: hand decoder %d %q %v", reason, f.Payload, msg, err)
 		}
 	}
 }
 
-// TestCodecFrame: a malformed message yields its request id and an error
-// instead of failing the stream; unknown payloads are recognized.
-func TestCodecFrame(t *testing.T) {
-	good, _ := proto.Marshal(&pb.AgentMessage{RequestId: 9, Payload: &pb.AgentMessage_Decision{Decision: &pb.AgentDecision{Decision: &pb.AgentDecision_Allow{Allow: &pb.Allow{}}}}})
-	for _, c := range []struct {
-		name    string
-		wire    []byte
-		id      uint64
-		ok      bool
-		payload Payload
-	}{
-		{"good", good, 9, true, PayloadDecision},
-		{"truncated payload", []byte{0x08, 42, 0x32, 100, 1, 2}, 42, false, PayloadNone},
-		{"bad tag", []byte{0x08, 7, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, 7, false, PayloadNone},
-		{"unknown payload field", []byte{0x08, 5, 0xaa, 0x01, 0x00}, 5, true, PayloadUnknown}, // field 21, empty message
-		{"unknown scalar ignored", []byte{0x08, 5, 0xa8, 0x01, 0x01, 0x32, 0x02, 0x0a, 0x00}, 5, true, PayloadDecision},
-		{"empty", nil, 0, true, PayloadNone},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			var f Frame
-			if err := Codec().Unmarshal(mem.BufferSlice{mem.SliceBuffer(c.wire)}, &f); err != nil {
-				t.Fatalf("codec failed the stream: %v", err)
-			}
-			if (f.Err == nil) != c.ok {
-				t.Fatalf("Err = %v, want ok=%v", f.Err, c.ok)
-			}
-			if !c.ok && !errors.Is(f.Err, ErrGRPCMalformed) {
-				t.Fatalf("Err = %v, want ErrGRPCMalformed", f.Err)
-			}
-			if f.RequestID != c.id || (c.ok && f.Payload != c.payload) {
-				t.Fatalf("request id %d payload %d, want %d %d", f.RequestID, f.Payload, c.id, c.payload)
-			}
-		})
-	}
-	// A decision payload that is garbage inside fails to decode, with the id.
-	var f Frame
-	f.Parse([]byte{0x08, 3, 0x32, 0x02, 0xff, 0xff})
-	var d protocol.Decision
-	if err := f.DecodeDecision(&d); !errors.Is(err, ErrGRPCMalformed) || d.RequestID != 3 {
-		t.Fatalf("garbage decision: %v id %d", err, d.RequestID)
-	}
-	// Plain protobuf messages still go through the standard codec.
-	data, err := Codec().Marshal(&pb.HealthResponse{Status: pb.HealthResponse_SERVING})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var h pb.HealthResponse
-	if err := Codec().Unmarshal(data, &h); err != nil || h.Status != pb.HealthResponse_SERVING {
-		t.Fatalf("standard path: %v %v", err, h.Status)
-	}
-}
-
+// TestAllocsWire: the hand decoder reads any message of the suite without
+// allocating, once the slices it reuses are sized.
 func TestAllocsWire(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector allocates")
 	}
 	for _, c := range protocolMessages() {
-		var o Outgoing
 		msg := asMessage(c.t, c.msg)
-		allocs := testing.AllocsPerRun(100, func() {
-			if err := o.Encode(msg, 0); err != nil {
-				t.Fatal(err)
-			}
-			o.Free()
-		})
-		// The output buffer and its mem.Buffer wrapper, no more.
-		if allocs > 2 {
-			t.Errorf("encode %s: %.1f allocs, want <= 2", c.name, allocs)
-		}
-		wire, _ := AppendMessage(nil, msg)
-		var f Frame
+		wire, _ := pbwire.AppendMessage(nil, msg)
+		var f pbwire.Frame
 		var rh protocol.RequestHeaders
 		var ch protocol.BodyChunk
 		var rs protocol.ResponseHeaders
@@ -488,15 +342,15 @@ func TestAllocsWire(t *testing.T) {
 		decode := func() {
 			f.Parse(wire)
 			switch f.Payload {
-			case PayloadRequestHeaders:
+			case pbwire.PayloadRequestHeaders:
 				_ = f.DecodeRequestHeaders(&rh)
-			case PayloadRequestBodyChunk, PayloadResponseBodyChunk:
+			case pbwire.PayloadRequestBodyChunk, pbwire.PayloadResponseBodyChunk:
 				_ = f.DecodeBodyChunk(&ch)
-			case PayloadResponseHeaders:
+			case pbwire.PayloadResponseHeaders:
 				_ = f.DecodeResponseHeaders(&rs)
-			case PayloadDecision:
+			case pbwire.PayloadDecision:
 				_ = f.DecodeDecision(&d)
-			case PayloadBodyMutation:
+			case pbwire.PayloadBodyMutation:
 				_ = f.DecodeBodyMutation(&m)
 			}
 		}
@@ -511,11 +365,11 @@ var updateGolden = flag.Bool("update", false, "rewrite the golden wire files in 
 
 // TestWireGolden pins the bytes of every message kind, so that a change of
 // the wire format (which agents in other languages depend on) is always
-// deliberate: go test ./grpcagent -run Golden -update rewrites the files.
+// deliberate: go test ./internal/pbwire -run Golden -update rewrites the files.
 func TestWireGolden(t *testing.T) {
 	dir := filepath.Join("..", "..", "testdata", "grpcagent", "wire")
 	for _, c := range protocolMessages() {
-		wire, err := AppendMessage(nil, asMessage(c.t, c.msg))
+		wire, err := pbwire.AppendMessage(nil, asMessage(c.t, c.msg))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -28,7 +28,7 @@ func readHex(t *testing.T, path string) []byte {
 // TestGoldenRefusals replays testdata/reverse/*.in.hex byte for byte and
 // compares everything the proxy sends before it closes with *.out.hex.
 func TestGoldenRefusals(t *testing.T) {
-	ins, err := filepath.Glob("../../testdata/reverse/*.in.hex")
+	ins, err := filepath.Glob("../testdata/reverse/*.in.hex")
 	if err != nil || len(ins) == 0 {
 		t.Fatalf("no fixtures: %v", err)
 	}
@@ -65,12 +65,12 @@ func TestGoldenAccepted(t *testing.T) {
 	cfg := testConfig(t)
 	startListener(t, cfg)
 	c := dialRaw(t, "unix", cfg.UnixPath)
-	c.sendRaw(readHex(t, "../../testdata/reverse/accepted.in.hex"))
+	c.sendRaw(readHex(t, "../testdata/reverse/accepted.in.hex"))
 	typ, resp := c.answer()
 	if typ != protocol.TypeRegistrationResponse || !resp.Accepted || !strings.HasPrefix(resp.AssignedID, "conn-") {
 		t.Fatalf("answer %s %+v", typ, resp)
 	}
-	ping := readHex(t, "../../testdata/uds/ping.hex")
+	ping := readHex(t, "../testdata/uds/ping.hex")
 	c.sendRaw(ping)
 	typ, payload, err := c.fr.Next()
 	if err != nil {

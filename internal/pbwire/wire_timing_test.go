@@ -1,17 +1,18 @@
-package grpcwire
+package pbwire_test
 
 import (
 	"testing"
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/zentinelproxy/sidecar/internal/pbwire"
 	"github.com/zentinelproxy/sidecar/protocol"
 )
 
 // Benchmarks of the hand decoder on messages of the suite (the wire bytes
 // come from the generated encoder).
 
-func benchFrameDecode(b *testing.B, name string, decode func(f *Frame) error) {
+func benchFrameDecode(b *testing.B, name string, decode func(f *pbwire.Frame) error) {
 	var wire []byte
 	for _, c := range protocolMessages() {
 		if c.name == name {
@@ -24,7 +25,7 @@ func benchFrameDecode(b *testing.B, name string, decode func(f *Frame) error) {
 	if wire == nil {
 		b.Fatalf("no message %q", name)
 	}
-	var f Frame
+	var f pbwire.Frame
 	f.Parse(wire)
 	if err := decode(&f); err != nil {
 		b.Fatal(err)
@@ -41,20 +42,20 @@ func benchFrameDecode(b *testing.B, name string, decode func(f *Frame) error) {
 
 func BenchmarkFrameDecodeRequestHeaders(b *testing.B) {
 	var m protocol.RequestHeaders
-	benchFrameDecode(b, "request headers", func(f *Frame) error { return f.DecodeRequestHeaders(&m) })
+	benchFrameDecode(b, "request headers", func(f *pbwire.Frame) error { return f.DecodeRequestHeaders(&m) })
 }
 
 func BenchmarkFrameDecodeDecision(b *testing.B) {
 	var m protocol.Decision
-	benchFrameDecode(b, "decision allow full", func(f *Frame) error { return f.DecodeDecision(&m) })
+	benchFrameDecode(b, "decision allow full", func(f *pbwire.Frame) error { return f.DecodeDecision(&m) })
 }
 
 func BenchmarkFrameDecodeDecisionAllow(b *testing.B) {
 	var m protocol.Decision
-	benchFrameDecode(b, "decision allow", func(f *Frame) error { return f.DecodeDecision(&m) })
+	benchFrameDecode(b, "decision allow", func(f *pbwire.Frame) error { return f.DecodeDecision(&m) })
 }
 
 func BenchmarkFrameDecodeBodyMutation(b *testing.B) {
 	var m protocol.BodyMutation
-	benchFrameDecode(b, "mutation replace", func(f *Frame) error { return f.DecodeBodyMutation(&m) })
+	benchFrameDecode(b, "mutation replace", func(f *pbwire.Frame) error { return f.DecodeBodyMutation(&m) })
 }

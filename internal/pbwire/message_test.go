@@ -1,36 +1,12 @@
-package grpcwire
+package pbwire_test
 
 import (
 	"errors"
-	"fmt"
 	"testing"
 
+	"github.com/zentinelproxy/sidecar/internal/pbwire"
 	"github.com/zentinelproxy/sidecar/protocol"
 )
-
-// asMessage turns the (type, message) pairs of the tables into the typed
-// Message that carries them: a BodyChunk in the phase of t, a Ping as a
-// Pong for TypePong. A pair that does not match panics.
-func asMessage(t protocol.MsgType, msg any) protocol.Message {
-	switch m := msg.(type) {
-	case *protocol.BodyChunk:
-		if t == protocol.TypeResponseBodyChunk {
-			return m.As(protocol.PhaseResponse)
-		}
-		return m.As(protocol.PhaseRequest)
-	case *protocol.Ping:
-		if t == protocol.TypePong {
-			return (*protocol.Pong)(m)
-		}
-		return m
-	case protocol.Message:
-		if m.MsgType() != t {
-			panic(fmt.Sprintf("test table pairs %T with %s", msg, t))
-		}
-		return m
-	}
-	panic(fmt.Sprintf("test table: %T is not a message", msg))
-}
 
 // TestEnvelopeFieldIsTheMessages: every message that travels on the stream
 // lands in the payload field of its own type (a response chunk in the
@@ -51,11 +27,11 @@ func TestEnvelopeFieldIsTheMessages(t *testing.T) {
 		ping,
 		(*protocol.Pong)(ping),
 	} {
-		wire, err := AppendMessage(nil, m)
+		wire, err := pbwire.AppendMessage(nil, m)
 		if err != nil {
 			t.Fatalf("%s: %v", m.MsgType(), err)
 		}
-		var f Frame
+		var f pbwire.Frame
 		f.Parse(wire)
 		if f.Err != nil || f.Payload != payloadOf(m.MsgType()) {
 			t.Fatalf("%T: payload %d (%v), want %d (%s)", m, f.Payload, f.Err, payloadOf(m.MsgType()), m.MsgType())
@@ -64,8 +40,8 @@ func TestEnvelopeFieldIsTheMessages(t *testing.T) {
 	for _, m := range []protocol.Message{
 		&protocol.HandshakeRequest{}, &protocol.HandshakeResponse{}, &protocol.RegistrationRequest{}, &protocol.RegistrationResponse{},
 	} {
-		if _, err := AppendMessage(nil, m); !errors.Is(err, ErrGRPCMessageType) {
-			t.Fatalf("%s on the stream: %v, want ErrGRPCMessageType", m.MsgType(), err)
+		if _, err := pbwire.AppendMessage(nil, m); !errors.Is(err, pbwire.ErrMessageType) {
+			t.Fatalf("%s on the stream: %v, want pbwire.ErrMessageType", m.MsgType(), err)
 		}
 	}
 }

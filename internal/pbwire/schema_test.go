@@ -1,4 +1,4 @@
-package grpcwire
+package pbwire_test
 
 import (
 	"errors"
@@ -7,6 +7,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/zentinelproxy/sidecar/grpcagent/pb"
+	"github.com/zentinelproxy/sidecar/internal/pbwire"
 	"github.com/zentinelproxy/sidecar/protocol"
 )
 
@@ -29,9 +30,9 @@ func readAll(t *testing.T, id uint64, payload []byte, d *pb.AgentDecision) readi
 	if err != nil {
 		t.Fatal(err)
 	}
-	var f Frame
+	var f pbwire.Frame
 	f.Parse(wire)
-	if f.Err != nil || f.Payload != PayloadDecision {
+	if f.Err != nil || f.Payload != pbwire.PayloadDecision {
 		t.Fatalf("envelope: %v, payload %d", f.Err, f.Payload)
 	}
 	if r.handErr = f.DecodeDecision(&r.hand); r.handErr == nil {

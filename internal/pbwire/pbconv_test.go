@@ -1,4 +1,4 @@
-package grpcwire
+package pbwire_test
 
 import (
 	"fmt"
@@ -406,7 +406,7 @@ func bodyMutationSlot(slot *pb.BodyMutation, has bool, m *protocol.BodyMutation,
 }
 
 // DecisionFromPB fills dst (reset first) from src, syntactically like
-// Frame.DecodeDecision: no verdict leaves protocol.DecisionUnset, statuses
+// pbwire.Frame.DecodeDecision: no verdict leaves protocol.DecisionUnset, statuses
 // stay as sent (0 included), needs_more is the field as sent, an
 // unspecified header operation is protocol.HeaderOpUnset and embedded
 // mutations keep what they carry; protocol.Decision.Normalize applies the

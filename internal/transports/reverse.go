@@ -1,4 +1,4 @@
-package reverse
+package transports
 
 import (
 	"fmt"
@@ -7,13 +7,16 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/zentinelproxy/sidecar/internal/config"
+	"github.com/zentinelproxy/sidecar/reverse"
 )
 
-// AgentSpec is one agent of transport "reverse" as the sidecar's
+// ReverseSpec is one agent of transport reverse as the sidecar's
 // configuration file describes it: a name, the address its instances dial,
 // the session limits shared with the other transports, and the
 // transport-specific options.
-type AgentSpec struct {
+type ReverseSpec struct {
 	Name string
 	// Address is "unix:/path" or host:port (port 0 picks a free one).
 	Address        string
@@ -24,9 +27,9 @@ type AgentSpec struct {
 	FrameTimeout time.Duration
 	// MaxPending caps the bytes queued per connection (0: the listener's).
 	MaxPending int
-	// JSONOnly keeps the agent's connections JSON (AgentConfig.JSONOnly).
+	// JSONOnly keeps the agent's connections JSON (reverse.AgentConfig.JSONOnly).
 	JSONOnly bool
-	// Options are the agent's options; see ListenerConfigs for the keys.
+	// Options are the agent's options; see ReverseListenerConfigs for the keys.
 	Options map[string]string
 }
 
@@ -42,9 +45,9 @@ var (
 	}
 )
 
-// ListenerConfigs groups reverse agents by address into one listener
-// Config each (in order of first appearance), starting from DefaultConfig
-// and validated. Options:
+// ReverseListenerConfigs groups reverse agents by address into one listener
+// reverse.Config each (in order of first appearance), starting from
+// reverse.DefaultConfig and validated. Options:
 //
 //	ids                  comma-separated agent_id patterns (default: name, name-*)
 //	tokens               comma-separated tokens (prefer token_env or token_file)
@@ -66,20 +69,20 @@ var (
 //
 // An unknown key is an error, so that a typo does not silently drop a
 // security setting.
-func ListenerConfigs(specs []AgentSpec) ([]Config, error) {
-	var cfgs []Config
+func ReverseListenerConfigs(specs []ReverseSpec) ([]reverse.Config, error) {
+	var cfgs []reverse.Config
 	index := map[string]int{} // address → cfgs index
 	type setter struct{ agent, value string }
 	owner := map[string]setter{} // address+key → who set it to what
 	for _, s := range specs {
 		for k := range s.Options {
 			if !slices.Contains(agentKeys, k) && !slices.Contains(listenerKeys, k) {
-				return nil, fmt.Errorf("%w: agent %q: unknown option %q", ErrReverseConfig, s.Name, k)
+				return nil, fmt.Errorf("%w: agent %q: unknown option %q", reverse.ErrReverseConfig, s.Name, k)
 			}
 		}
 		i, ok := index[s.Address]
 		if !ok {
-			c := DefaultConfig()
+			c := reverse.DefaultConfig()
 			if p, isUnix := strings.CutPrefix(s.Address, "unix:"); isUnix {
 				c.UnixPath = p
 			} else {
@@ -97,16 +100,16 @@ func ListenerConfigs(specs []AgentSpec) ([]Config, error) {
 			}
 			if prev, seen := owner[s.Address+"\x00"+k]; seen {
 				if prev.value != v {
-					return nil, fmt.Errorf("%w: agents %q and %q share %s but set %s differently", ErrReverseConfig, prev.agent, s.Name, s.Address, k)
+					return nil, fmt.Errorf("%w: agents %q and %q share %s but set %s differently", reverse.ErrReverseConfig, prev.agent, s.Name, s.Address, k)
 				}
 				continue
 			}
 			owner[s.Address+"\x00"+k] = setter{s.Name, v}
 			if err := setListenerOption(c, k, v); err != nil {
-				return nil, fmt.Errorf("%w: agent %q: option %s: %v", ErrReverseConfig, s.Name, k, err)
+				return nil, fmt.Errorf("%w: agent %q: option %s: %v", reverse.ErrReverseConfig, s.Name, k, err)
 			}
 		}
-		a := AgentConfig{
+		a := reverse.AgentConfig{
 			Name:           s.Name,
 			TokenEnv:       s.Options["token_env"],
 			TokenFile:      s.Options["token_file"],
@@ -126,7 +129,7 @@ func ListenerConfigs(specs []AgentSpec) ([]Config, error) {
 		if v, set := s.Options["allow_no_token"]; set {
 			b, err := strconv.ParseBool(v)
 			if err != nil {
-				return nil, fmt.Errorf("%w: agent %q: option allow_no_token: %v", ErrReverseConfig, s.Name, err)
+				return nil, fmt.Errorf("%w: agent %q: option allow_no_token: %v", reverse.ErrReverseConfig, s.Name, err)
 			}
 			a.AllowNoToken = b
 		}
@@ -140,7 +143,7 @@ func ListenerConfigs(specs []AgentSpec) ([]Config, error) {
 	return cfgs, nil
 }
 
-func setListenerOption(c *Config, k, v string) error {
+func setListenerOption(c *reverse.Config, k, v string) error {
 	dur := func(p *time.Duration) error {
 		d, err := time.ParseDuration(v)
 		if err == nil && d < 0 {
@@ -157,9 +160,9 @@ func setListenerOption(c *Config, k, v string) error {
 		*p = n
 		return err
 	}
-	tlsCfg := func() *TLSConfig {
+	tlsCfg := func() *reverse.TLSConfig {
 		if c.TLS == nil {
-			c.TLS = &TLSConfig{}
+			c.TLS = &reverse.TLSConfig{}
 		}
 		return c.TLS
 	}
@@ -209,4 +212,28 @@ func splitList(v string) []string {
 		}
 	}
 	return out
+}
+
+// ReverseSpecs collects the agents of transport reverse, for
+// ReverseListenerConfigs.
+func ReverseSpecs(cfg *config.Config) []ReverseSpec {
+	var specs []ReverseSpec
+	for i := range cfg.Agents {
+		a := &cfg.Agents[i]
+		if a.Transport != config.TransportReverse {
+			continue
+		}
+		specs = append(specs, ReverseSpec{
+			Name:           a.Name,
+			Address:        a.Address,
+			MaxInFlight:    a.MaxInFlight,
+			MaxQueue:       a.MaxQueue,
+			MessageTimeout: a.Timeouts.Message,
+			FrameTimeout:   a.Timeouts.Frame,
+			MaxPending:     int(a.MaxPendingBytes),
+			JSONOnly:       a.PayloadEncoding == config.EncodingJSON,
+			Options:        a.Options,
+		})
+	}
+	return specs
 }

@@ -1,4 +1,4 @@
-package grpcwire
+package pbwire_test
 
 import (
 	"testing"
