@@ -5,7 +5,7 @@ import (
 
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/internal/config"
-	"github.com/zentinelproxy/sidecar/internal/dataplane"
+	"github.com/zentinelproxy/sidecar/internal/observe"
 )
 
 // Metrics read at scrape time, from the agents' reports (agentmux.Reporter)
@@ -135,7 +135,7 @@ func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
 		st := (*f)()
 		ch <- prometheus.MustNewConstMetric(descInFlight, prometheus.GaugeValue, float64(st.InFlight))
 		ch <- prometheus.MustNewConstMetric(descAborted, prometheus.CounterValue, float64(st.ResponseAborted))
-		for _, reason := range dataplane.RejectReasons {
+		for _, reason := range observe.RejectReasons {
 			ch <- prometheus.MustNewConstMetric(descRejected, prometheus.CounterValue, float64(st.Rejected[reason]), reason)
 		}
 		ch <- prometheus.MustNewConstMetric(descAbsolute, prometheus.CounterValue, float64(st.AbsoluteForm))

@@ -33,11 +33,11 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/zentinelproxy/sidecar/dataplane"
 	"github.com/zentinelproxy/sidecar/internal/accesslog"
 	"github.com/zentinelproxy/sidecar/internal/admin"
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/internal/config"
-	"github.com/zentinelproxy/sidecar/internal/dataplane"
 	"github.com/zentinelproxy/sidecar/internal/metrics"
 	"github.com/zentinelproxy/sidecar/internal/transports"
 	"github.com/zentinelproxy/sidecar/internal/version"
