@@ -16,8 +16,9 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/zentinelproxy/sidecar/internal/handshake"
+	"github.com/zentinelproxy/sidecar/handshake"
 	"github.com/zentinelproxy/sidecar/internal/redial"
+	"github.com/zentinelproxy/sidecar/internal/udswriter"
 	"github.com/zentinelproxy/sidecar/protocol"
 	"github.com/zentinelproxy/sidecar/uds"
 )
@@ -120,7 +121,7 @@ func (c *ReverseConfig) validate() error {
 		c.BackoffMax = 30 * time.Second
 	}
 	if c.WriteTimeout <= 0 {
-		c.WriteTimeout = 5 * time.Second
+		c.WriteTimeout = udswriter.DefaultWriteTimeout
 	}
 	if c.Logger == nil {
 		nop := zerolog.Nop()

@@ -10,9 +10,9 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/zentinelproxy/sidecar/internal/reverse"
 	"github.com/zentinelproxy/sidecar/internal/testutil"
 	"github.com/zentinelproxy/sidecar/protocol"
+	"github.com/zentinelproxy/sidecar/reverse"
 	"github.com/zentinelproxy/sidecar/sdk"
 )
 

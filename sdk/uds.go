@@ -13,7 +13,7 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/zentinelproxy/sidecar/internal/handshake"
+	"github.com/zentinelproxy/sidecar/handshake"
 	"github.com/zentinelproxy/sidecar/internal/pbwire"
 	"github.com/zentinelproxy/sidecar/internal/rawio"
 	"github.com/zentinelproxy/sidecar/internal/udswriter"
@@ -110,7 +110,7 @@ func (o *Options) defaults() Options {
 		r.HandshakeTimeout = 5 * time.Second
 	}
 	if r.WriteTimeout <= 0 {
-		r.WriteTimeout = 5 * time.Second
+		r.WriteTimeout = udswriter.DefaultWriteTimeout
 	}
 	if r.FrameTimeout == 0 {
 		r.FrameTimeout = uds.DefaultFrameTimeout

@@ -12,9 +12,10 @@
 // docs/protocol.md for the rules this package follows where the contract is
 // silent.
 //
-// The proxy side is a Link (one batching writer goroutine and one read
-// loop per connection) under an agentmux.Session; Client dials, handshakes
-// and reconnects a small pool of them.
+// The proxy side of a connection is internal/udsclient's Link (one
+// batching writer goroutine and one read loop per connection) under an
+// agentmux.Session; its Client dials, handshakes and reconnects a small
+// pool of them. The agent side is package sdk.
 package uds
 
 import (

@@ -2,7 +2,7 @@
 // status, outcome, the deciding agent, time spent on agents per phase,
 // body bytes, duration and the request's ids, or the fields configured
 // (Config.Fields). It receives the dataplane's per-request summaries
-// (dataplane.RequestRecorder), samples ordinary requests 1 in N while
+// (observe.RequestRecorder), samples ordinary requests 1 in N while
 // always logging blocks, redirects, failures and 5xx answers, and writes
 // through a Writer that never blocks a request, to a File that can be
 // reopened at its path after a log rotation renamed it.
@@ -28,7 +28,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/zentinelproxy/sidecar/internal/config"
-	"github.com/zentinelproxy/sidecar/internal/dataplane"
+	"github.com/zentinelproxy/sidecar/internal/observe"
 )
 
 // ErrAccessLogConfig: the configuration is invalid.
@@ -121,10 +121,10 @@ type Stats struct {
 	SampledOut uint64 `json:"sampled_out"` // ordinary requests left out by sampling
 }
 
-// Logger is the access log. Use it as a dataplane.Observer (alone or
-// through dataplane.Observers); it only acts on RecordRequest.
+// Logger is the access log. Use it as a observe.Observer (alone or
+// through observe.Observers); it only acts on RecordRequest.
 type Logger struct {
-	dataplane.NopObserver
+	observe.NopObserver
 	log     zerolog.Logger
 	fields  field
 	every   uint64
@@ -153,12 +153,12 @@ func (l *Logger) Stats() Stats {
 }
 
 // always reports whether s is logged whatever the sampling.
-func always(s *dataplane.RequestSummary) bool {
-	return s.Outcome != dataplane.RequestAllowed || s.Status >= 500 || s.Aborted || s.FailedOpen > 0
+func always(s *observe.RequestSummary) bool {
+	return s.Outcome != observe.RequestAllowed || s.Status >= 500 || s.Aborted || s.FailedOpen > 0
 }
 
-// RecordRequest implements dataplane.RequestRecorder.
-func (l *Logger) RecordRequest(s *dataplane.RequestSummary) {
+// RecordRequest implements observe.RequestRecorder.
+func (l *Logger) RecordRequest(s *observe.RequestSummary) {
 	if l.every > 1 && !always(s) && l.seq.Add(1)%l.every != 0 {
 		l.sampled.Add(1)
 		return
@@ -245,11 +245,11 @@ func (l *Logger) RecordRequest(s *dataplane.RequestSummary) {
 	l.logged.Add(1)
 }
 
-var agentFields = [dataplane.NumPhases]string{
-	"agent_" + dataplane.PhaseNames[0] + "_us",
-	"agent_" + dataplane.PhaseNames[1] + "_us",
-	"agent_" + dataplane.PhaseNames[2] + "_us",
-	"agent_" + dataplane.PhaseNames[3] + "_us",
+var agentFields = [observe.NumPhases]string{
+	"agent_" + observe.PhaseNames[0] + "_us",
+	"agent_" + observe.PhaseNames[1] + "_us",
+	"agent_" + observe.PhaseNames[2] + "_us",
+	"agent_" + observe.PhaseNames[3] + "_us",
 }
 
 func clip(b []byte) []byte {
@@ -260,6 +260,6 @@ func clip(b []byte) []byte {
 }
 
 var (
-	_ dataplane.Observer        = (*Logger)(nil)
-	_ dataplane.RequestRecorder = (*Logger)(nil)
+	_ observe.Observer        = (*Logger)(nil)
+	_ observe.RequestRecorder = (*Logger)(nil)
 )

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/zentinelproxy/sidecar/internal/dataplane"
+	"github.com/zentinelproxy/sidecar/internal/observe"
 	"github.com/zentinelproxy/sidecar/internal/testutil"
 )
 
@@ -30,8 +30,8 @@ func lines(t *testing.T, s string) []map[string]any {
 	return out
 }
 
-func blocked() *dataplane.RequestSummary {
-	return &dataplane.RequestSummary{
+func blocked() *observe.RequestSummary {
+	return &observe.RequestSummary{
 		ID:          42,
 		Correlation: []byte("corr-1"),
 		Route:       0,
@@ -41,19 +41,19 @@ func blocked() *dataplane.RequestSummary {
 		Path:        []byte("/upload?x=\"1\"\n"),
 		ClientIP:    []byte("10.0.0.7"),
 		Status:      403,
-		Outcome:     dataplane.RequestBlocked,
+		Outcome:     observe.RequestBlocked,
 		Agent:       1,
 		AgentName:   "waf",
 		Reason:      "blocked by waf",
 		Duration:    512 * time.Microsecond,
-		AgentTime:   [dataplane.NumPhases]time.Duration{85 * time.Microsecond, 240 * time.Microsecond},
+		AgentTime:   [observe.NumPhases]time.Duration{85 * time.Microsecond, 240 * time.Microsecond},
 		BytesIn:     4096,
 		BytesOut:    9,
 	}
 }
 
-func allowed(status int) *dataplane.RequestSummary {
-	return &dataplane.RequestSummary{ID: 1, Route: 0, RouteName: "api", Status: status, Outcome: dataplane.RequestAllowed, Agent: -1}
+func allowed(status int) *observe.RequestSummary {
+	return &observe.RequestSummary{ID: 1, Route: 0, RouteName: "api", Status: status, Outcome: observe.RequestAllowed, Agent: -1}
 }
 
 func TestLineFields(t *testing.T) {
@@ -95,7 +95,7 @@ func TestLineFields(t *testing.T) {
 func TestNoRouteLine(t *testing.T) {
 	var buf bytes.Buffer
 	l, _ := New(&buf, DefaultConfig())
-	l.RecordRequest(&dataplane.RequestSummary{Route: -1, Status: 404, Outcome: dataplane.RequestRejected, Agent: -1, Reason: "no route"})
+	l.RecordRequest(&observe.RequestSummary{Route: -1, Status: 404, Outcome: observe.RequestRejected, Agent: -1, Reason: "no route"})
 	got := lines(t, buf.String())[0]
 	if _, ok := got["route"]; ok {
 		t.Error("route logged for a request without one")
@@ -123,14 +123,14 @@ func TestSampling(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			alwaysKinds := []*dataplane.RequestSummary{
+			alwaysKinds := []*observe.RequestSummary{
 				blocked(),
-				{Outcome: dataplane.RequestRedirected, Status: 302},
-				{Outcome: dataplane.RequestFailedClosed, Status: 503},
-				{Outcome: dataplane.RequestUpstreamError, Status: 502},
+				{Outcome: observe.RequestRedirected, Status: 302},
+				{Outcome: observe.RequestFailedClosed, Status: 503},
+				{Outcome: observe.RequestUpstreamError, Status: 502},
 				allowed(500), // an upstream 5xx
-				{Outcome: dataplane.RequestAllowed, Status: 200, FailedOpen: 1},
-				{Outcome: dataplane.RequestClientGone},
+				{Outcome: observe.RequestAllowed, Status: 200, FailedOpen: 1},
+				{Outcome: observe.RequestClientGone},
 			}
 			for i := range tc.allowed {
 				l.RecordRequest(allowed(200 + i%300))

@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/zentinelproxy/sidecar/internal/handshake"
+	"github.com/zentinelproxy/sidecar/handshake"
 	"github.com/zentinelproxy/sidecar/internal/testutil"
 	"github.com/zentinelproxy/sidecar/protocol"
 	"github.com/zentinelproxy/sidecar/uds"

@@ -22,10 +22,25 @@ type Agent interface {
 	// Capabilities are the declared capabilities of a live connection (the
 	// zero value while none is live).
 	Capabilities() protocol.Capabilities
-	// Snapshot describes the agent's connections for status pages and metrics.
-	Snapshot() AgentStatus
+	// Reporter describes the agent to /status and to the metrics.
+	Reporter
 	// Close drains: CancelAll to every connection, then closes them.
 	Close() error
+}
+
+// Reporter is how an agent instance of any transport describes itself:
+// /status shows its AgentStatus as JSON and internal/metrics turns it
+// into Prometheus series at scrape time, neither of them reaching into
+// a transport. Snapshot is called by the status page, readiness checks
+// and scrapes, never on the request path; it must not block on the
+// network.
+//
+// Pool implements it (the uds and grpc clients are pools); the ext_proc
+// client adds its transport's events and a reverse agent's pool its
+// listener; Multi adds up its members'.
+type Reporter interface {
+	// Snapshot describes the agent now.
+	Snapshot() AgentStatus
 }
 
 // AgentStatus is a point-in-time view of an agent.
@@ -47,6 +62,34 @@ type AgentStatus struct {
 	FramesWritten uint64                `json:"frames_written"`
 	Caps          protocol.Capabilities `json:"capabilities"`
 	LastError     string                `json:"last_error,omitempty"`
+	// Events are the transport's own counters by name (ext_proc: streams
+	// opened, immediate responses, …, exported as
+	// sidecar_extproc_events_total); nil for transports without any.
+	Events map[string]uint64 `json:"events,omitempty"`
+	// Listener is the listener the agent's connections arrive on, for a
+	// transport whose agents dial the sidecar (reverse); nil for the
+	// others. Agents that share a listener report the same one.
+	Listener *ListenerStatus `json:"listener,omitempty"`
+}
+
+// ListenerStatus describes a listener agents dial into: its
+// registrations, by how they ended, and its connections.
+type ListenerStatus struct {
+	// Address names the listener: "unix:/path" or the bound host:port.
+	Address string `json:"address"`
+	// Accepted counts accepted registrations; Rejected those refused or
+	// failed, by reason (a fixed set of label values).
+	Accepted uint64            `json:"accepted"`
+	Rejected map[string]uint64 `json:"rejected"`
+	// Delayed counts refusals answered late, Unheld refusals closed at
+	// once because too many refused connections were held open.
+	Delayed uint64 `json:"delayed"`
+	Unheld  uint64 `json:"unheld"`
+	// Pending, Refusing and Active are the connections registering,
+	// refused (their answer held back or being drained) and registered.
+	Pending  int64 `json:"pending"`
+	Refusing int64 `json:"refusing"`
+	Active   int64 `json:"active"`
 }
 
 // add adds x's connections, in-flight requests and cumulative counters
@@ -62,6 +105,12 @@ func (st *AgentStatus) add(x *AgentStatus) {
 	st.ControlDropped += x.ControlDropped
 	st.Writes += x.Writes
 	st.FramesWritten += x.FramesWritten
+	for name, n := range x.Events {
+		if st.Events == nil {
+			st.Events = make(map[string]uint64, len(x.Events))
+		}
+		st.Events[name] += n
+	}
 }
 
 // Pool is a set of live sessions to one agent; new exchanges go to the

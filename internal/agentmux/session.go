@@ -3,9 +3,9 @@
 // It is the transport-independent half of the proxy side of agent protocol
 // v2: request ids, the in-flight limit with a bounded wait queue, per-event
 // deadlines, cancellation, late-reply accounting and failing every waiter
-// when the connection dies. A transport (uds, reverse, grpcagent) supplies a
-// Link that puts events on the wire and feeds decoded replies back through
-// Session.Deliver from its single read loop.
+// when the connection dies. A transport (udsclient, reverse, grpcclient,
+// extproc) supplies a Link that puts events on the wire and feeds decoded
+// replies back through Session.Deliver from its single read loop.
 //
 // Every event the proxy sends gets exactly one reply, so an Exchange has at
 // most one event outstanding; the reply is delivered by swapping Reply
@@ -119,6 +119,34 @@ var nextID atomic.Uint64
 
 // NextRequestID returns a fresh request id, unique in this process.
 func NextRequestID() uint64 { return nextID.Add(1) }
+
+// Defaults of the session limits. Every transport's configuration
+// (udsclient, grpcclient, extproc, reverse) and the configuration file
+// (internal/config: max_in_flight, max_queue, timeouts.message) take
+// them from here.
+const (
+	// DefaultMessageTimeout bounds the wait for each reply.
+	DefaultMessageTimeout = time.Second
+	// DefaultMaxInFlight is the proxy's in-flight limit per connection.
+	DefaultMaxInFlight = 1024
+	// DefaultMaxQueue is how many requests may wait for an in-flight slot
+	// per connection.
+	DefaultMaxQueue = 1024
+)
+
+// MessageDeadline is the deadline of one event sent at now: the earlier
+// of w's deadline and the message timeout from now (zero: neither; a
+// timeout <= 0 is none). byMsg says the message timeout is the earlier.
+// Every transport bounds its events with it.
+func MessageDeadline(w Wait, now time.Time, timeout time.Duration) (dl time.Time, byMsg bool) {
+	dl = w.Deadline
+	if timeout > 0 {
+		if m := now.Add(timeout); dl.IsZero() || m.Before(dl) {
+			return m, true
+		}
+	}
+	return dl, false
+}
 
 // SessionConfig bounds one Session.
 type SessionConfig struct {
@@ -325,15 +353,9 @@ func (s *Session) waitSlot(w Wait) error {
 }
 
 // deadline is the earlier of w's deadline and MessageTimeout from now
-// (zero: neither); byMsg says MessageTimeout is the earlier.
+// (MessageDeadline).
 func (s *Session) deadline(w Wait, now time.Time) (dl time.Time, byMsg bool) {
-	dl = w.Deadline
-	if s.cfg.MessageTimeout > 0 {
-		if m := now.Add(s.cfg.MessageTimeout); dl.IsZero() || m.Before(dl) {
-			return m, true
-		}
-	}
-	return dl, false
+	return MessageDeadline(w, now, s.cfg.MessageTimeout)
 }
 
 // Deliver hands a decoded reply to the exchange waiting for it and returns

@@ -88,3 +88,29 @@ func TestEventTimeoutMs(t *testing.T) {
 		})
 	}
 }
+
+// TestMessageDeadline: the earlier of the call's deadline and the message
+// timeout, and which one it was.
+func TestMessageDeadline(t *testing.T) {
+	now := time.Unix(1000, 0)
+	soon, late := now.Add(100*time.Millisecond), now.Add(time.Hour)
+	for _, tc := range []struct {
+		name    string
+		w       Wait
+		timeout time.Duration
+		want    time.Time
+		byMsg   bool
+	}{
+		{"neither", Wait{}, 0, time.Time{}, false},
+		{"timeout only", Wait{}, time.Second, now.Add(time.Second), true},
+		{"deadline only", Wait{Deadline: soon}, 0, soon, false},
+		{"deadline first", Wait{Deadline: soon}, time.Second, soon, false},
+		{"timeout first", Wait{Deadline: late}, time.Second, now.Add(time.Second), true},
+		{"negative timeout", Wait{Deadline: late}, -time.Second, late, false},
+	} {
+		got, byMsg := MessageDeadline(tc.w, now, tc.timeout)
+		if !got.Equal(tc.want) || byMsg != tc.byMsg {
+			t.Errorf("%s: %v %v, want %v %v", tc.name, got, byMsg, tc.want, tc.byMsg)
+		}
+	}
+}

@@ -4,9 +4,9 @@ import (
 	"os"
 	"time"
 
+	"github.com/zentinelproxy/sidecar/dataplane"
 	"github.com/zentinelproxy/sidecar/examples/allowagent"
 	"github.com/zentinelproxy/sidecar/internal/accesslog"
-	"github.com/zentinelproxy/sidecar/internal/dataplane"
 	"github.com/zentinelproxy/sidecar/internal/metrics"
 )
 

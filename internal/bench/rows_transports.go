@@ -13,7 +13,7 @@ import (
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/internal/config"
 	"github.com/zentinelproxy/sidecar/internal/grpcclient"
-	"github.com/zentinelproxy/sidecar/internal/reverse"
+	"github.com/zentinelproxy/sidecar/reverse"
 	"github.com/zentinelproxy/sidecar/sdk"
 	"github.com/zentinelproxy/sidecar/sdk/grpcsdk"
 )

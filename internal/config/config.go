@@ -35,6 +35,11 @@ import (
 
 	"github.com/rs/zerolog"
 	"gopkg.in/yaml.v3"
+
+	"github.com/zentinelproxy/sidecar/internal/agentmux"
+	"github.com/zentinelproxy/sidecar/internal/redial"
+	"github.com/zentinelproxy/sidecar/internal/udswriter"
+	"github.com/zentinelproxy/sidecar/uds"
 )
 
 // Errors. Every error this package returns wraps one of them.
@@ -616,17 +621,17 @@ func (c *Config) SetDefaults() {
 	for i := range c.Agents {
 		a := &c.Agents[i]
 		setInt(&a.Conns, 1)
-		setInt(&a.MaxInFlight, 1024)
-		setInt(&a.MaxQueue, 1024)
-		setSize(&a.MaxPendingBytes, 4<<20)
+		setInt(&a.MaxInFlight, agentmux.DefaultMaxInFlight)
+		setInt(&a.MaxQueue, agentmux.DefaultMaxQueue)
+		setSize(&a.MaxPendingBytes, udswriter.DefaultMaxPendingBytes)
 		if a.PayloadEncoding == "" {
 			a.PayloadEncoding = EncodingAuto
 		}
-		setDur(&a.Timeouts.Connect, time.Second)
-		setDur(&a.Timeouts.Handshake, 2*time.Second)
-		setDur(&a.Timeouts.Message, time.Second)
+		setDur(&a.Timeouts.Connect, redial.DefaultConnectTimeout)
+		setDur(&a.Timeouts.Handshake, redial.DefaultHandshakeTimeout)
+		setDur(&a.Timeouts.Message, agentmux.DefaultMessageTimeout)
 		setDur(&a.Timeouts.Request, 5*time.Second)
-		setDur(&a.Timeouts.Frame, 5*time.Second)
+		setDur(&a.Timeouts.Frame, uds.DefaultFrameTimeout)
 		setInt(&a.Limits.HeaderOps, 256)
 		setSize(&a.Limits.HeaderBytes, 64<<10)
 		setSize(&a.Limits.HeaderValue, 16<<10)

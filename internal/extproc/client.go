@@ -70,9 +70,12 @@ var EventNames = [numEvents]string{
 	"buffer_limit", "processor_done", "probes_refused",
 }
 
+var _ agentmux.Reporter = (*Client)(nil)
+
 // Client keeps Conns HTTP/2 connections to one processor and implements
 // agentmux.Agent: each connection is an agentmux.Session whose link opens
-// one stream per request.
+// one stream per request. Its report (Snapshot) adds the transport's
+// events to its pool's.
 type Client struct {
 	*agentmux.Pool
 	cfg  Config
@@ -98,6 +101,15 @@ func (c *Client) Counts() map[string]uint64 {
 		out[EventNames[i]] = c.counts[i].Load()
 	}
 	return out
+}
+
+// Snapshot implements agentmux.Reporter: the pool's connections and
+// counters, and the transport's events (Counts), which internal/metrics
+// exports as sidecar_extproc_events_total.
+func (c *Client) Snapshot() agentmux.AgentStatus {
+	st := c.Pool.Snapshot()
+	st.Events = c.Counts()
+	return st
 }
 
 // Capabilities are what the processor may be sent under the configured
@@ -142,11 +154,6 @@ func metadataContext(md map[string]map[string]string) *corev3.Metadata {
 	return out
 }
 
-var registry struct {
-	sync.Mutex
-	clients map[*Client]struct{}
-}
-
 // NewClient validates cfg, reads its TLS files and starts connecting;
 // Begin fails with agentmux.ErrAgentUnavailable until a connection is up.
 func NewClient(cfg Config) (*Client, error) {
@@ -180,12 +187,6 @@ func NewClient(cfg Config) (*Client, error) {
 		c.wg.Add(1)
 		go c.maintain(i)
 	}
-	registry.Lock()
-	if registry.clients == nil {
-		registry.clients = map[*Client]struct{}{}
-	}
-	registry.clients[c] = struct{}{}
-	registry.Unlock()
 	return c, nil
 }
 
@@ -327,8 +328,5 @@ func (c *Client) Close() error {
 	for _, cc := range c.conns {
 		_ = cc.Close()
 	}
-	registry.Lock()
-	delete(registry.clients, c)
-	registry.Unlock()
 	return err
 }

@@ -12,7 +12,9 @@ import (
 	extprocfilter "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	"github.com/rs/zerolog"
 
+	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/internal/grpcclient"
+	"github.com/zentinelproxy/sidecar/internal/redial"
 )
 
 // ErrExtProcConfig: the configuration of an ext_proc agent is invalid.
@@ -217,10 +219,10 @@ func DefaultConfig(name, address string) Config {
 		Name:           name,
 		Address:        address,
 		Conns:          1,
-		MaxInFlight:    1024,
-		MaxQueue:       1024,
-		DialTimeout:    2 * time.Second,
-		MessageTimeout: time.Second,
+		MaxInFlight:    agentmux.DefaultMaxInFlight,
+		MaxQueue:       agentmux.DefaultMaxQueue,
+		DialTimeout:    redial.DefaultConnectTimeout + redial.DefaultHandshakeTimeout,
+		MessageTimeout: agentmux.DefaultMessageTimeout,
 		GraceTimeout:   time.Second,
 		BufferLimit:    DefaultBufferLimit,
 		MaxMessageSize: 10 << 20,

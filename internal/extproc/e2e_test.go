@@ -17,9 +17,9 @@ import (
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"github.com/rs/zerolog"
 
+	"github.com/zentinelproxy/sidecar/dataplane"
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/internal/config"
-	"github.com/zentinelproxy/sidecar/internal/dataplane"
 	"github.com/zentinelproxy/sidecar/internal/testutil"
 	"github.com/zentinelproxy/sidecar/internal/transports"
 )

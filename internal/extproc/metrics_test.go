@@ -6,12 +6,16 @@ import (
 	extprocsvc "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/internal/extproc"
+	"github.com/zentinelproxy/sidecar/internal/metrics"
 	"github.com/zentinelproxy/sidecar/internal/testutil"
 	"github.com/zentinelproxy/sidecar/protocol"
 )
 
-// TestCollector: the transport's counters are exported per agent.
+// TestCollector: the transport's counters are exported per agent, from
+// the client's report of itself (agentmux.Reporter) as the sidecar's
+// metrics read it.
 func TestCollector(t *testing.T) {
 	_, addr, _ := startProcessor(t, func(req *extprocsvc.ProcessingRequest) ([]*extprocsvc.ProcessingResponse, error) {
 		return []*extprocsvc.ProcessingResponse{cont(req, &extprocsvc.CommonResponse{ClearRouteCache: true})}, nil
@@ -22,11 +26,12 @@ func TestCollector(t *testing.T) {
 		t.Fatal(err)
 	}
 	ex.Finish()
-	reg := prometheus.NewRegistry()
-	if err := reg.Register(extproc.Collector()); err != nil {
+	m, err := metrics.New(metrics.Config{Registry: prometheus.NewRegistry()})
+	if err != nil {
 		t.Fatal(err)
 	}
-	mfs, err := reg.Gather()
+	m.SetAgents(func() []agentmux.AgentStatus { return []agentmux.AgentStatus{c.Snapshot()} })
+	mfs, err := m.Registry().Gather()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,9 +19,9 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/zentinelproxy/sidecar/grpcagent/pb"
+	"github.com/zentinelproxy/sidecar/handshake"
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/internal/grpcwire"
-	"github.com/zentinelproxy/sidecar/internal/handshake"
 	"github.com/zentinelproxy/sidecar/internal/redial"
 	"github.com/zentinelproxy/sidecar/protocol"
 )
@@ -29,16 +29,19 @@ import (
 // More sentinel errors of the proxy side.
 var (
 	// ErrGRPCNotServing: the agent's HealthCheck says it is not ready.
-	ErrGRPCNotServing = errors.New("grpcagent: agent not serving")
+	ErrGRPCNotServing = errors.New("grpcclient: agent not serving")
 	// ErrGRPCCapabilities: GetCapabilities failed or its answer was refused.
-	ErrGRPCCapabilities = errors.New("grpcagent: capability negotiation failed")
+	ErrGRPCCapabilities = errors.New("grpcclient: capability negotiation failed")
 )
 
 // Client keeps Conns connections to one gRPC agent, each carrying one
 // long-lived ProcessStream that multiplexes many requests by request_id;
 // it negotiates with GetCapabilities and checks HealthCheck before a
 // connection takes requests, reconnects with backoff and hands out
-// exchanges on the least loaded connection. It implements agentmux.Agent.
+var _ agentmux.Reporter = (*Client)(nil)
+
+// exchanges on the least loaded connection. It implements agentmux.Agent;
+// its report (agentmux.Reporter) is its pool's.
 type Client struct {
 	*agentmux.Pool
 	cfg    Config

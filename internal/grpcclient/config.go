@@ -11,11 +11,13 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/internal/grpcwire"
+	"github.com/zentinelproxy/sidecar/internal/redial"
 )
 
 // ErrGRPCConfig: the client configuration is invalid.
-var ErrGRPCConfig = errors.New("grpcagent: invalid config")
+var ErrGRPCConfig = errors.New("grpcclient: invalid config")
 
 // TLSConfig secures the connection to the agent. The zero value is
 // plaintext (loopback and trusted networks only).
@@ -94,7 +96,7 @@ type Config struct {
 	// TLS secures the connection.
 	TLS TLSConfig
 	// Logger receives connection events. It carries the agent field (the
-	// dataplane's transport builders add it); the transport does not add it.
+	// factories of internal/transports add it); the transport does not add it.
 	Logger zerolog.Logger
 }
 
@@ -106,15 +108,15 @@ func DefaultConfig(name, address string) Config {
 		Address:          address,
 		Conns:            1,
 		ClientName:       "zentinel-sidecar/0.1",
-		DialTimeout:      2 * time.Second,
-		MessageTimeout:   time.Second,
-		MaxInFlight:      1024,
-		MaxQueue:         1024,
+		DialTimeout:      redial.DefaultConnectTimeout + redial.DefaultHandshakeTimeout,
+		MessageTimeout:   agentmux.DefaultMessageTimeout,
+		MaxInFlight:      agentmux.DefaultMaxInFlight,
+		MaxQueue:         agentmux.DefaultMaxQueue,
 		HealthInterval:   10 * time.Second,
 		KeepaliveTime:    30 * time.Second,
 		KeepaliveTimeout: 10 * time.Second,
-		BackoffMin:       50 * time.Millisecond,
-		BackoffMax:       5 * time.Second,
+		BackoffMin:       redial.DefaultMin,
+		BackoffMax:       redial.DefaultMax,
 		MaxMessageSize:   grpcwire.MaxMessageSize,
 		Logger:           zerolog.Nop(),
 	}

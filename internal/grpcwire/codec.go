@@ -18,7 +18,7 @@ import (
 // errors.Is.
 var (
 	// ErrGRPCMessageTooLarge: a message exceeds the 10 MiB gRPC limit.
-	ErrGRPCMessageTooLarge = errors.New("grpcagent: message too large")
+	ErrGRPCMessageTooLarge = errors.New("grpcwire: message too large")
 	// ErrGRPCMessageType: a message of a type this transport does not carry
 	// (the wire format's pbwire.ErrMessageType).
 	ErrGRPCMessageType = pbwire.ErrMessageType
@@ -26,11 +26,11 @@ var (
 	// (the wire format's pbwire.ErrMalformed).
 	ErrGRPCMalformed = pbwire.ErrMalformed
 	// ErrGRPCAgentError: the agent reported that it failed to handle an event.
-	ErrGRPCAgentError = errors.New("grpcagent: agent error")
+	ErrGRPCAgentError = errors.New("grpcwire: agent error")
 	// ErrGRPCClosed: the stream or client was closed.
-	ErrGRPCClosed = errors.New("grpcagent: closed")
+	ErrGRPCClosed = errors.New("grpcwire: closed")
 	// ErrGRPCQueueFull: the stream's send queue is full (the peer does not read).
-	ErrGRPCQueueFull = errors.New("grpcagent: send queue full")
+	ErrGRPCQueueFull = errors.New("grpcwire: send queue full")
 )
 
 // MaxMessageSize is the largest gRPC message in either direction.

@@ -7,7 +7,7 @@ import (
 
 // Conversions of the handshake messages, which the gRPC transport carries
 // as generated protobuf messages on their own RPC (the stream's messages
-// go through the hand codec of wire.go instead).
+// go through the hand codec of internal/pbwire instead).
 
 // CapabilitiesToPB converts c.
 func CapabilitiesToPB(c protocol.Capabilities) *pb.Capabilities {

@@ -3,7 +3,7 @@ package metrics
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/zentinelproxy/sidecar/internal/dataplane"
+	"github.com/zentinelproxy/sidecar/internal/observe"
 )
 
 // Client connection metrics per listener, read from the dataplane's
@@ -25,7 +25,7 @@ var (
 
 var connDescs = []*prometheus.Desc{descConnsOpen, descConnsAccepted, descConnsRefused, descConnsIdle, descLingering, descLingeringBytes}
 
-func collectConnections(ch chan<- prometheus.Metric, st *dataplane.Stats) {
+func collectConnections(ch chan<- prometheus.Metric, st *observe.Stats) {
 	for _, c := range st.Connections {
 		l := c.Listener
 		ch <- prometheus.MustNewConstMetric(descConnsOpen, prometheus.GaugeValue, float64(c.Open), l)

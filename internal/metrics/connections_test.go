@@ -3,13 +3,13 @@ package metrics
 import (
 	"testing"
 
-	"github.com/zentinelproxy/sidecar/internal/dataplane"
+	"github.com/zentinelproxy/sidecar/internal/observe"
 )
 
 func TestConnectionMetrics(t *testing.T) {
 	m := newMetrics(t)
-	m.SetStats(func() dataplane.Stats {
-		return dataplane.Stats{Connections: []dataplane.ConnStats{
+	m.SetStats(func() observe.Stats {
+		return observe.Stats{Connections: []observe.ConnStats{
 			{Listener: "edge", Open: 3, Accepted: 200, RefusedMaxConnections: 171, IdleClosed: 5,
 				LingeringCloses: 10, LingeringTimeouts: 2, LingeringCapped: 1, LingeringBytes: 65536},
 			{Listener: "tls", Open: 1, Accepted: 1},

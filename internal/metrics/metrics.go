@@ -1,8 +1,10 @@
 // Package metrics exports the sidecar's Prometheus metrics: it implements
-// dataplane.Observer (requests by route and outcome, agent round-trip
-// latency per phase, agent errors by kind, body bytes) and reads agent
-// pools, reverse listeners and the dataplane's counters at scrape time
-// (connections, in-flight, late replies, registrations).
+// observe.Observer (requests by route and outcome, agent round-trip
+// latency per phase, agent errors by kind, body bytes) and reads, at
+// scrape time, the dataplane's counters and what every agent instance
+// reports of itself through agentmux.Reporter, whatever its transport
+// (connections, in-flight, late replies, an ext_proc agent's events, a
+// reverse agent's listener and its registrations).
 //
 // The request path never builds a label set: Reset resolves every
 // counter and histogram of the new routing table into slices indexed like
@@ -23,9 +25,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
-	"github.com/zentinelproxy/sidecar/internal/dataplane"
 	"github.com/zentinelproxy/sidecar/internal/gomaxprocs"
-	"github.com/zentinelproxy/sidecar/internal/reverse"
+	"github.com/zentinelproxy/sidecar/internal/observe"
 	"github.com/zentinelproxy/sidecar/protocol"
 )
 
@@ -95,7 +96,7 @@ type Config struct {
 }
 
 // Metrics is the sidecar's set of Prometheus collectors. It implements
-// dataplane.Observer and dataplane.RequestRecorder; its methods are safe
+// observe.Observer and observe.RequestRecorder; its methods are safe
 // for concurrent use, Reset included.
 type Metrics struct {
 	reg *prometheus.Registry
@@ -118,11 +119,10 @@ type Metrics struct {
 	// resetMu orders concurrent Resets (each builds a whole table).
 	resetMu sync.Mutex
 
-	agents  atomic.Pointer[func() []agentmux.AgentStatus]
-	reverse atomic.Pointer[func() []*reverse.Listener]
-	stats   atomic.Pointer[func() dataplane.Stats]
-	ups     upstreamCollector // endpoint state (upstreams.go)
-	policy  atomic.Pointer[func() dataplane.PolicyStatus]
+	agents atomic.Pointer[func() []agentmux.AgentStatus]
+	stats  atomic.Pointer[func() observe.Stats]
+	ups    upstreamCollector // endpoint state (upstreams.go)
+	policy atomic.Pointer[func() observe.PolicyStatus]
 }
 
 // handles are the label-resolved metrics of one routing table.
@@ -133,7 +133,7 @@ type handles struct {
 }
 
 type routeHandles struct {
-	outcome   [dataplane.NumRequestOutcomes]prometheus.Counter
+	outcome   [observe.NumRequestOutcomes]prometheus.Counter
 	duration  prometheus.Observer
 	upstream  [2]prometheus.Counter // error, timeout
 	bytesIn   prometheus.Counter
@@ -143,7 +143,7 @@ type routeHandles struct {
 }
 
 type agentHandles struct {
-	latency    [dataplane.NumPhases]prometheus.Observer
+	latency    [observe.NumPhases]prometheus.Observer
 	decisions  [numDecisions]prometheus.Counter
 	errs       [numErrKinds]prometheus.Counter
 	failOpen   prometheus.Counter
@@ -274,8 +274,10 @@ func New(cfg Config) (*Metrics, error) {
 // the admin listener's /metrics).
 func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
 
-// SetAgents sets where scrapes read the agents' connection state
-// (dataplane.Server.AgentStatus); nil stops those metrics.
+// SetAgents sets where scrapes read the agents' reports
+// (dataplane.Server.AgentStatus, each agent's agentmux.Reporter): their
+// connections and counters, an ext_proc agent's events, a reverse agent's
+// listener; nil stops those metrics.
 func (m *Metrics) SetAgents(f func() []agentmux.AgentStatus) {
 	if f == nil {
 		m.agents.Store(nil)
@@ -284,19 +286,9 @@ func (m *Metrics) SetAgents(f func() []agentmux.AgentStatus) {
 	m.agents.Store(&f)
 }
 
-// SetReverse sets where scrapes find the reverse listeners; nil stops the
-// registration metrics.
-func (m *Metrics) SetReverse(f func() []*reverse.Listener) {
-	if f == nil {
-		m.reverse.Store(nil)
-		return
-	}
-	m.reverse.Store(&f)
-}
-
 // SetStats sets where scrapes read the dataplane's counters
 // (dataplane.Server.Stats); nil stops those metrics.
-func (m *Metrics) SetStats(f func() dataplane.Stats) {
+func (m *Metrics) SetStats(f func() observe.Stats) {
 	if f == nil {
 		m.stats.Store(nil)
 		return
@@ -314,7 +306,7 @@ func (m *Metrics) ConfigReloaded(err error) {
 	m.reloadTime.SetToCurrentTime()
 }
 
-// Reset implements dataplane.Observer: it resolves the metrics of the
+// Reset implements observe.Observer: it resolves the metrics of the
 // routes and agents of a new routing table and swaps them in. Series of
 // names no longer configured are kept (counters stay monotonic when a
 // name comes back).
@@ -329,7 +321,7 @@ func (m *Metrics) Reset(routes, agents []string) {
 	for i, name := range agents {
 		a := &h.agents[i]
 		for p := range a.latency {
-			a.latency[p] = m.latency.WithLabelValues(name, dataplane.PhaseNames[p])
+			a.latency[p] = m.latency.WithLabelValues(name, observe.PhaseNames[p])
 		}
 		for d := range a.decisions {
 			a.decisions[d] = m.decisions.WithLabelValues(name, decisionNames[d])
@@ -348,7 +340,7 @@ func (m *Metrics) Reset(routes, agents []string) {
 
 func (m *Metrics) routeHandles(r *routeHandles, name string) {
 	for o := range r.outcome {
-		r.outcome[o] = m.requests.WithLabelValues(name, dataplane.RequestOutcome(o).String())
+		r.outcome[o] = m.requests.WithLabelValues(name, observe.RequestOutcome(o).String())
 	}
 	r.duration = m.duration.WithLabelValues(name)
 	r.upstream[0] = m.upstream.WithLabelValues(name, "error")
@@ -375,12 +367,12 @@ func (h *handles) agent(i int) *agentHandles {
 	return nil
 }
 
-// Request implements dataplane.Observer. Everything about a finished
+// Request implements observe.Observer. Everything about a finished
 // request is counted in RecordRequest, from its summary.
 func (m *Metrics) Request(int, int, time.Duration) {}
 
-// RecordRequest implements dataplane.RequestRecorder.
-func (m *Metrics) RecordRequest(s *dataplane.RequestSummary) {
+// RecordRequest implements observe.RequestRecorder.
+func (m *Metrics) RecordRequest(s *observe.RequestSummary) {
 	h := m.h.Load()
 	r := h.route(s.Route)
 	if o := int(s.Outcome); o < len(r.outcome) {
@@ -401,41 +393,41 @@ func (m *Metrics) RecordRequest(s *dataplane.RequestSummary) {
 			r.mutated[d].Add(float64(n))
 		}
 	}
-	if s.Outcome == dataplane.RequestFailedClosed {
+	if s.Outcome == observe.RequestFailedClosed {
 		if a := h.agent(s.Agent); a != nil {
 			a.failClosed.Inc()
 		}
 	}
 }
 
-// AgentEvent implements dataplane.Observer.
-func (m *Metrics) AgentEvent(route, agent int, phase protocol.Phase, body bool, o dataplane.Outcome, d time.Duration) {
+// AgentEvent implements observe.Observer.
+func (m *Metrics) AgentEvent(route, agent int, phase protocol.Phase, body bool, o observe.Outcome, d time.Duration) {
 	a := m.h.Load().agent(agent)
 	if a == nil {
 		return
 	}
 	switch o {
-	case dataplane.OutcomeAllow:
+	case observe.OutcomeAllow:
 		a.decisions[decAllow].Inc()
-	case dataplane.OutcomeBlock:
+	case observe.OutcomeBlock:
 		a.decisions[decBlock].Inc()
-	case dataplane.OutcomeRedirect:
+	case observe.OutcomeRedirect:
 		a.decisions[decRedirect].Inc()
-	case dataplane.OutcomeContinue:
+	case observe.OutcomeContinue:
 		a.decisions[decContinue].Inc()
-	case dataplane.OutcomeTimeout:
+	case observe.OutcomeTimeout:
 		a.errs[errTimeout].Inc()
 		return
-	case dataplane.OutcomeUnavailable:
+	case observe.OutcomeUnavailable:
 		a.errs[errUnavailable].Inc()
 		return
-	case dataplane.OutcomeOverloaded:
+	case observe.OutcomeOverloaded:
 		a.errs[errOverloaded].Inc()
 		return
-	case dataplane.OutcomeConnLost:
+	case observe.OutcomeConnLost:
 		a.errs[errConnLost].Inc()
 		return
-	case dataplane.OutcomeInvalid:
+	case observe.OutcomeInvalid:
 		a.errs[errProtocol].Inc()
 		if d <= 0 {
 			return
@@ -444,31 +436,31 @@ func (m *Metrics) AgentEvent(route, agent int, phase protocol.Phase, body bool, 
 		// Canceled: the client went away; neither a reply nor an agent error.
 		return
 	}
-	a.latency[dataplane.PhaseIndex(phase, body)].Observe(d.Seconds())
+	a.latency[observe.PhaseIndex(phase, body)].Observe(d.Seconds())
 }
 
-// FailOpen implements dataplane.Observer.
+// FailOpen implements observe.Observer.
 func (m *Metrics) FailOpen(route, agent int) {
 	if a := m.h.Load().agent(agent); a != nil {
 		a.failOpen.Inc()
 	}
 }
 
-// MutationRefused implements dataplane.Observer.
+// MutationRefused implements observe.Observer.
 func (m *Metrics) MutationRefused(route, agent int) {
 	if a := m.h.Load().agent(agent); a != nil {
 		a.errs[errRefused].Inc()
 	}
 }
 
-// InspectionSkipped implements dataplane.Observer.
+// InspectionSkipped implements observe.Observer.
 func (m *Metrics) InspectionSkipped(route, agent int, phase protocol.Phase) {
 	if a := m.h.Load().agent(agent); a != nil && int(phase) < len(a.skipped) {
 		a.skipped[phase].Inc()
 	}
 }
 
-// Upstream implements dataplane.Observer.
+// Upstream implements observe.Observer.
 func (m *Metrics) Upstream(route int, timeout bool) {
 	r := m.h.Load().route(route)
 	if timeout {
@@ -479,6 +471,6 @@ func (m *Metrics) Upstream(route int, timeout bool) {
 }
 
 var (
-	_ dataplane.Observer        = (*Metrics)(nil)
-	_ dataplane.RequestRecorder = (*Metrics)(nil)
+	_ observe.Observer        = (*Metrics)(nil)
+	_ observe.RequestRecorder = (*Metrics)(nil)
 )

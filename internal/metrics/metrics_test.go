@@ -18,9 +18,9 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
-	"github.com/zentinelproxy/sidecar/internal/dataplane"
-	"github.com/zentinelproxy/sidecar/internal/reverse"
+	"github.com/zentinelproxy/sidecar/internal/observe"
 	"github.com/zentinelproxy/sidecar/protocol"
+	"github.com/zentinelproxy/sidecar/reverse"
 	"github.com/zentinelproxy/sidecar/sdk"
 )
 
@@ -102,8 +102,8 @@ func expect(t *testing.T, v map[string]float64, key string, want float64) {
 	}
 }
 
-func summary(route int, o dataplane.RequestOutcome, agent int) *dataplane.RequestSummary {
-	return &dataplane.RequestSummary{Route: route, Outcome: o, Agent: agent, Status: 200, Duration: 300 * time.Microsecond}
+func summary(route int, o observe.RequestOutcome, agent int) *observe.RequestSummary {
+	return &observe.RequestSummary{Route: route, Outcome: o, Agent: agent, Status: 200, Duration: 300 * time.Microsecond}
 }
 
 func TestRequestsByRouteAndOutcome(t *testing.T) {
@@ -111,17 +111,17 @@ func TestRequestsByRouteAndOutcome(t *testing.T) {
 	m.Reset([]string{"api", "static"}, []string{"waf", "auth"})
 	mix := []struct {
 		route, agent int
-		o            dataplane.RequestOutcome
+		o            observe.RequestOutcome
 		n            int
 	}{
-		{0, -1, dataplane.RequestAllowed, 5},
-		{0, 0, dataplane.RequestBlocked, 2},
-		{1, 0, dataplane.RequestRedirected, 1},
-		{1, -1, dataplane.RequestFailedOpen, 1},
-		{0, 1, dataplane.RequestFailedClosed, 3},
-		{1, -1, dataplane.RequestUpstreamError, 1},
-		{-1, -1, dataplane.RequestRejected, 4},
-		{0, -1, dataplane.RequestClientGone, 1},
+		{0, -1, observe.RequestAllowed, 5},
+		{0, 0, observe.RequestBlocked, 2},
+		{1, 0, observe.RequestRedirected, 1},
+		{1, -1, observe.RequestFailedOpen, 1},
+		{0, 1, observe.RequestFailedClosed, 3},
+		{1, -1, observe.RequestUpstreamError, 1},
+		{-1, -1, observe.RequestRejected, 4},
+		{0, -1, observe.RequestClientGone, 1},
 	}
 	for _, x := range mix {
 		for range x.n {
@@ -151,25 +151,25 @@ func TestAgentEvents(t *testing.T) {
 	m := newMetrics(t)
 	m.Reset([]string{"api"}, []string{"waf", "auth"})
 	us := time.Microsecond
-	ev := func(agent int, p protocol.Phase, body bool, o dataplane.Outcome, d time.Duration) {
+	ev := func(agent int, p protocol.Phase, body bool, o observe.Outcome, d time.Duration) {
 		m.AgentEvent(0, agent, p, body, o, d)
 	}
 	for range 3 {
-		ev(0, protocol.PhaseRequest, false, dataplane.OutcomeAllow, 50*us)
+		ev(0, protocol.PhaseRequest, false, observe.OutcomeAllow, 50*us)
 	}
-	ev(0, protocol.PhaseRequest, false, dataplane.OutcomeBlock, 15*us)
-	ev(0, protocol.PhaseRequest, true, dataplane.OutcomeContinue, 30*us)
-	ev(0, protocol.PhaseResponse, false, dataplane.OutcomeRedirect, 2*time.Millisecond)
-	ev(1, protocol.PhaseResponse, true, dataplane.OutcomeAllow, 100*us)
+	ev(0, protocol.PhaseRequest, false, observe.OutcomeBlock, 15*us)
+	ev(0, protocol.PhaseRequest, true, observe.OutcomeContinue, 30*us)
+	ev(0, protocol.PhaseResponse, false, observe.OutcomeRedirect, 2*time.Millisecond)
+	ev(1, protocol.PhaseResponse, true, observe.OutcomeAllow, 100*us)
 	// Errors: counted by kind, no latency sample (no reply).
-	ev(1, protocol.PhaseRequest, false, dataplane.OutcomeTimeout, time.Second)
-	ev(1, protocol.PhaseRequest, false, dataplane.OutcomeTimeout, time.Second)
-	ev(1, protocol.PhaseRequest, false, dataplane.OutcomeUnavailable, 0)
-	ev(1, protocol.PhaseRequest, false, dataplane.OutcomeOverloaded, 0)
-	ev(1, protocol.PhaseRequest, false, dataplane.OutcomeConnLost, 40*us)
-	ev(0, protocol.PhaseRequest, false, dataplane.OutcomeInvalid, 20*us) // an invalid reply: a sample
-	ev(0, protocol.PhaseRequest, false, dataplane.OutcomeInvalid, 0)     // begin failed: none
-	ev(0, protocol.PhaseRequest, false, dataplane.OutcomeCanceled, 70*us)
+	ev(1, protocol.PhaseRequest, false, observe.OutcomeTimeout, time.Second)
+	ev(1, protocol.PhaseRequest, false, observe.OutcomeTimeout, time.Second)
+	ev(1, protocol.PhaseRequest, false, observe.OutcomeUnavailable, 0)
+	ev(1, protocol.PhaseRequest, false, observe.OutcomeOverloaded, 0)
+	ev(1, protocol.PhaseRequest, false, observe.OutcomeConnLost, 40*us)
+	ev(0, protocol.PhaseRequest, false, observe.OutcomeInvalid, 20*us) // an invalid reply: a sample
+	ev(0, protocol.PhaseRequest, false, observe.OutcomeInvalid, 0)     // begin failed: none
+	ev(0, protocol.PhaseRequest, false, observe.OutcomeCanceled, 70*us)
 	m.MutationRefused(0, 0)
 	m.MutationRefused(0, 0)
 	m.FailOpen(0, 1)
@@ -178,7 +178,7 @@ func TestAgentEvents(t *testing.T) {
 	m.Upstream(0, false)
 	m.Upstream(-1, false)
 	// Out-of-range agents (a request of a retired table) are ignored.
-	ev(7, protocol.PhaseRequest, false, dataplane.OutcomeAllow, 50*us)
+	ev(7, protocol.PhaseRequest, false, observe.OutcomeAllow, 50*us)
 	m.FailOpen(0, 9)
 
 	v := values(t, m.Registry())
@@ -234,7 +234,7 @@ sidecar_upstream_errors_total{kind="timeout",route="api"} 1
 func TestBodyBytes(t *testing.T) {
 	m := newMetrics(t)
 	m.Reset([]string{"up"}, []string{"a"})
-	s := summary(0, dataplane.RequestAllowed, -1)
+	s := summary(0, observe.RequestAllowed, -1)
 	s.BytesIn, s.BytesOut = 4096, 100
 	s.Inspected = [2]int64{4096, 50}
 	s.Mutated = [2]int64{0, 50}
@@ -254,12 +254,12 @@ func TestBodyBytes(t *testing.T) {
 func TestResetKeepsCounters(t *testing.T) {
 	m := newMetrics(t)
 	m.Reset([]string{"a", "b"}, []string{"x", "y"})
-	m.RecordRequest(summary(1, dataplane.RequestAllowed, -1))
-	m.AgentEvent(1, 1, protocol.PhaseRequest, false, dataplane.OutcomeTimeout, 0)
+	m.RecordRequest(summary(1, observe.RequestAllowed, -1))
+	m.AgentEvent(1, 1, protocol.PhaseRequest, false, observe.OutcomeTimeout, 0)
 	m.Reset([]string{"b", "c"}, []string{"y"})
-	m.RecordRequest(summary(0, dataplane.RequestAllowed, -1))
-	m.AgentEvent(0, 0, protocol.PhaseRequest, false, dataplane.OutcomeTimeout, 0)
-	m.RecordRequest(summary(1, dataplane.RequestAllowed, -1))
+	m.RecordRequest(summary(0, observe.RequestAllowed, -1))
+	m.AgentEvent(0, 0, protocol.PhaseRequest, false, observe.OutcomeTimeout, 0)
+	m.RecordRequest(summary(1, observe.RequestAllowed, -1))
 	v := values(t, m.Registry())
 	expect(t, v, `sidecar_requests_total{outcome="allowed",route="b"}`, 2)
 	expect(t, v, `sidecar_requests_total{outcome="allowed",route="c"}`, 1)
@@ -303,8 +303,8 @@ func TestResetConcurrent(t *testing.T) {
 			r := rand.New(rand.NewPCG(uint64(w), 1))
 			for range per {
 				route, agent := r.IntN(2), r.IntN(2)
-				m.AgentEvent(route, agent, protocol.PhaseRequest, false, dataplane.OutcomeAllow, 20*time.Microsecond)
-				m.RecordRequest(summary(route, dataplane.RequestAllowed, agent))
+				m.AgentEvent(route, agent, protocol.PhaseRequest, false, observe.OutcomeAllow, 20*time.Microsecond)
+				m.RecordRequest(summary(route, observe.RequestAllowed, agent))
 			}
 		}()
 	}
@@ -328,7 +328,7 @@ func TestResetConcurrent(t *testing.T) {
 func TestScrapeTimeAgents(t *testing.T) {
 	m := newMetrics(t)
 	m.Reset([]string{"r"}, []string{"waf", "auth"})
-	m.AgentEvent(0, 0, protocol.PhaseRequest, false, dataplane.OutcomeTimeout, 0)
+	m.AgentEvent(0, 0, protocol.PhaseRequest, false, observe.OutcomeTimeout, 0)
 	var mu sync.Mutex
 	st := []agentmux.AgentStatus{
 		{Name: "waf", Transport: "uds", Connections: 2, Ready: true, InFlight: 7, Late: 3, Completed: 100, Writes: 40, FramesWritten: 110},
@@ -339,7 +339,7 @@ func TestScrapeTimeAgents(t *testing.T) {
 		defer mu.Unlock()
 		return append([]agentmux.AgentStatus(nil), st...)
 	})
-	m.SetStats(func() dataplane.Stats { return dataplane.Stats{InFlight: 5, ResponseAborted: 2, InlineBodies: 4} })
+	m.SetStats(func() observe.Stats { return observe.Stats{InFlight: 5, ResponseAborted: 2, InlineBodies: 4} })
 	v := values(t, m.Registry())
 	expect(t, v, `sidecar_agent_connections{agent="waf",transport="uds"}`, 2)
 	expect(t, v, `sidecar_agent_connections{agent="auth",transport="grpc"}`, 0)
@@ -414,7 +414,6 @@ func TestReverseRegistrations(t *testing.T) {
 	}()
 
 	m := newMetrics(t)
-	m.SetReverse(func() []*reverse.Listener { return []*reverse.Listener{l} })
 	m.SetAgents(func() []agentmux.AgentStatus { return []agentmux.AgentStatus{l.Agent("rv").Snapshot()} })
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -455,14 +454,36 @@ func TestReverseRegistrations(t *testing.T) {
 	agents.Wait()
 }
 
+// TestSharedReverseListener: agents on one reverse listener each report
+// it; its series are exported once, under its address.
+func TestSharedReverseListener(t *testing.T) {
+	cfg := reverse.DefaultConfig()
+	cfg.UnixPath = filepath.Join(t.TempDir(), "rev.sock")
+	cfg.Agents = []reverse.AgentConfig{{Name: "a", AllowNoToken: true}, {Name: "b", AllowNoToken: true}}
+	l, err := reverse.NewListener(cfg, zerolog.Nop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	m := newMetrics(t)
+	m.SetAgents(func() []agentmux.AgentStatus {
+		return []agentmux.AgentStatus{l.Agent("a").Snapshot(), l.Agent("b").Snapshot()}
+	})
+	v := values(t, m.Registry()) // a series collected twice fails the gather
+	listener := "unix:" + cfg.UnixPath
+	expect(t, v, fmt.Sprintf(`sidecar_reverse_registrations_accepted_total{listener=%q}`, listener), 0)
+	expect(t, v, fmt.Sprintf(`sidecar_reverse_connections{listener=%q,state="pending"}`, listener), 0)
+	expect(t, v, `sidecar_agent_connections{agent="b",transport="reverse"}`, 0)
+}
+
 func TestHotPathDoesNotAllocate(t *testing.T) {
 	m := newMetrics(t)
 	m.Reset([]string{"r"}, []string{"a"})
-	s := summary(0, dataplane.RequestAllowed, -1)
+	s := summary(0, observe.RequestAllowed, -1)
 	s.BytesIn, s.Inspected[0] = 10, 10
 	allocs := testing.AllocsPerRun(1000, func() {
-		m.AgentEvent(0, 0, protocol.PhaseRequest, false, dataplane.OutcomeAllow, 25*time.Microsecond)
-		m.AgentEvent(0, 0, protocol.PhaseResponse, true, dataplane.OutcomeContinue, 25*time.Microsecond)
+		m.AgentEvent(0, 0, protocol.PhaseRequest, false, observe.OutcomeAllow, 25*time.Microsecond)
+		m.AgentEvent(0, 0, protocol.PhaseResponse, true, observe.OutcomeContinue, 25*time.Microsecond)
 		m.FailOpen(0, 0)
 		m.Upstream(0, false)
 		m.RecordRequest(s)

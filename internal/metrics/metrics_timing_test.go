@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/zentinelproxy/sidecar/internal/dataplane"
+	"github.com/zentinelproxy/sidecar/internal/observe"
 	"github.com/zentinelproxy/sidecar/protocol"
 )
 
@@ -13,12 +13,12 @@ import (
 func BenchmarkRequest(b *testing.B) {
 	m := newMetrics(b)
 	m.Reset([]string{"a", "b", "c"}, []string{"x", "y"})
-	s := summary(1, dataplane.RequestAllowed, -1)
+	s := summary(1, observe.RequestAllowed, -1)
 	s.BytesOut = 512
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			m.AgentEvent(1, 0, protocol.PhaseRequest, false, dataplane.OutcomeAllow, 37*time.Microsecond)
+			m.AgentEvent(1, 0, protocol.PhaseRequest, false, observe.OutcomeAllow, 37*time.Microsecond)
 			m.RecordRequest(s)
 		}
 	})
@@ -26,11 +26,11 @@ func BenchmarkRequest(b *testing.B) {
 
 // BenchmarkNop is the same calls on the no-op observer, for comparison.
 func BenchmarkNop(b *testing.B) {
-	var o dataplane.Observer = dataplane.NopObserver{}
+	var o observe.Observer = observe.NopObserver{}
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			o.AgentEvent(1, 0, protocol.PhaseRequest, false, dataplane.OutcomeAllow, 37*time.Microsecond)
+			o.AgentEvent(1, 0, protocol.PhaseRequest, false, observe.OutcomeAllow, 37*time.Microsecond)
 			o.Request(1, 200, time.Millisecond)
 		}
 	})

@@ -3,7 +3,7 @@ package metrics
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/zentinelproxy/sidecar/internal/dataplane"
+	"github.com/zentinelproxy/sidecar/internal/observe"
 )
 
 // Policy feature metrics, read at scrape time from
@@ -51,7 +51,7 @@ var (
 
 // SetPolicy sets where scrapes read the policy features' state
 // (dataplane.Server.PolicyStatus); nil stops those metrics.
-func (m *Metrics) SetPolicy(f func() dataplane.PolicyStatus) {
+func (m *Metrics) SetPolicy(f func() observe.PolicyStatus) {
 	if f == nil {
 		m.policy.Store(nil)
 		return
@@ -79,9 +79,9 @@ func (c *policyCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, b := range st.Circuits {
 		state := 0.0
 		switch b.State {
-		case dataplane.CircuitOpen:
+		case observe.CircuitOpen:
 			state = 1
-		case dataplane.CircuitHalfOpen:
+		case observe.CircuitHalfOpen:
 			state = 2
 		}
 		ch <- prometheus.MustNewConstMetric(descCircuitState, prometheus.GaugeValue, state, b.Agent)

@@ -6,7 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/zentinelproxy/sidecar/internal/dataplane"
+	"github.com/zentinelproxy/sidecar/internal/observe"
 )
 
 // The policy collector exports what PolicyStatus says, series by series.
@@ -18,14 +18,14 @@ func TestPolicyCollector(t *testing.T) {
 	if n, err := testutil.GatherAndCount(m.Registry(), "sidecar_agent_circuit_state"); err != nil || n != 0 {
 		t.Fatalf("without a source: %d series (%v)", n, err)
 	}
-	m.SetPolicy(func() dataplane.PolicyStatus {
-		return dataplane.PolicyStatus{
-			Circuits: []dataplane.BreakerStatus{{Agent: "waf", State: dataplane.CircuitHalfOpen, Opens: 3, Rejected: 40, Probes: 2}},
-			Shadows: []dataplane.ShadowStatus{{Agent: "next", Queued: 10, Dropped: 5, Failed: 1, Allowed: 6, WouldBlock: 3,
+	m.SetPolicy(func() observe.PolicyStatus {
+		return observe.PolicyStatus{
+			Circuits: []observe.BreakerStatus{{Agent: "waf", State: observe.CircuitHalfOpen, Opens: 3, Rejected: 40, Probes: 2}},
+			Shadows: []observe.ShadowStatus{{Agent: "next", Queued: 10, Dropped: 5, Failed: 1, Allowed: 6, WouldBlock: 3,
 				ByStatus: map[string]uint64{"403": 3}, ByRule: map[string]uint64{"942100": 2, "(other)": 1}, Waiting: 4}},
-			Caches:    []dataplane.CacheStatus{{Agent: "authz", Entries: 7, Hits: 100, Misses: 9, Skipped: 1, Stores: 8, Evictions: 1, Expired: 2, Flushes: 1}},
-			Failovers: []dataplane.FailoverStatus{{Agent: "pair", Retried: 3, Recovered: 2, Members: 5}},
-			Bodies:    []dataplane.BodyStatus{{Agent: "waf", Prefix: 4, Stream: 1}},
+			Caches:    []observe.CacheStatus{{Agent: "authz", Entries: 7, Hits: 100, Misses: 9, Skipped: 1, Stores: 8, Evictions: 1, Expired: 2, Flushes: 1}},
+			Failovers: []observe.FailoverStatus{{Agent: "pair", Retried: 3, Recovered: 2, Members: 5}},
+			Bodies:    []observe.BodyStatus{{Agent: "waf", Prefix: 4, Stream: 1}},
 		}
 	})
 	want := `

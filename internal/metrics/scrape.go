@@ -3,12 +3,13 @@ package metrics
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/zentinelproxy/sidecar/internal/dataplane"
-	"github.com/zentinelproxy/sidecar/internal/reverse"
+	"github.com/zentinelproxy/sidecar/internal/agentmux"
+	"github.com/zentinelproxy/sidecar/internal/config"
+	"github.com/zentinelproxy/sidecar/internal/observe"
 )
 
-// Metrics read at scrape time, from agent pools, reverse listeners and the
-// dataplane's counters: they cost the request path nothing.
+// Metrics read at scrape time, from the agents' reports (agentmux.Reporter)
+// and the dataplane's counters: they cost the request path nothing.
 var (
 	descAgentConns = prometheus.NewDesc(Namespace+"_agent_connections",
 		"Live connections per agent and transport.", []string{"agent", "transport"}, nil)
@@ -32,6 +33,12 @@ var (
 		"Refused registrations answered late because of earlier failures of the same (peer, agent id), per listener.", []string{"listener"}, nil)
 	descRevUnheld = prometheus.NewDesc(Namespace+"_reverse_refusals_unheld_total",
 		"Refused registrations closed at once because max_refusing refused connections were already held open (unanswered if they were to be held back), per listener.", []string{"listener"}, nil)
+	descExtProcEvents = prometheus.NewDesc(Namespace+"_extproc_events_total",
+		"Events of the ext_proc transport by agent: streams opened, immediate responses, "+
+			"clear_route_cache flags ignored, mode overrides honoured and refused, response fields "+
+			"ignored, unsupported responses, wrong-phase and unsolicited responses, streams closed "+
+			"mid-request and bodies over buffer_limit.",
+		[]string{"agent", "event"}, nil)
 	descRejected = prometheus.NewDesc(Namespace+"_requests_rejected_total",
 		"Request heads the sidecar answered itself with 400, 408, 414 or 431, by reason (target, host, framing, obs_fold, parse, uri_too_long, headers_too_large, timeout).", []string{"reason"}, nil)
 	descAbsolute = prometheus.NewDesc(Namespace+"_requests_absolute_form_total",
@@ -76,7 +83,7 @@ type scrapeCollector struct{ m *Metrics }
 
 func (c *scrapeCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descAgentConns, descAgentInFlight, descAgentReady, descAgentCompleted,
-		descInFlight, descAborted, descRevAccepted, descRevRejected, descRevConns, descRevDelayed, descRevUnheld,
+		descInFlight, descAborted, descRevAccepted, descRevRejected, descRevConns, descRevDelayed, descRevUnheld, descExtProcEvents,
 		descRejected, descAbsolute, descAcceptErrors, descClamped, descUpRetries, descUpFlushes, descLimits, descSendWaits, descCtlDropped, descInline,
 		descWrites, descFramesWritten} {
 		ch <- d
@@ -94,6 +101,7 @@ func (c *scrapeCollector) Describe(ch chan<- *prometheus.Desc) {
 
 func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
 	if f := c.m.agents.Load(); f != nil {
+		var listeners map[string]bool // reported already: agents share them
 		for _, st := range (*f)() {
 			ch <- prometheus.MustNewConstMetric(descAgentConns, prometheus.GaugeValue, float64(st.Connections), st.Name, st.Transport)
 			ch <- prometheus.MustNewConstMetric(descAgentInFlight, prometheus.GaugeValue, float64(st.InFlight), st.Name)
@@ -109,13 +117,25 @@ func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
 				ch <- prometheus.MustNewConstMetric(descWrites, prometheus.CounterValue, float64(st.Writes), st.Name)
 				ch <- prometheus.MustNewConstMetric(descFramesWritten, prometheus.CounterValue, float64(st.FramesWritten), st.Name)
 			}
+			if st.Transport == config.TransportExtProc {
+				for event, n := range st.Events {
+					ch <- prometheus.MustNewConstMetric(descExtProcEvents, prometheus.CounterValue, float64(n), st.Name, event)
+				}
+			}
+			if l := st.Listener; l != nil && !listeners[l.Address] {
+				if listeners == nil {
+					listeners = map[string]bool{}
+				}
+				listeners[l.Address] = true
+				collectListener(ch, l)
+			}
 		}
 	}
 	if f := c.m.stats.Load(); f != nil {
 		st := (*f)()
 		ch <- prometheus.MustNewConstMetric(descInFlight, prometheus.GaugeValue, float64(st.InFlight))
 		ch <- prometheus.MustNewConstMetric(descAborted, prometheus.CounterValue, float64(st.ResponseAborted))
-		for _, reason := range dataplane.RejectReasons {
+		for _, reason := range observe.RejectReasons {
 			ch <- prometheus.MustNewConstMetric(descRejected, prometheus.CounterValue, float64(st.Rejected[reason]), reason)
 		}
 		ch <- prometheus.MustNewConstMetric(descAbsolute, prometheus.CounterValue, float64(st.AbsoluteForm))
@@ -133,56 +153,20 @@ func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
 		collectTLSTunnels(ch, &st)
 		collectConnections(ch, &st)
 	}
-	if f := c.m.reverse.Load(); f != nil {
-		for _, l := range (*f)() {
-			name := listenerName(l)
-			st := l.Stats()
-			ch <- prometheus.MustNewConstMetric(descRevAccepted, prometheus.CounterValue, float64(st.Accepted), name)
-			for _, r := range rejectReasons(&st) {
-				ch <- prometheus.MustNewConstMetric(descRevRejected, prometheus.CounterValue, float64(r.n), name, r.reason)
-			}
-			ch <- prometheus.MustNewConstMetric(descRevConns, prometheus.GaugeValue, float64(st.Pending), name, "pending")
-			ch <- prometheus.MustNewConstMetric(descRevConns, prometheus.GaugeValue, float64(st.Refusing), name, "refusing")
-			ch <- prometheus.MustNewConstMetric(descRevConns, prometheus.GaugeValue, float64(st.Active), name, "active")
-			ch <- prometheus.MustNewConstMetric(descRevDelayed, prometheus.CounterValue, float64(st.Delayed), name)
-			ch <- prometheus.MustNewConstMetric(descRevUnheld, prometheus.CounterValue, float64(st.Unheld), name)
-		}
-	}
 }
 
-// listenerName labels a reverse listener by its address.
-func listenerName(l *reverse.Listener) string {
-	if p := l.UnixPath(); p != "" {
-		return "unix:" + p
+// collectListener exports a listener agents dial into (reverse), labelled
+// by its address.
+func collectListener(ch chan<- prometheus.Metric, l *agentmux.ListenerStatus) {
+	ch <- prometheus.MustNewConstMetric(descRevAccepted, prometheus.CounterValue, float64(l.Accepted), l.Address)
+	for reason, n := range l.Rejected {
+		ch <- prometheus.MustNewConstMetric(descRevRejected, prometheus.CounterValue, float64(n), l.Address, reason)
 	}
-	if a := l.TCPAddr(); a != nil {
-		return a.String()
-	}
-	return "unbound"
-}
-
-type reasonCount struct {
-	reason string
-	n      uint64
-}
-
-// rejectReasons lists every way a registration fails, with stable
-// label values.
-func rejectReasons(st *reverse.Stats) []reasonCount {
-	return []reasonCount{
-		{"version", st.RejectedVersion},
-		{"invalid", st.RejectedInvalid},
-		{"unknown_agent", st.RejectedUnknown},
-		{"auth", st.RejectedAuth},
-		{"id_limit", st.RejectedIDLimit},
-		{"agent_limit", st.RejectedAgentLimit},
-		{"shutdown", st.RejectedShutdown},
-		{"timeout", st.Timeouts},
-		{"bad_frame", st.BadFrames},
-		{"tls_error", st.TLSErrors},
-		{"evicted", st.Evicted},
-		{"busy", st.Busy},
-	}
+	ch <- prometheus.MustNewConstMetric(descRevConns, prometheus.GaugeValue, float64(l.Pending), l.Address, "pending")
+	ch <- prometheus.MustNewConstMetric(descRevConns, prometheus.GaugeValue, float64(l.Refusing), l.Address, "refusing")
+	ch <- prometheus.MustNewConstMetric(descRevConns, prometheus.GaugeValue, float64(l.Active), l.Address, "active")
+	ch <- prometheus.MustNewConstMetric(descRevDelayed, prometheus.CounterValue, float64(l.Delayed), l.Address)
+	ch <- prometheus.MustNewConstMetric(descRevUnheld, prometheus.CounterValue, float64(l.Unheld), l.Address)
 }
 
 // lateCollector adds kind="late_reply" to sidecar_agent_errors_total from

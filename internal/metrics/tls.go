@@ -3,7 +3,7 @@ package metrics
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/zentinelproxy/sidecar/internal/dataplane"
+	"github.com/zentinelproxy/sidecar/internal/observe"
 )
 
 // TLS listener and Upgrade tunnel metrics, read from the dataplane's
@@ -28,7 +28,7 @@ var (
 var tlsTunnelDescs = []*prometheus.Desc{descTLSHandshakes, descTLSReloads, descTunnelsOpened,
 	descTunnelsClosed, descTunnelsOpen, descTunnelsRefused, descTunnelBytes}
 
-func collectTLSTunnels(ch chan<- prometheus.Metric, st *dataplane.Stats) {
+func collectTLSTunnels(ch chan<- prometheus.Metric, st *observe.Stats) {
 	t, u := st.TLS, st.Tunnels
 	ch <- prometheus.MustNewConstMetric(descTLSHandshakes, prometheus.CounterValue, float64(t.Handshakes), "ok")
 	ch <- prometheus.MustNewConstMetric(descTLSHandshakes, prometheus.CounterValue, float64(t.HandshakeErrors), "error")

@@ -3,15 +3,15 @@ package metrics
 import (
 	"testing"
 
-	"github.com/zentinelproxy/sidecar/internal/dataplane"
+	"github.com/zentinelproxy/sidecar/internal/observe"
 )
 
 func TestTLSAndTunnelMetrics(t *testing.T) {
 	m := newMetrics(t)
-	m.SetStats(func() dataplane.Stats {
-		return dataplane.Stats{
-			TLS: dataplane.TLSStats{Handshakes: 10, HandshakeErrors: 3, Reloads: 2, ReloadErrors: 1},
-			Tunnels: dataplane.TunnelStats{Opened: 9, Closed: 7, Open: 2, Refused: 4, IdleClosed: 2, DrainClosed: 1,
+	m.SetStats(func() observe.Stats {
+		return observe.Stats{
+			TLS: observe.TLSStats{Handshakes: 10, HandshakeErrors: 3, Reloads: 2, ReloadErrors: 1},
+			Tunnels: observe.TunnelStats{Opened: 9, Closed: 7, Open: 2, Refused: 4, IdleClosed: 2, DrainClosed: 1,
 				BytesIn: 1000, BytesOut: 5000},
 		}
 	})

@@ -5,7 +5,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/zentinelproxy/sidecar/internal/dataplane"
+	"github.com/zentinelproxy/sidecar/internal/observe"
 )
 
 // Upstream endpoint metrics, read at scrape time from the dataplane's
@@ -40,9 +40,9 @@ var (
 )
 
 type upstreamCollector struct {
-	f       atomic.Pointer[func() []dataplane.UpstreamStatus]
-	tracing atomic.Pointer[func() dataplane.TracingStats]
-	stats   *atomic.Pointer[func() dataplane.Stats]
+	f       atomic.Pointer[func() []observe.UpstreamStatus]
+	tracing atomic.Pointer[func() observe.TracingStats]
+	stats   *atomic.Pointer[func() observe.Stats]
 }
 
 func (c *upstreamCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -99,7 +99,7 @@ func (c *upstreamCollector) Collect(ch chan<- prometheus.Metric) {
 
 // SetUpstreams sets where scrapes read the upstream endpoints' state
 // (dataplane.Server.Upstreams); nil stops those metrics.
-func (m *Metrics) SetUpstreams(f func() []dataplane.UpstreamStatus) {
+func (m *Metrics) SetUpstreams(f func() []observe.UpstreamStatus) {
 	if f == nil {
 		m.ups.f.Store(nil)
 		return
@@ -109,7 +109,7 @@ func (m *Metrics) SetUpstreams(f func() []dataplane.UpstreamStatus) {
 
 // SetTracing sets where scrapes read the span export counters
 // (dataplane.Server.TracingStats); nil stops those metrics.
-func (m *Metrics) SetTracing(f func() dataplane.TracingStats) {
+func (m *Metrics) SetTracing(f func() observe.TracingStats) {
 	if f == nil {
 		m.ups.tracing.Store(nil)
 		return

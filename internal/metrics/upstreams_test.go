@@ -3,7 +3,7 @@ package metrics
 import (
 	"testing"
 
-	"github.com/zentinelproxy/sidecar/internal/dataplane"
+	"github.com/zentinelproxy/sidecar/internal/observe"
 )
 
 // TestUpstreamEndpointMetrics: the endpoint state, the endpoint retries,
@@ -11,18 +11,18 @@ import (
 // dataplane's snapshots at scrape time.
 func TestUpstreamEndpointMetrics(t *testing.T) {
 	m := newMetrics(t)
-	m.SetUpstreams(func() []dataplane.UpstreamStatus {
-		return []dataplane.UpstreamStatus{{Name: "app", Resolutions: 5, ResolveErrors: 1, AddressesDropped: 2,
-			Endpoints: []dataplane.EndpointStatus{
+	m.SetUpstreams(func() []observe.UpstreamStatus {
+		return []observe.UpstreamStatus{{Name: "app", Resolutions: 5, ResolveErrors: 1, AddressesDropped: 2,
+			Endpoints: []observe.EndpointStatus{
 				{Upstream: "app", Address: "10.0.0.1:80", Healthy: true, Requests: 7, Checks: 4},
 				{Upstream: "app", Address: "10.0.0.2:80", Healthy: false, Ejected: true, InFlight: 1,
 					Requests: 3, Errors: 2, Status5xx: 1, Ejections: 1, Checks: 4, ChecksFailed: 3},
 			}}}
 	})
-	m.SetStats(func() dataplane.Stats {
-		return dataplane.Stats{EndpointRetries: 6, TraceInvalid: 2, TracestateInvalid: 3, TraceGenerated: 9}
+	m.SetStats(func() observe.Stats {
+		return observe.Stats{EndpointRetries: 6, TraceInvalid: 2, TracestateInvalid: 3, TraceGenerated: 9}
 	})
-	m.SetTracing(func() dataplane.TracingStats { return dataplane.TracingStats{Exported: 11, Failed: 1, Dropped: 4} })
+	m.SetTracing(func() observe.TracingStats { return observe.TracingStats{Exported: 11, Failed: 1, Dropped: 4} })
 	v := values(t, m.Registry())
 	for k, want := range map[string]float64{
 		`sidecar_upstream_endpoint_healthy{endpoint="10.0.0.1:80",upstream="app"}`:                             1,

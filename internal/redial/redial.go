@@ -13,6 +13,21 @@ import (
 	"github.com/rs/zerolog"
 )
 
+// Defaults of the proxy's connections to its agents, shared by every
+// transport that dials (udsclient, grpcclient, extproc) and the
+// configuration file (internal/config: timeouts.connect,
+// timeouts.handshake). A transport with one budget for both (gRPC) takes
+// their sum, as its configuration does.
+const (
+	// DefaultConnectTimeout bounds one connection attempt.
+	DefaultConnectTimeout = time.Second
+	// DefaultHandshakeTimeout bounds the handshake on a new connection.
+	DefaultHandshakeTimeout = 2 * time.Second
+	// DefaultMin and DefaultMax bound the proxy's reconnect delay.
+	DefaultMin = 50 * time.Millisecond
+	DefaultMax = 5 * time.Second
+)
+
 // Config tunes a Loop.
 type Config struct {
 	// Min and Max bound the delay between attempts; it doubles per failure.

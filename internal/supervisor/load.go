@@ -11,14 +11,6 @@ import (
 	"github.com/zentinelproxy/sidecar/internal/transports"
 )
 
-// invalidConfig marks an error found while checking a configuration
-// outside package config (transport options, reverse listeners that
-// cannot change) as the operator's: the admin listener answers 400.
-type invalidConfig struct{ err error }
-
-func (e invalidConfig) Error() string   { return e.err.Error() }
-func (e invalidConfig) Unwrap() []error { return []error{e.err, config.ErrConfigInvalid} }
-
 // Load reads the configuration file, applies override (if any) and
 // validates the result completely, the transports' options and the
 // files and directories a start opens (Preflight) included: what Load
@@ -48,13 +40,9 @@ func Load(path string, override func(*config.Config)) (*config.Config, error) {
 }
 
 // Check validates what package config leaves to the transports (their
-// options) without opening anything.
-func Check(cfg *config.Config) error {
-	if err := transports.Check(cfg); err != nil {
-		return invalidConfig{err}
-	}
-	return nil
-}
+// options) without opening anything; errors wrap config.ErrConfigInvalid
+// (transports.Check).
+func Check(cfg *config.Config) error { return transports.Check(cfg) }
 
 // NewLogger builds the process logger of l, writing to w.
 func NewLogger(l config.Logging, w io.Writer) (zerolog.Logger, error) {

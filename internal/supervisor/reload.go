@@ -4,12 +4,8 @@ import (
 	"context"
 	"errors"
 	"reflect"
-	"slices"
-	"time"
 
-	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/internal/config"
-	"github.com/zentinelproxy/sidecar/internal/reverse"
 )
 
 // reloadSignal reloads on SIGHUP, through the admin listener when there
@@ -59,65 +55,34 @@ func (s *Supervisor) Reload() (err error) {
 	if err != nil {
 		return err
 	}
-	b, err := buildAgents(cfg, s.set, s.log)
+	b, err := s.agents.Build(cfg)
 	if err != nil {
 		return err
 	}
-	next := b.set
-	s.serveReverse(b.newLns)
-	if len(b.fresh) > 0 || len(b.newLns) > 0 {
+	if fresh := b.Fresh(); len(fresh) > 0 {
 		// New agents get the time a start gives them to connect, so that
 		// the swap does not turn requests into failures.
 		wctx, cancel := context.WithTimeout(context.Background(), s.opts.AgentWait)
-		waiting := make(map[string]agentmux.Agent, len(b.fresh))
-		for name, a := range next.agents {
-			if slices.Contains(b.fresh, a) || isOnListener(a, b.newLns) {
-				waiting[name] = a
-			}
-		}
-		missing := waitAgents(wctx, waiting)
+		missing := waitAgents(wctx, fresh)
 		cancel()
 		for _, name := range missing {
 			s.log.Warn().Str("agent", name).Msg("reload: agent not connected yet; its failure mode applies until it is")
 		}
 	}
-	if err := srv.Swap(cfg, next.agents); err != nil {
-		b.undo()
+	if err := srv.Swap(cfg, b.Agents()); err != nil {
+		b.Abort()
 		return err
 	}
-	for _, l := range b.retired {
-		s.retiring = append(s.retiring, l)
-		go s.retireListener(l)
-	}
+	b.Commit()
 	for _, w := range Warnings(cfg) {
 		s.log.Warn().Str("key", w.Path).Int("line", w.Line).Msg(w.String())
 	}
 	if changed := restartOnly(s.cfg, cfg); len(changed) > 0 {
 		s.log.Warn().Strs("sections", changed).Msg("reload: these settings change only with a restart")
 	}
-	s.cfg, s.set = cfg, next
+	s.cfg = cfg
 	s.setRequired(cfg)
-	s.revLns.Store(&next.reverse)
 	return nil
-}
-
-// retireListener closes a reverse listener a reload dropped once the
-// requests still using its agents are done (bounded by agentRetire).
-func (s *Supervisor) retireListener(l *reverse.Listener) {
-	deadline := time.Now().Add(agentRetire)
-	for time.Now().Before(deadline) {
-		busy := false
-		for _, name := range l.Agents() {
-			if l.Agent(name).Snapshot().InFlight > 0 {
-				busy = true
-			}
-		}
-		if !busy {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	_ = l.Close()
 }
 
 // restartOnly lists the sections that differ between a and b but are

@@ -11,11 +11,8 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/zentinelproxy/sidecar/internal/config"
 	st "github.com/zentinelproxy/sidecar/internal/supervisor/supervisortest"
 	"github.com/zentinelproxy/sidecar/internal/testutil"
-	"github.com/zentinelproxy/sidecar/internal/testutil/testagent"
-	"github.com/zentinelproxy/sidecar/internal/transports"
 	"github.com/zentinelproxy/sidecar/protocol"
 	"github.com/zentinelproxy/sidecar/sdk"
 )
@@ -132,14 +129,14 @@ admin: {address: "127.0.0.1:0"}
 	if code, mark := post(t, base+"/down/x", ""); code != 503 || mark != "" {
 		t.Fatalf("down agent, fail closed: %d %q", code, mark)
 	}
-	policy, downInst := s.set.agents["policy"], s.set.agents["down"]
+	policy, downInst := s.agents.Agent("policy"), s.agents.Agent("down")
 	if lnA.accepted.Load() != 1 {
 		t.Fatalf("agent a accepted %d connections", lnA.accepted.Load())
 	}
 
 	// Policy only: buffered bodies, fail open for the down agent.
 	reload(conf(sockA, "buffered", "{}", "open"))
-	if s.set.agents["policy"] != policy || s.set.agents["down"] != downInst {
+	if s.agents.Agent("policy") != policy || s.agents.Agent("down") != downInst {
 		t.Fatal("a policy change replaced an agent instance")
 	}
 	// The new policies apply to the next request.
@@ -161,7 +158,7 @@ admin: {address: "127.0.0.1:0"}
 	if code, _ := post(t, base+"/x", ""); code != 200 {
 		t.Fatalf("default limits again: %d", code)
 	}
-	if s.set.agents["policy"] != policy || lnA.accepted.Load() != 1 {
+	if s.agents.Agent("policy") != policy || lnA.accepted.Load() != 1 {
 		t.Fatalf("instance replaced or reconnected: %d connections to a", lnA.accepted.Load())
 	}
 	if snap := policy.Snapshot(); !snap.Ready || snap.Completed == 0 {
@@ -171,7 +168,7 @@ admin: {address: "127.0.0.1:0"}
 	// A new address: a new instance, connected to agent b before the
 	// swap; agent a's old instance is closed.
 	reload(conf(sockB, "buffered", "{}", "open"))
-	if s.set.agents["policy"] == policy {
+	if s.agents.Agent("policy") == policy {
 		t.Fatal("an address change kept the instance")
 	}
 	if lnB.accepted.Load() != 1 {
@@ -188,74 +185,5 @@ admin: {address: "127.0.0.1:0"}
 	testutil.WaitFor(t, "the old instance closed", func() bool { return !policy.Snapshot().Ready })
 	if lnA.accepted.Load() != 1 {
 		t.Errorf("agent a accepted %d connections after it was dropped", lnA.accepted.Load())
-	}
-}
-
-// TestBuildAgentsReuse checks buildAgents' reuse rule field by field
-// against real instances: the instance is kept exactly when
-// transports.InstanceKey is.
-func TestBuildAgentsReuse(t *testing.T) {
-	dir := testutil.SocketDir(t)
-	sock := filepath.Join(dir, "a.sock")
-	testagent.Serve(t, sock, st.NewPolicyAgent())
-	mk := func(agent string) *config.Config {
-		t.Helper()
-		c, err := config.Parse([]byte(fmt.Sprintf(`
-listeners: [{address: "127.0.0.1:0"}]
-upstreams: [{name: app, address: "127.0.0.1:1"}]
-agents:
-  - {name: a, transport: uds, address: %q}
-  - %s
-routes: [{name: r, upstream: app, agents: [a, b]}]
-`, sock, agent)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return c
-	}
-	base := fmt.Sprintf(`{name: b, transport: uds, address: %q, timeouts: {message: 1s}}`, sock)
-	tests := []struct {
-		name  string
-		agent string
-		reuse bool
-	}{
-		{"unchanged", base, true},
-		{"unix: prefix", fmt.Sprintf(`{name: b, transport: uds, address: "unix:%s", timeouts: {message: 1s}}`, sock), true},
-		{"failure mode", fmt.Sprintf(`{name: b, transport: uds, address: %q, timeouts: {message: 1s}, failure_mode: open}`, sock), true},
-		{"request budget", fmt.Sprintf(`{name: b, transport: uds, address: %q, timeouts: {message: 1s, request: 9s}}`, sock), true},
-		{"body policy", fmt.Sprintf(`{name: b, transport: uds, address: %q, timeouts: {message: 1s}, response_body: {mode: streaming}}`, sock), true},
-		{"header limits", fmt.Sprintf(`{name: b, transport: uds, address: %q, timeouts: {message: 1s}, limits: {header_ops: 3}}`, sock), true},
-		{"message timeout", fmt.Sprintf(`{name: b, transport: uds, address: %q, timeouts: {message: 2s}}`, sock), false},
-		{"frame timeout", fmt.Sprintf(`{name: b, transport: uds, address: %q, timeouts: {message: 1s, frame: 9s}}`, sock), false},
-		{"conns", fmt.Sprintf(`{name: b, transport: uds, address: %q, timeouts: {message: 1s}, conns: 2}`, sock), false},
-		{"max in flight", fmt.Sprintf(`{name: b, transport: uds, address: %q, timeouts: {message: 1s}, max_in_flight: 7}`, sock), false},
-		{"address", fmt.Sprintf(`{name: b, transport: uds, address: %q, timeouts: {message: 1s}}`, filepath.Join(dir, "other.sock")), false},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			c1, c2 := mk(base), mk(tc.agent)
-			if k1, k2 := transports.InstanceKey(*c1.Agent("b")), transports.InstanceKey(*c2.Agent("b")); (k1 == k2) != tc.reuse {
-				t.Fatalf("keys equal %v, want %v:\n%+v\n%+v", k1 == k2, tc.reuse, k1, k2)
-			}
-			first, err := buildAgents(c1, nil, testLog(t))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer first.undo()
-			second, err := buildAgents(c2, first.set, testLog(t))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer second.undo()
-			if second.set.agents["a"] != first.set.agents["a"] {
-				t.Error("the unchanged agent a was rebuilt")
-			}
-			if got := second.set.agents["b"] == first.set.agents["b"]; got != tc.reuse {
-				t.Errorf("b reused %v, want %v", got, tc.reuse)
-			}
-			if want := map[bool]int{true: 0, false: 1}[tc.reuse]; len(second.fresh) != want {
-				t.Errorf("%d fresh instances, want %d", len(second.fresh), want)
-			}
-		})
 	}
 }

@@ -9,13 +9,14 @@
 //	s, err := supervisor.Start(ctx, cfg, o) // returns once the data listeners accept
 //	err = s.Run(ctx, sigs)                  // until ctx ends, SIGTERM, or a listener fails
 //
-// Reload re-reads the file: it validates it completely, keeps every agent
-// instance whose transports.InstanceKey did not change (only the policy
-// the dataplane applies per request changed) and every reverse listener
-// whose agents did not change, builds the rest, swaps the routing table
-// and agents in atomically and retires what is no longer used. Shutdown
-// turns /readyz to 503, drains in-flight requests, sends CancelAll to the
-// agents and closes everything.
+// Reload re-reads the file: it validates it completely, has
+// transports.Agents build the agents anew — keeping every instance whose
+// transports.InstanceKey did not change (only the policy the dataplane
+// applies per request changed) and every reverse listener whose agents
+// did not change — swaps the routing table and agents in atomically and
+// retires what is no longer used. Shutdown turns /readyz to 503, drains
+// in-flight requests, sends CancelAll to the agents and closes
+// everything.
 package supervisor
 
 import (
@@ -32,14 +33,13 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/zentinelproxy/sidecar/dataplane"
 	"github.com/zentinelproxy/sidecar/internal/accesslog"
 	"github.com/zentinelproxy/sidecar/internal/admin"
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/internal/config"
-	"github.com/zentinelproxy/sidecar/internal/dataplane"
-	"github.com/zentinelproxy/sidecar/internal/extproc"
 	"github.com/zentinelproxy/sidecar/internal/metrics"
-	"github.com/zentinelproxy/sidecar/internal/reverse"
+	"github.com/zentinelproxy/sidecar/internal/transports"
 	"github.com/zentinelproxy/sidecar/internal/version"
 )
 
@@ -57,10 +57,6 @@ const (
 // ReasonNotListening is /readyz's reason before the data listeners are
 // bound and once a shutdown has started.
 const ReasonNotListening = "data listeners not accepting"
-
-// agentRetire bounds how long a reverse listener dropped by a reload
-// waits for the requests still using its agents.
-const agentRetire = 30 * time.Second
 
 // Options configure a Supervisor beyond its configuration. Start from
 // DefaultOptions; a zero duration means none (no wait, no drain).
@@ -107,17 +103,17 @@ type Supervisor struct {
 	failed chan error
 	served chan struct{}
 
-	// mu serializes reloads with each other and with shutdown; cfg and set
-	// are what is being served.
+	// agents builds and keeps the agent instances and reverse listeners;
+	// start is their first Build until the dataplane serves it.
+	agents *transports.Agents
+	start  *transports.Build
+
+	// mu serializes reloads with each other and with shutdown; cfg is
+	// what is being served.
 	mu       sync.Mutex
 	cfg      *config.Config
-	set      *agentSet
-	revCtx   context.Context
-	stopRev  context.CancelFunc
 	closed   bool
-	retiring []*reverse.Listener                 // dropped by a reload, closing once idle
-	required atomic.Pointer[[]string]            // fail-closed agents, for readiness
-	revLns   atomic.Pointer[[]*reverse.Listener] // for the metrics
+	required atomic.Pointer[[]string] // fail-closed agents, for readiness
 }
 
 // Start starts everything cfg describes and returns once the data
@@ -148,10 +144,6 @@ func Start(ctx context.Context, cfg *config.Config, o Options) (*Supervisor, err
 		if err != nil {
 			return nil, err
 		}
-		// The ext_proc transport's own counters (sidecar_extproc_events_total).
-		if err := m.Registry().Register(extproc.Collector()); err != nil {
-			return nil, errors.Join(metrics.ErrMetricsRegister, err)
-		}
 		s.metrics = m
 		obs = append(obs, m)
 	}
@@ -178,38 +170,37 @@ func Start(ctx context.Context, cfg *config.Config, o Options) (*Supervisor, err
 		}
 	}
 
-	b, err := buildAgents(cfg, nil, s.log)
+	s.agents = transports.NewAgents(s.log, s.fail)
+	b, err := s.agents.Build(cfg)
 	if err != nil {
 		return nil, err
 	}
-	s.set = b.set
-	s.revCtx, s.stopRev = context.WithCancel(context.Background())
-	s.serveReverse(b.set.reverse)
-	s.revLns.Store(&b.set.reverse)
+	s.start = b
 
 	wctx, cancel := context.WithTimeout(ctx, o.AgentWait)
-	missing := waitAgents(wctx, b.set.agents)
+	missing := waitAgents(wctx, b.Agents())
 	cancel()
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	for _, name := range missing {
-		s.log.Warn().Str("agent", name).Str("last_error", b.set.agents[name].Snapshot().LastError).
+		s.log.Warn().Str("agent", name).Str("last_error", b.Agents()[name].Snapshot().LastError).
 			Msg("agent not connected yet; its failure mode applies until it is")
 	}
 
-	srv, err := dataplane.New(dataplane.Config{File: cfg, Observer: dataplane.Observers(obs...)}, b.set.agents, s.log)
+	srv, err := dataplane.New(dataplane.Config{File: cfg, Observer: dataplane.Observers(obs...)}, b.Agents(), s.log)
 	if err != nil {
 		return nil, err
 	}
 	s.srv.Store(srv) // the server closes the agents from here on
+	b.Commit()
+	s.start = nil
 	if s.metrics != nil {
 		s.metrics.SetAgents(srv.AgentStatus)
 		s.metrics.SetStats(srv.Stats)
 		s.metrics.SetUpstreams(srv.Upstreams)
 		s.metrics.SetTracing(srv.TracingStats)
 		s.metrics.SetPolicy(srv.PolicyStatus)
-		s.metrics.SetReverse(func() []*reverse.Listener { return *s.revLns.Load() })
 	}
 	go func() {
 		defer close(s.served)
@@ -430,18 +421,6 @@ func (s *Supervisor) setRequired(cfg *config.Config) {
 	s.required.Store(&req)
 }
 
-// serveReverse serves lns until the sidecar stops; a listener whose
-// socket fails stops the sidecar.
-func (s *Supervisor) serveReverse(lns []*reverse.Listener) {
-	for _, l := range lns {
-		go func() {
-			if err := l.Serve(s.revCtx); err != nil {
-				s.fail(err)
-			}
-		}()
-	}
-}
-
 // Shutdown stops the sidecar: not ready, stop accepting, drain in-flight
 // requests until ctx ends, CancelAll to and close the agents, close the
 // reverse listeners, flush the access log, close the admin listener. It
@@ -470,22 +449,11 @@ func (s *Supervisor) abort() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		_ = srv.Shutdown(ctx) // a no-op after shutdown
 		cancel()
-	} else if s.set != nil {
-		for _, a := range s.set.agents {
-			_ = a.Close()
-		}
+	} else if s.start != nil {
+		s.start.Abort()
 	}
-	if s.stopRev != nil {
-		s.stopRev()
-	}
-	s.mu.Lock()
-	retiring := s.retiring
-	s.mu.Unlock()
-	for _, l := range retiring {
-		_ = l.Close()
-	}
-	if s.set != nil {
-		s.set.closeListeners()
+	if s.agents != nil {
+		s.agents.Close()
 	}
 	if s.access != nil {
 		_ = s.access.Close()

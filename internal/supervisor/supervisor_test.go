@@ -485,7 +485,7 @@ agents:
 	}
 	dial(rv1, "rv1")
 	testutil.WaitFor(t, "rv1 connected", func() bool { return connected("rv1") })
-	first := s.set.reverse[0]
+	first := s.agents.Listeners()[0]
 
 	// A new route and a second reverse agent at a new address.
 	st.WriteConfig(t, path, conf("  - {name: rv2, transport: reverse, address: \"unix:"+rv2+"\", failure_mode: open, options: {allow_no_token: \"true\"}}\n", "",
@@ -493,7 +493,7 @@ agents:
 	if err := s.Reload(); err != nil {
 		t.Fatal(err)
 	}
-	if s.set.reverse[0] != first || !connected("rv1") {
+	if s.agents.Listeners()[0] != first || !connected("rv1") {
 		t.Error("the unchanged reverse listener was replaced")
 	}
 	dial(rv2, "rv2")
@@ -521,7 +521,68 @@ agents:
 		}
 		return err != nil
 	})
-	if !connected("rv1") || s.set.reverse[0] != first {
+	if !connected("rv1") || s.agents.Listeners()[0] != first {
 		t.Error("rv1 lost its listener or connection")
+	}
+}
+
+// TestReverseReport: a running sidecar's reverse agent describes itself
+// and its listener, and both reach /status and /metrics through the
+// agents' reports alone: two agents share the listener, whose series are
+// exported once.
+func TestReverseReport(t *testing.T) {
+	dir := testutil.SocketDir(t)
+	up := st.StartUpstream(t, "app")
+	rv := filepath.Join(dir, "rv.sock")
+	path := filepath.Join(dir, "sidecar.yaml")
+	st.WriteConfig(t, path, fmt.Sprintf(`
+listeners: [{address: "127.0.0.1:0"}]
+upstreams: [{name: app, address: %q}]
+agents:
+  - {name: rv1, transport: reverse, address: "unix:%[2]s", failure_mode: open, options: {tokens: t1}}
+  - {name: rv2, transport: reverse, address: "unix:%[2]s", failure_mode: open, options: {tokens: t2}}
+routes:
+  - {name: main, upstream: app, agents: [rv1, rv2]}
+admin: {address: "127.0.0.1:0"}
+`, up.Addr, rv))
+	o := options(t, path)
+	o.AgentWait = shortAgentWait
+	s := startWith(t, path, o)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		_ = sdk.DialAndServe(ctx, sdk.ReverseConfig{Address: rv, AgentID: "rv1", Token: "t1", BackoffMin: 10 * time.Millisecond, BackoffMax: 50 * time.Millisecond}, st.NewPolicyAgent())
+	}()
+	listener := "unix:" + rv
+	testutil.WaitFor(t, "rv1 registered", func() bool {
+		return st.Scrape(t, adminURL(s))[fmt.Sprintf(`sidecar_reverse_registrations_accepted_total{listener=%q}`, listener)] == 1
+	})
+	v := st.Scrape(t, adminURL(s))
+	for key, want := range map[string]float64{
+		`sidecar_agent_connections{agent="rv1",transport="reverse"}`:                                     1,
+		`sidecar_agent_connections{agent="rv2",transport="reverse"}`:                                     0,
+		fmt.Sprintf(`sidecar_reverse_connections{listener=%q,state="active"}`, listener):                 1,
+		fmt.Sprintf(`sidecar_reverse_registrations_rejected_total{listener=%q,reason="auth"}`, listener): 0,
+	} {
+		if got, ok := v[key]; !ok || got != want {
+			t.Errorf("%s = %v (present %v), want %v", key, got, ok, want)
+		}
+	}
+	code, m := st.GetJSON(t, adminURL(s)+"/status")
+	if code != 200 {
+		t.Fatalf("/status: %d", code)
+	}
+	agents, _ := m["agents"].([]any)
+	seen := 0
+	for _, x := range agents {
+		a, _ := x.(map[string]any)
+		l, _ := a["listener"].(map[string]any)
+		if l["address"] != listener || l["accepted"] != 1.0 {
+			t.Errorf("/status agent %v: listener %v", a["name"], l)
+		}
+		seen++
+	}
+	if seen != 2 {
+		t.Errorf("/status agents %v", agents)
 	}
 }

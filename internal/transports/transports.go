@@ -1,9 +1,14 @@
 // Package transports turns configured agents (config.Agent) into the
 // proxy side of their transport — a udsclient.Client, a grpcclient.Client,
-// an extproc.Client or the pool of a reverse listener — seen by everything
+// an extproc.Client or the pool of a reverse.Listener — seen by everything
 // else only as an agentmux.Agent. It also checks what package config
 // leaves to the transports (their options) and decides, with InstanceKey,
 // when two configured agents are served by the same instance.
+//
+// Agents builds the agents of a running sidecar through one table of
+// factories, one per transport, and keeps them across reloads; it owns
+// the reverse listeners (one per address, kept, bound, retired or refused
+// by a reload), so that the supervisor handles every transport alike.
 //
 // The dataplane knows none of this: it is handed agentmux.Agent values.
 package transports
@@ -23,7 +28,6 @@ import (
 	"github.com/zentinelproxy/sidecar/internal/config"
 	"github.com/zentinelproxy/sidecar/internal/extproc"
 	"github.com/zentinelproxy/sidecar/internal/grpcclient"
-	"github.com/zentinelproxy/sidecar/internal/reverse"
 	"github.com/zentinelproxy/sidecar/internal/udsclient"
 )
 
@@ -35,8 +39,9 @@ type Factory func(a *config.Agent, log zerolog.Logger) (agentmux.Agent, error)
 type Factories map[string]Factory
 
 // Dialing returns the factories of the transports whose instances dial
-// their agent: uds, grpc and ext_proc. Reverse agents dial the sidecar; their
-// instances are the pools of a reverse.Listener (see ReverseSpecs).
+// their agent: uds, grpc and ext_proc. Reverse agents dial the sidecar:
+// their factory, in the same table in Agents.Build, hands out the pools of
+// the reverse listener at their address, which Agents owns.
 func Dialing() Factories {
 	return Factories{config.TransportUDS: NewUDS, config.TransportGRPC: NewGRPC, config.TransportExtProc: NewExtProc}
 }
@@ -113,34 +118,17 @@ func NewGRPC(a *config.Agent, log zerolog.Logger) (agentmux.Agent, error) {
 	})
 }
 
-// ReverseSpecs collects the agents of transport reverse, for
-// reverse.ListenerConfigs.
-func ReverseSpecs(cfg *config.Config) []reverse.AgentSpec {
-	var specs []reverse.AgentSpec
-	for i := range cfg.Agents {
-		a := &cfg.Agents[i]
-		if a.Transport != config.TransportReverse {
-			continue
-		}
-		specs = append(specs, reverse.AgentSpec{
-			Name:           a.Name,
-			Address:        a.Address,
-			MaxInFlight:    a.MaxInFlight,
-			MaxQueue:       a.MaxQueue,
-			MessageTimeout: a.Timeouts.Message,
-			FrameTimeout:   a.Timeouts.Frame,
-			MaxPending:     int(a.MaxPendingBytes),
-			JSONOnly:       a.PayloadEncoding == config.EncodingJSON,
-			Options:        a.Options,
-		})
-	}
-	return specs
-}
-
 // Check validates what package config leaves to the transports (their
 // options) without opening anything. Errors carry the line of the agent
-// or its options.
+// or its options and wrap config.ErrConfigInvalid.
 func Check(cfg *config.Config) error {
+	if err := check(cfg); err != nil {
+		return invalidConfig{err}
+	}
+	return nil
+}
+
+func check(cfg *config.Config) error {
 	for i := range cfg.Agents {
 		a := &cfg.Agents[i]
 		switch a.Transport {
@@ -164,7 +152,7 @@ func Check(cfg *config.Config) error {
 		}
 	}
 	if specs := ReverseSpecs(cfg); len(specs) > 0 {
-		if _, err := reverse.ListenerConfigs(specs); err != nil {
+		if _, err := ReverseListenerConfigs(specs); err != nil {
 			// The error names the agent; point at the first reverse agent.
 			for i := range cfg.Agents {
 				if cfg.Agents[i].Transport == config.TransportReverse && strings.Contains(err.Error(), strconv.Quote(cfg.Agents[i].Name)) {

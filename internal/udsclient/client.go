@@ -11,8 +11,8 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/zentinelproxy/sidecar/handshake"
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
-	"github.com/zentinelproxy/sidecar/internal/handshake"
 	"github.com/zentinelproxy/sidecar/internal/rawio"
 	"github.com/zentinelproxy/sidecar/internal/redial"
 	"github.com/zentinelproxy/sidecar/internal/udswriter"
@@ -74,9 +74,20 @@ type Config struct {
 	BackoffMin time.Duration
 	BackoffMax time.Duration
 	// Logger receives connection events. It carries the agent field (the
-	// dataplane's transport builders add it); the transport does not add it.
+	// factories of internal/transports add it); the transport does not add it.
 	Logger zerolog.Logger
 }
+
+// Ping liveness of a framed agent connection (a Link), on the UDS and
+// reverse transports alike.
+const (
+	// DefaultPingInterval is how long a connection may be idle before the
+	// proxy pings the agent.
+	DefaultPingInterval = 5 * time.Second
+	// DefaultPingTimeout closes a connection whose agent sent nothing for
+	// this long.
+	DefaultPingTimeout = 15 * time.Second
+)
 
 // DefaultConfig returns a Config with production defaults for the agent
 // name at path.
@@ -86,18 +97,18 @@ func DefaultConfig(name, path string) Config {
 		Path:             path,
 		Conns:            1,
 		ClientName:       "zentinel-sidecar/0.1",
-		DialTimeout:      time.Second,
-		HandshakeTimeout: 2 * time.Second,
-		MessageTimeout:   time.Second,
-		MaxInFlight:      1024,
-		MaxQueue:         1024,
-		WriteTimeout:     5 * time.Second,
+		DialTimeout:      redial.DefaultConnectTimeout,
+		HandshakeTimeout: redial.DefaultHandshakeTimeout,
+		MessageTimeout:   agentmux.DefaultMessageTimeout,
+		MaxInFlight:      agentmux.DefaultMaxInFlight,
+		MaxQueue:         agentmux.DefaultMaxQueue,
+		WriteTimeout:     udswriter.DefaultWriteTimeout,
 		MaxPendingBytes:  udswriter.DefaultMaxPendingBytes,
-		PingInterval:     5 * time.Second,
-		PingTimeout:      15 * time.Second,
+		PingInterval:     DefaultPingInterval,
+		PingTimeout:      DefaultPingTimeout,
 		FrameTimeout:     uds.DefaultFrameTimeout,
-		BackoffMin:       50 * time.Millisecond,
-		BackoffMax:       5 * time.Second,
+		BackoffMin:       redial.DefaultMin,
+		BackoffMax:       redial.DefaultMax,
 		Logger:           zerolog.Nop(),
 	}
 }
@@ -131,9 +142,12 @@ func (c *Config) Validate() error {
 	return nil
 }
 
+var _ agentmux.Reporter = (*Client)(nil)
+
 // Client keeps Conns handshaken connections to one agent, reconnecting
 // with backoff, and hands out exchanges on the least loaded one. It
-// implements agentmux.Agent.
+// implements agentmux.Agent; its report (agentmux.Reporter) is its
+// pool's: connections, in flight, counters, writes and frames.
 type Client struct {
 	*agentmux.Pool
 	cfg    Config

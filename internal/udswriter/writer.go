@@ -34,9 +34,15 @@ var (
 	ErrWaitCanceled = errors.New("uds: wait for room to queue the frame canceled")
 )
 
-// DefaultMaxPendingBytes is the default cap on the bytes of one connection that
-// are queued or being written.
-const DefaultMaxPendingBytes = 4 << 20
+// Defaults of a framed connection's writer, on both sides (the proxy's
+// links and the SDK's agents; internal/config's max_pending_bytes).
+const (
+	// DefaultMaxPendingBytes is the default cap on the bytes of one
+	// connection that are queued or being written.
+	DefaultMaxPendingBytes = 4 << 20
+	// DefaultWriteTimeout bounds each batched write.
+	DefaultWriteTimeout = 5 * time.Second
+)
 
 // Config tunes a Writer.
 type Config struct {

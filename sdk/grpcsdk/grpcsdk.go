@@ -19,8 +19,8 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/zentinelproxy/sidecar/grpcagent/pb"
+	"github.com/zentinelproxy/sidecar/handshake"
 	"github.com/zentinelproxy/sidecar/internal/grpcwire"
-	"github.com/zentinelproxy/sidecar/internal/handshake"
 	"github.com/zentinelproxy/sidecar/protocol"
 	"github.com/zentinelproxy/sidecar/sdk"
 )
@@ -84,9 +84,9 @@ func Serve(ctx context.Context, ln net.Listener, h sdk.Handler, opts *Options, s
 
 // NewServer returns a gRPC server with h registered as its
 // AgentProcessorV2, for embedding next to other services. Its defaults:
-// 10 MiB messages both ways, keepalive, and the codec of package grpcagent
-// (a superset of the protobuf codec, so other protobuf services work
-// unchanged). sopts add to or override them.
+// 10 MiB messages both ways, keepalive, and the codec of package
+// internal/grpcwire (a superset of the protobuf codec, so other protobuf
+// services work unchanged). sopts add to or override them.
 func NewServer(h sdk.Handler, opts *Options, sopts ...grpc.ServerOption) *grpc.Server {
 	srv, _ := newGRPCServer(h, opts, sopts...)
 	return srv

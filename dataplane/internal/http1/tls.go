@@ -1,0 +1,367 @@
+package http1
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/zentinelproxy/sidecar/dataplane/internal/exchange"
+	"github.com/zentinelproxy/sidecar/dataplane/internal/ratelog"
+	"github.com/zentinelproxy/sidecar/internal/config"
+	"github.com/zentinelproxy/sidecar/internal/observe"
+	"github.com/zentinelproxy/sidecar/internal/rawio"
+)
+
+// TLS on listeners. The listener accepts TCP connections and wraps each
+// in a tls.Conn inside its eofConn; the handshake runs on the first read,
+// under the read deadline fasthttp set for the request head. The eofConn
+// keeps the TCP socket for the disconnect peek (peek_linux.go): any TLS
+// record waiting on the socket reads as "still there", a FIN as gone.
+//
+// The material (certificates, client CAs, the tls.Config built from
+// them) sits behind an atomic pointer that GetConfigForClient reads per
+// handshake, so a rotation takes effect for the next handshake without a
+// restart: on Swap (a reload), and when a poll every reload_interval sees
+// a file's modification time or size change. A rotation that fails (a
+// key written before its certificate) keeps the old material, is logged
+// and counted, and is retried at the next poll.
+
+// ErrTLSConfig is a listener or upstream TLS setting that cannot be
+// loaded (a missing file, a bad PEM block, a key that does not match).
+var ErrTLSConfig = errors.New("dataplane: TLS configuration")
+
+type tlsCounters struct {
+	handshakes, handshakeErrors, reloads, reloadErrors atomic.Uint64
+}
+
+func (c *tlsCounters) snapshot() observe.TLSStats {
+	return observe.TLSStats{
+		Handshakes:      c.handshakes.Load(),
+		HandshakeErrors: c.handshakeErrors.Load(),
+		Reloads:         c.reloads.Load(),
+		ReloadErrors:    c.reloadErrors.Load(),
+	}
+}
+
+// listenerTLS is one listener's TLS material and its file watcher.
+type listenerTLS struct {
+	name  string
+	log   zerolog.Logger
+	stats *tlsCounters
+	cur   atomic.Pointer[tlsMaterial]
+	base  *tls.Config // hands out cur's config per handshake
+
+	mu     sync.Mutex // guards cfg and stamps (reloads)
+	cfg    config.ListenerTLS
+	stamps []fileStamp
+	errLog ratelog.Limit
+	hsLog  ratelog.Limit // failed handshakes
+
+	stop chan struct{}
+	done chan struct{}
+}
+
+// tlsMaterial is one loaded generation of a listener's TLS settings.
+type tlsMaterial struct {
+	conf  *tls.Config
+	certs []*tls.Certificate
+	exact map[string]*tls.Certificate
+	wild  map[string]*tls.Certificate // "example.com" for *.example.com
+}
+
+type fileStamp struct {
+	path string
+	mod  time.Time
+	size int64
+}
+
+func newListenerTLS(name string, cfg config.ListenerTLS, log zerolog.Logger, stats *tlsCounters) (*listenerTLS, error) {
+	lt := &listenerTLS{name: name, log: log, stats: stats, stop: make(chan struct{}), done: make(chan struct{})}
+	lt.base = &tls.Config{
+		MinVersion: tls.VersionTLS12,
+		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
+			return lt.cur.Load().conf, nil
+		},
+	}
+	if err := lt.load(cfg); err != nil {
+		return nil, err
+	}
+	go lt.watch()
+	return lt, nil
+}
+
+// load reads the files of cfg and makes them current.
+func (lt *listenerTLS) load(cfg config.ListenerTLS) error {
+	stamps := statFiles(tlsFiles(&cfg))
+	m, err := buildMaterial(&cfg)
+	if err != nil {
+		return err
+	}
+	lt.mu.Lock()
+	lt.cfg, lt.stamps = cfg, stamps
+	lt.mu.Unlock()
+	lt.cur.Store(m)
+	lt.stats.reloads.Add(1)
+	return nil
+}
+
+// reload is load for a rotation: a failure keeps the old material.
+func (lt *listenerTLS) reload(cfg config.ListenerTLS, why string) {
+	if err := lt.load(cfg); err != nil {
+		lt.stats.reloadErrors.Add(1)
+		if ok, suppressed := lt.errLog.Allow(); ok {
+			e := lt.log.Error().Str("listener", lt.name).Err(err)
+			if suppressed > 0 {
+				e = e.Uint64("suppressed", suppressed)
+			}
+			e.Msg("TLS certificates not reloaded; the previous ones stay in use")
+		}
+		return
+	}
+	lt.log.Info().Str("listener", lt.name).Str("trigger", why).Msg("TLS certificates loaded")
+}
+
+// watch polls the files every reload_interval and reloads on a change.
+func (lt *listenerTLS) watch() {
+	defer close(lt.done)
+	lt.mu.Lock()
+	every := lt.cfg.ReloadInterval
+	lt.mu.Unlock()
+	tk := time.NewTicker(every)
+	defer tk.Stop()
+	for {
+		select {
+		case <-lt.stop:
+			return
+		case <-tk.C:
+		}
+		lt.mu.Lock()
+		cfg, old := lt.cfg, lt.stamps
+		lt.mu.Unlock()
+		if every != cfg.ReloadInterval {
+			every = cfg.ReloadInterval
+			tk.Reset(every)
+		}
+		if !stampsEqual(old, statFiles(tlsFiles(&cfg))) {
+			lt.reload(cfg, "file change")
+		}
+	}
+}
+
+func (lt *listenerTLS) close() {
+	close(lt.stop)
+	<-lt.done
+}
+
+func tlsFiles(c *config.ListenerTLS) []string {
+	var out []string
+	for _, ct := range c.Certificates {
+		out = append(out, ct.CertFile, ct.KeyFile)
+	}
+	if c.ClientCAFile != "" {
+		out = append(out, c.ClientCAFile)
+	}
+	return out
+}
+
+func statFiles(paths []string) []fileStamp {
+	out := make([]fileStamp, len(paths))
+	for i, p := range paths {
+		out[i].path = p
+		if fi, err := os.Stat(p); err == nil {
+			out[i].mod, out[i].size = fi.ModTime(), fi.Size()
+		}
+	}
+	return out
+}
+
+func stampsEqual(a, b []fileStamp) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i].path != b[i].path || !a[i].mod.Equal(b[i].mod) || a[i].size != b[i].size {
+			return false
+		}
+	}
+	return true
+}
+
+func buildMaterial(cfg *config.ListenerTLS) (*tlsMaterial, error) {
+	minV, err := config.TLSVersion(cfg.MinVersion)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrTLSConfig, err)
+	}
+	suites, err := config.CipherSuiteIDs(cfg.CipherSuites)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrTLSConfig, err)
+	}
+	m := &tlsMaterial{exact: map[string]*tls.Certificate{}, wild: map[string]*tls.Certificate{}}
+	for _, c := range cfg.Certificates {
+		kp, err := tls.LoadX509KeyPair(c.CertFile, c.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("%w: loading %s / %s: %v", ErrTLSConfig, c.CertFile, c.KeyFile, err)
+		}
+		cert := &kp
+		m.certs = append(m.certs, cert)
+		names := c.ServerNames
+		if len(names) == 0 && cert.Leaf != nil {
+			names = cert.Leaf.DNSNames
+		}
+		for _, n := range names {
+			n = strings.ToLower(n)
+			if rest, ok := strings.CutPrefix(n, "*."); ok {
+				if _, dup := m.wild[rest]; !dup {
+					m.wild[rest] = cert
+				}
+			} else if _, dup := m.exact[n]; !dup {
+				m.exact[n] = cert
+			}
+		}
+	}
+	if len(m.certs) == 0 {
+		return nil, fmt.Errorf("%w: no certificate", ErrTLSConfig)
+	}
+	m.conf = &tls.Config{
+		MinVersion:     minV,
+		CipherSuites:   suites,
+		GetCertificate: m.pick,
+		NextProtos:     []string{"http/1.1"},
+	}
+	if cfg.ClientCAFile != "" {
+		pool, err := config.LoadCertPool(cfg.ClientCAFile)
+		if err != nil {
+			return nil, fmt.Errorf("%w: client_ca_file: %v", ErrTLSConfig, err)
+		}
+		m.conf.ClientCAs = pool
+		switch cfg.ClientAuth {
+		case config.ClientAuthOptional:
+			m.conf.ClientAuth = tls.VerifyClientCertIfGiven
+		case config.ClientAuthRequire:
+			m.conf.ClientAuth = tls.RequireAndVerifyClientCert
+		}
+	}
+	return m, nil
+}
+
+// pick chooses the certificate for the client's SNI: an exact name, then
+// a wildcard one label up, then the first certificate.
+func (m *tlsMaterial) pick(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
+	name := strings.ToLower(strings.TrimSuffix(hello.ServerName, "."))
+	if name != "" {
+		if c, ok := m.exact[name]; ok {
+			return c, nil
+		}
+		if i := strings.IndexByte(name, '.'); i > 0 {
+			if c, ok := m.wild[name[i+1:]]; ok {
+				return c, nil
+			}
+		}
+	}
+	return m.certs[0], nil
+}
+
+// handshake runs the TLS handshake of a client connection (on its first
+// read) and records its facts.
+func (c *eofConn) handshake() error {
+	c.hsDone = true
+	lt := c.lt
+	if err := c.tls.Handshake(); err != nil {
+		lt.stats.handshakeErrors.Add(1)
+		if ok, suppressed := lt.hsLog.Allow(); ok {
+			e := lt.log.Warn().Str("listener", lt.name).Str("client", c.raw.RemoteAddr().String()).Err(err)
+			if suppressed > 0 {
+				e = e.Uint64("suppressed", suppressed)
+			}
+			e.Msg("TLS handshake failed")
+		}
+		return err
+	}
+	lt.stats.handshakes.Add(1)
+	st := c.tls.ConnectionState()
+	f := &exchange.TLSFacts{
+		Version:    []byte(strings.ReplaceAll(tls.VersionName(st.Version), " ", "")),
+		Cipher:     []byte(tls.CipherSuiteName(st.CipherSuite)),
+		ServerName: []byte(st.ServerName),
+	}
+	if len(st.VerifiedChains) > 0 && len(st.PeerCertificates) > 0 {
+		leaf := st.PeerCertificates[0]
+		f.ClientSubject = []byte(leaf.Subject.String())
+		f.ClientSAN = []byte(formatSAN(leaf))
+	}
+	c.facts = f
+	return nil
+}
+
+// handshakeFailed reports a TLS connection whose handshake did not
+// complete: its read errors are not about HTTP.
+func (c *eofConn) handshakeFailed() bool { return c.tls != nil && c.facts == nil }
+
+// formatSAN lists a certificate's subject alternative names.
+func formatSAN(c *x509.Certificate) string {
+	var b strings.Builder
+	add := func(kind, v string) {
+		if b.Len() > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(kind)
+		b.WriteByte(':')
+		b.WriteString(v)
+	}
+	for _, n := range c.DNSNames {
+		add("DNS", n)
+	}
+	for _, u := range c.URIs {
+		add("URI", u.String())
+	}
+	for _, ip := range c.IPAddresses {
+		add("IP", ip.String())
+	}
+	for _, e := range c.EmailAddresses {
+		add("email", e)
+	}
+	return b.String()
+}
+
+// wrapTLS starts the server side of TLS on an accepted connection.
+func (l *eofListener) wrapTLS(c net.Conn) *eofConn {
+	rc := rawio.Wrap(c)
+	tc := tls.Server(rc, l.tls.base)
+	e := newEOFConn(tc, rc, l.hdrBuf)
+	e.raw, e.tls, e.lt = rc, tc, l.tls
+	return e
+}
+
+// ReloadTLS re-reads the listener's certificates if cfg still serves it
+// over TLS (a reload). Listener settings otherwise need a restart.
+func (l *Listener) ReloadTLS(cfg *config.Config) {
+	var nl *config.Listener
+	for i := range cfg.Listeners {
+		if cfg.Listeners[i].Name == l.cfg.Name {
+			nl = &cfg.Listeners[i]
+		}
+	}
+	switch {
+	case nl == nil:
+	case l.tls != nil && nl.TLS != nil:
+		l.tls.reload(*nl.TLS, "reload")
+	case (l.tls != nil) != (nl.TLS != nil):
+		l.log.Warn().Str("listener", l.cfg.Name).Msg("turning TLS on or off for a listener needs a restart; kept as it was")
+	}
+}
+
+// Close stops the listener's certificate watcher.
+func (l *Listener) Close() {
+	if l.tls != nil {
+		l.tls.close()
+	}
+}

@@ -1,9 +1,0 @@
-//go:build !linux
-
-package dataplane
-
-import "net"
-
-// peekClosed cannot tell without a platform peek; a vanished client is
-// then noticed when its connection is next read or written.
-func peekClosed(net.Conn) bool { return false }

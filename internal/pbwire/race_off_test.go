@@ -1,0 +1,5 @@
+//go:build !race
+
+package pbwire_test
+
+const raceEnabled = false
