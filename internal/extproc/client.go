@@ -160,12 +160,15 @@ func NewClient(cfg Config) (*Client, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	// The dial options of transport grpc, with gRPC's default backoff.
+	// The dial options of transport grpc, with gRPC's default backoff,
+	// and the streams' own codec.
 	opts, err := grpcclient.DialOptions(&cfg.TLS, cfg.MaxMessageSize, cfg.DialTimeout,
 		backoff.DefaultConfig.BaseDelay, backoff.DefaultConfig.MaxDelay, "zentinel-sidecar/0.1 ext_proc")
 	if err != nil {
 		return nil, fmt.Errorf("%w: agent %q: %v", ErrExtProcConfig, cfg.Name, err)
 	}
+	metadata := metadataContext(cfg.Metadata)
+	opts = append(opts, grpc.WithDefaultCallOptions(grpc.ForceCodecV2(newCodec(metadata))))
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &Client{
 		Pool:   agentmux.NewPool(cfg.Name, "ext_proc"),
@@ -175,7 +178,7 @@ func NewClient(cfg Config) (*Client, error) {
 		cancel: cancel,
 		log:    cfg.Logger.With().Str("address", cfg.Address).Logger(),
 	}
-	c.metadata = metadataContext(cfg.Metadata)
+	c.metadata = metadata
 	if c.conns, err = grpcclient.NewClientConns(cfg.Address, cfg.Conns, opts); err != nil {
 		cancel()
 		return nil, fmt.Errorf("%w: agent %q: address %q: %v", ErrExtProcConfig, cfg.Name, cfg.Address, err)

@@ -10,6 +10,8 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -185,8 +187,18 @@ func sidecarConversation(b *testing.B, addr string) conversation {
 	if err := c.WaitReady(ctx); err != nil {
 		b.Fatal(err)
 	}
-	req, resp := conformance.TypicalRequestHeaders(), benchResponseHeaders()
+	// The exchange writes its request id into the events: one pair per
+	// conversation running at once.
+	type events struct {
+		req  *protocol.RequestHeaders
+		resp *protocol.ResponseHeaders
+	}
+	pool := sync.Pool{New: func() any {
+		return &events{conformance.TypicalRequestHeaders(), benchResponseHeaders()}
+	}}
 	return func() error {
+		ev := pool.Get().(*events)
+		defer pool.Put(ev)
 		// Every wait has a deadline, as the dataplane's (the agent's
 		// request budget) has.
 		w := agentmux.Wait{Deadline: time.Now().Add(5 * time.Second)}
@@ -195,10 +207,10 @@ func sidecarConversation(b *testing.B, addr string) conversation {
 			return err
 		}
 		defer ex.Finish()
-		if _, err := ex.RequestHeaders(w, req); err != nil {
+		if _, err := ex.RequestHeaders(w, ev.req); err != nil {
 			return err
 		}
-		_, err = ex.ResponseHeaders(w, resp)
+		_, err = ex.ResponseHeaders(w, ev.resp)
 		return err
 	}
 }
@@ -266,9 +278,37 @@ func bareConversation(b *testing.B, addr string) conversation {
 // runConversations runs n conversations and returns the process CPU
 // time they took.
 func runConversations(b *testing.B, conv conversation, n int) time.Duration {
+	return runConcurrent(b, conv, n, 1)
+}
+
+// runConcurrent runs n conversations, c at a time, and returns the
+// process CPU time they took.
+func runConcurrent(b *testing.B, conv conversation, n, c int) time.Duration {
 	cpu0 := conformance.ProcessCPU()
-	for i := 0; i < n; i++ {
-		if err := conv(); err != nil {
+	if c == 1 {
+		for i := 0; i < n; i++ {
+			if err := conv(); err != nil {
+				b.Fatal(err)
+			}
+		}
+		return conformance.ProcessCPU() - cpu0
+	}
+	var left atomic.Int64
+	left.Store(int64(n))
+	errs := make(chan error, c)
+	for range c {
+		go func() {
+			for left.Add(-1) >= 0 {
+				if err := conv(); err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range c {
+		if err := <-errs; err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -299,19 +339,26 @@ func BenchmarkExtProcConversation(b *testing.B) {
 // run, so that both see the same load on a shared machine, and reports
 // each side's CPU time per request and the ratio sidecar/bare: over the
 // whole run (ratio) and its lowest and highest round.
-func BenchmarkExtProcCPURatio(b *testing.B) {
+func BenchmarkExtProcCPURatio(b *testing.B) { benchCPURatio(b, 1) }
+
+// BenchmarkExtProcCPURatio64 is BenchmarkExtProcCPURatio with 64
+// conversations at a time on each side (one connection), as a busy proxy
+// holds them.
+func BenchmarkExtProcCPURatio64(b *testing.B) { benchCPURatio(b, 64) }
+
+func benchCPURatio(b *testing.B, conc int) {
 	addr := startBenchProcessor(b)
 	side, bare := sidecarConversation(b, addr), bareConversation(b, addr)
-	runConversations(b, side, 200)
-	runConversations(b, bare, 200)
-	const round = 500
+	runConcurrent(b, side, 200*conc, conc)
+	runConcurrent(b, bare, 200*conc, conc)
+	round := max(500, 100*conc)
 	var cs, cb time.Duration
 	lo, hi := math.Inf(1), 0.0
 	b.ResetTimer()
 	for left := b.N; left > 0; left -= round {
 		n := min(left, round)
-		s := runConversations(b, side, n)
-		r := runConversations(b, bare, n)
+		s := runConcurrent(b, side, n, conc)
+		r := runConcurrent(b, bare, n, conc)
 		cs, cb = cs+s, cb+r
 		if r > 0 && n == round {
 			x := float64(s) / float64(r)

@@ -62,36 +62,55 @@ type link struct {
 	// keepFacts: the response attributes read the request, whose event
 	// is copied for them.
 	keepFacts bool
+	wd        watchdog
+	// The requests' streams by id, in shards: every event of every
+	// request looks its stream up, and the requests of a connection run
+	// on as many goroutines.
+	shards [linkShards]linkShard
+}
 
+const linkShards = 8
+
+type linkShard struct {
 	mu      sync.Mutex
 	streams map[uint64]*reqStream
 	closed  bool
+	_       [40]byte // a shard a cache line
 }
 
 func newLink(c *Client, cli extprocsvc.ExternalProcessorClient) *link {
-	return &link{c: c, cli: cli, streams: map[uint64]*reqStream{}, keepFacts: needsRequestFacts(c.cfg.ResponseAttrs)}
+	l := &link{c: c, cli: cli, keepFacts: needsRequestFacts(c.cfg.ResponseAttrs)}
+	for i := range l.shards {
+		l.shards[i].streams = map[uint64]*reqStream{}
+	}
+	return l
 }
+
+func (l *link) shard(id uint64) *linkShard { return &l.shards[id%linkShards] }
 
 // get returns request id's state, creating it on its first event.
 func (l *link) get(id uint64) (*reqStream, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.closed {
+	sh := l.shard(id)
+	sh.mu.Lock()
+	if sh.closed {
+		sh.mu.Unlock()
 		return nil, fmt.Errorf("%w: %s: closed", agentmux.ErrAgentConnLost, l.c.cfg.Name)
 	}
-	st := l.streams[id]
+	st := sh.streams[id]
 	if st == nil {
-		st = &reqStream{l: l, id: id, mode: l.c.cfg.Mode}
-		l.streams[id] = st
+		st = newReqStream(l, id)
+		sh.streams[id] = st
 	}
+	sh.mu.Unlock()
 	return st, nil
 }
 
 func (l *link) take(id uint64) *reqStream {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	st := l.streams[id]
-	delete(l.streams, id)
+	sh := l.shard(id)
+	sh.mu.Lock()
+	st := sh.streams[id]
+	delete(sh.streams, id)
+	sh.mu.Unlock()
 	return st
 }
 
@@ -145,51 +164,69 @@ func (l *link) Finished(id uint64) {
 // Close implements agentmux.Link.
 func (l *link) Close() error {
 	l.abortAll(true)
+	l.wd.stop()
 	return nil
 }
 
 // abortAll aborts every stream; with closing, the link also takes no
 // more.
 func (l *link) abortAll(closing bool) {
-	l.mu.Lock()
-	if closing {
-		l.closed = true
+	var all []*reqStream
+	for i := range l.shards {
+		sh := &l.shards[i]
+		sh.mu.Lock()
+		if closing {
+			sh.closed = true
+		}
+		for _, st := range sh.streams {
+			all = append(all, st)
+		}
+		clear(sh.streams)
+		sh.mu.Unlock()
 	}
-	all := l.streams
-	l.streams = map[uint64]*reqStream{}
-	l.mu.Unlock()
 	for _, st := range all {
 		st.abort()
 	}
 }
 
 // reqStream is one request's conversation with the processor.
+//
+// Its memory is reused by a later request (streamPool) once both the
+// exchange and the stream's reader are done with it: refs counts them.
+// A stream taken out of the link by a cancel or a CancelAll is left to the
+// garbage collector instead (whoever still holds it is not known).
 type reqStream struct {
 	l    *link
 	id   uint64
 	mode Mode // the configured mode, or the processor's honoured override
+	refs atomic.Int32
 
 	// Set from the exchange's goroutine only (Send, Finished), in order.
 	stream     extprocsvc.ExternalProcessor_ProcessClient
-	readDone   chan struct{} // closed when the stream's reader is done
 	sentFirst  bool
 	halfClosed bool
 	buf        []byte // a BUFFERED or BUFFERED_PARTIAL body being held
 	// attrsSent: the attributes of each direction (0 request, 1
 	// response) went with its first message.
 	attrsSent [2]bool
-	// hdrs is the memory of the request's header messages.
+	// hdrs is the memory of the request's header messages (kept for the
+	// next request that reuses this reqStream).
 	hdrs headersMsg
-	// timer cancels the stream when a send overruns its deadline
-	// (timedOut says it did), and ends a finished request's stream after
-	// GraceTimeout: one timer a request, reset for each.
-	timer    *time.Timer
+	// timedOut: the watchdog canceled the stream (a send overran its
+	// deadline, or a finished request's grace ran out).
 	timedOut atomic.Bool
 	// facts and resp are copies of the request and response headers
 	// events kept for attributes sent with a later message (nil when no
 	// configured attribute needs them).
 	facts *requestFacts
 	resp  *protocol.ResponseHeaders
+	// exited gets a token when the stream's reader is done.
+	exited chan struct{}
+
+	// Guarded by the link's watchdog's mutex.
+	wnext, wprev *reqStream
+	wdl          time.Time
+	watched      bool
 
 	mu sync.Mutex // guards what the reader goroutine shares
 	// expect is the response the outstanding event waits for; chunk and
@@ -204,7 +241,9 @@ type reqStream struct {
 	rest    []byte
 	isHeld  bool
 	partial bool
-	cancel  context.CancelFunc
+	// cancel ends the stream (set once, when it is opened, before the
+	// watchdog may see it).
+	cancel context.CancelFunc
 	// err, once set, fails every later event (a broken stream); ended
 	// says the processor closed the stream cleanly with nothing
 	// outstanding: later events pass without it, as Envoy does.
@@ -212,6 +251,40 @@ type reqStream struct {
 	ended bool
 	spare *agentmux.Reply
 	done  bool // aborted or finished: a late response is dropped
+	// readerDone: the stream's reader has seen its end.
+	readerDone bool
+}
+
+var streamPool = sync.Pool{New: func() any { return &reqStream{exited: make(chan struct{}, 1)} }}
+
+func newReqStream(l *link, id uint64) *reqStream {
+	st := streamPool.Get().(*reqStream)
+	st.l, st.id, st.mode = l, id, l.c.cfg.Mode
+	st.refs.Store(1) // the exchange's; the reader takes one more
+	return st
+}
+
+// release drops one reference; the last one puts the memory back.
+func (st *reqStream) release() {
+	if st.refs.Add(-1) != 0 {
+		return
+	}
+	// Nobody else refers to st: the exchange is finished, the reader
+	// gone, and the watchdog let it go (unwatch) before either returned.
+	select {
+	case <-st.exited:
+	default:
+	}
+	st.l, st.id, st.mode = nil, 0, Mode{}
+	st.stream, st.sentFirst, st.halfClosed, st.buf = nil, false, false, nil
+	st.attrsSent = [2]bool{}
+	st.timedOut.Store(false)
+	st.facts, st.resp = nil, nil
+	st.expect, st.chunk, st.last = kindNone, 0, false
+	st.held, st.rest, st.isHeld, st.partial = nil, nil, false, false
+	st.cancel, st.err, st.ended, st.done, st.readerDone = nil, nil, false, false, false
+	st.hdrs.clear()
+	streamPool.Put(st)
 }
 
 // deliver hands d (or err) to the exchange as the reply to its event.
@@ -366,7 +439,14 @@ func setMutation(d *protocol.Decision, p protocol.Phase, idx uint32, a protocol.
 // cannot finish by w's deadline (a connection not ready, a processor
 // that stopped reading) has its stream canceled.
 func (st *reqStream) send(pr *extprocsvc.ProcessingRequest, w agentmux.Wait) error {
-	dl, _ := agentmux.MessageDeadline(w, time.Now(), st.l.c.cfg.MessageTimeout)
+	// The session has folded MessageTimeout into w's deadline (it is
+	// configured with the same one, see Client.maintain); a Wait without
+	// one gets it here.
+	dl := w.Deadline
+	if dl.IsZero() && st.l.c.cfg.MessageTimeout > 0 {
+		dl = time.Now().Add(st.l.c.cfg.MessageTimeout)
+	}
+	wd := &st.l.wd
 	if st.stream == nil {
 		ctx, cancel := context.WithCancel(context.Background())
 		st.mu.Lock()
@@ -376,21 +456,26 @@ func (st *reqStream) send(pr *extprocsvc.ProcessingRequest, w agentmux.Wait) err
 		if aborted {
 			cancel()
 		}
-		armed := st.arm(dl)
+		if !dl.IsZero() {
+			wd.watch(st, dl)
+		}
 		s, err := st.l.cli.Process(ctx)
 		if err != nil {
-			st.disarm(armed)
+			wd.unwatch(st)
 			cancel()
 			return st.sendError(err, st.timedOut.Load())
 		}
 		st.stream = s
-		st.readDone = make(chan struct{})
 		st.l.c.count(evStreams)
-		go st.read(s, cancel, st.readDone)
+		st.refs.Add(1) // the reader's
+		go st.read(s)
+	} else if !dl.IsZero() {
+		wd.watch(st, dl)
 	}
-	armed := st.arm(dl)
 	err := st.stream.Send(pr)
-	st.disarm(armed)
+	if !dl.IsZero() {
+		wd.unwatch(st)
+	}
 	if errors.Is(err, io.EOF) && st.cleanEnd(dl) {
 		// The processor had ended the stream cleanly before this event:
 		// it is done with the request (see streamEnded).
@@ -403,33 +488,6 @@ func (st *reqStream) send(pr *extprocsvc.ProcessingRequest, w agentmux.Wait) err
 	return nil
 }
 
-// arm sets the timer to cancel the stream at dl (none when dl is zero);
-// it reports whether it did.
-func (st *reqStream) arm(dl time.Time) bool {
-	if dl.IsZero() {
-		return false
-	}
-	if st.timer == nil {
-		st.timer = time.AfterFunc(time.Until(dl), st.expired)
-	} else {
-		st.timer.Reset(time.Until(dl))
-	}
-	return true
-}
-
-func (st *reqStream) disarm(armed bool) {
-	if armed {
-		st.timer.Stop()
-	}
-}
-
-// expired is the timer's: the send (or the finished request's grace) is
-// over; the stream is canceled.
-func (st *reqStream) expired() {
-	st.timedOut.Store(true)
-	st.stopStream()
-}
-
 // cleanEnd waits (until dl at most) for the reader to learn how the
 // stream ended and reports whether the processor ended it cleanly.
 func (st *reqStream) cleanEnd(dl time.Time) bool {
@@ -440,7 +498,7 @@ func (st *reqStream) cleanEnd(dl time.Time) bool {
 		tc = t.C
 	}
 	select {
-	case <-st.readDone:
+	case <-st.exited:
 	case <-tc:
 		return false
 	}
@@ -466,17 +524,22 @@ func (st *reqStream) sendError(err error, timedOut bool) error {
 }
 
 // read receives the processor's responses until the stream ends.
-func (st *reqStream) read(s extprocsvc.ExternalProcessor_ProcessClient, cancel context.CancelFunc, done chan struct{}) {
-	defer close(done)
-	defer cancel()
+func (st *reqStream) read(s extprocsvc.ExternalProcessor_ProcessClient) {
 	for {
 		resp, err := s.Recv()
 		if err != nil {
 			st.streamEnded(err)
-			return
+			break
 		}
 		st.response(resp)
 	}
+	// The stream is over (grpc-go has released it); this frees the
+	// context.
+	st.cancel()
+	// A grace being watched (finish saw the reader running) ends here.
+	st.l.wd.unwatch(st)
+	st.exited <- struct{}{}
+	st.release()
 }
 
 // streamEnded: the stream is over. An event still waiting fails; with
@@ -485,6 +548,7 @@ func (st *reqStream) read(s extprocsvc.ExternalProcessor_ProcessClient, cancel c
 func (st *reqStream) streamEnded(err error) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
+	st.readerDone = true
 	if st.done {
 		return
 	}
@@ -565,23 +629,23 @@ func (st *reqStream) stopStream() {
 }
 
 // finish half-closes the stream of a request that is over; the processor
-// gets GraceTimeout to end it before it is canceled.
+// gets GraceTimeout to end it before it is canceled. It is the exchange's
+// last use of st.
 func (st *reqStream) finish() {
 	st.mu.Lock()
 	st.done = true
 	st.mu.Unlock()
-	if st.stream == nil {
-		return
-	}
-	if !st.halfClosed {
+	if st.stream != nil && !st.halfClosed {
 		st.halfClosed = true
 		_ = st.stream.CloseSend()
 	}
-	if st.timer == nil {
-		st.timer = time.AfterFunc(st.l.c.cfg.GraceTimeout, st.expired)
-	} else {
-		st.timer.Reset(st.l.c.cfg.GraceTimeout)
+	st.mu.Lock()
+	if st.stream != nil && !st.readerDone {
+		// The reader unwatches when it sees the end, which it has not.
+		st.l.wd.watch(st, time.Now().Add(st.l.c.cfg.GraceTimeout))
 	}
+	st.mu.Unlock()
+	st.release()
 }
 
 // rpcError shortens a gRPC status error for logs and replies.

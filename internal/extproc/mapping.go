@@ -26,7 +26,8 @@ type pseudoHeader struct {
 // its two header messages: Send encodes a message before it returns, and
 // these connections have no stats handler that could read it later, so
 // one request's messages reuse the same memory (the event's buffers are
-// aliased too, and the dataplane reuses them once the event is answered).
+// aliased too, and the dataplane reuses them once the event is answered),
+// and so does the next request given the same reqStream.
 type headersMsg struct {
 	pr   extprocsvc.ProcessingRequest
 	rq   extprocsvc.ProcessingRequest_RequestHeaders
@@ -38,6 +39,12 @@ type headersMsg struct {
 	pc   extprocsvc.ProtocolConfiguration
 	// status holds the digits of :status.
 	status [3]byte
+	// names are the names of the last request (0) and response (1)
+	// headers mapped here that were lower-case already, by position: the
+	// next request's are mostly the same, in the same order, and a name
+	// equal to the one kept is that string (no lookup in commonNames, no
+	// allocation for an uncommon name).
+	names [2][]string
 }
 
 // reset clears what the previous message set.
@@ -46,10 +53,22 @@ func (h *headersMsg) reset() *extprocsvc.ProcessingRequest {
 	return &h.pr
 }
 
+// clear drops the references to a finished request's buffers (the
+// memory and the names are kept).
+func (h *headersMsg) clear() {
+	h.pr.Request, h.pr.Attributes, h.pr.MetadataContext, h.pr.ProtocolConfig = nil, nil, nil, nil
+	h.rq.RequestHeaders, h.rs.ResponseHeaders = nil, nil
+	h.hh.Headers, h.hm.Headers = nil, nil
+	for i := range h.vals {
+		h.vals[i].RawValue = nil
+	}
+}
+
 // headerMap maps the pseudo-headers and hs into h.hm: lower-cased names
 // (hs's as sent by the dataplane, lower-case already), host left out when
-// it is sent as :authority.
-func (h *headersMsg) headerMap(pseudo []pseudoHeader, hs protocol.Headers, skipHost bool) *corev3.HeaderMap {
+// it is sent as :authority. dir picks the names kept (0 request, 1
+// response).
+func (h *headersMsg) headerMap(pseudo []pseudoHeader, hs protocol.Headers, skipHost bool, dir int) *corev3.HeaderMap {
 	n := len(pseudo) + len(hs)
 	if cap(h.vals) < n {
 		h.vals = make([]corev3.HeaderValue, n)
@@ -61,8 +80,20 @@ func (h *headersMsg) headerMap(pseudo []pseudoHeader, hs protocol.Headers, skipH
 		v.Key, v.Value, v.RawValue = p.key, "", p.value
 		out = append(out, v)
 	}
+	names := h.names[dir]
+	if cap(names) < len(hs) {
+		names = make([]string, len(hs))
+	}
+	names = names[:len(hs)]
 	for i := range hs {
-		name := lowerName(hs[i].Name)
+		name := names[i]
+		if string(hs[i].Name) != name {
+			name = lowerName(hs[i].Name)
+			names[i] = ""
+			if string(hs[i].Name) == name {
+				names[i] = name // lower-case already: the same bytes map to it
+			}
+		}
 		if skipHost && name == "host" {
 			continue // it is :authority
 		}
@@ -70,6 +101,7 @@ func (h *headersMsg) headerMap(pseudo []pseudoHeader, hs protocol.Headers, skipH
 		v.Key, v.Value, v.RawValue = name, "", hs[i].Value
 		out = append(out, v)
 	}
+	h.names[dir] = names
 	h.ptrs = out
 	h.hm.Headers = out
 	return &h.hm
@@ -155,7 +187,7 @@ func (st *reqStream) requestHeaders(m *protocol.RequestHeaders) *extprocsvc.Proc
 	pseudo := [...]pseudoHeader{{":method", m.Method}, {":path", m.URI}, {":authority", header(m.Headers, "host")}, {":scheme", scheme(m)}}
 	h := &st.hdrs
 	pr := h.reset()
-	h.hh.Headers, h.hh.EndOfStream = h.headerMap(pseudo[:], m.Headers, true), !m.HasBody
+	h.hh.Headers, h.hh.EndOfStream = h.headerMap(pseudo[:], m.Headers, true, 0), !m.HasBody
 	h.rq.RequestHeaders = &h.hh
 	pr.Request = &h.rq
 	st.common(pr, 0, m, nil)
@@ -166,7 +198,7 @@ func (st *reqStream) responseHeaders(m *protocol.ResponseHeaders) *extprocsvc.Pr
 	h := &st.hdrs
 	pseudo := [...]pseudoHeader{{":status", strconv.AppendInt(h.status[:0], int64(m.StatusCode), 10)}}
 	pr := h.reset()
-	h.hh.Headers, h.hh.EndOfStream = h.headerMap(pseudo[:], m.Headers, false), !m.HasBody
+	h.hh.Headers, h.hh.EndOfStream = h.headerMap(pseudo[:], m.Headers, false, 1), !m.HasBody
 	h.rs.ResponseHeaders = &h.hh
 	pr.Request = &h.rs
 	st.common(pr, 1, st.facts, m)
@@ -262,6 +294,9 @@ func (st *reqStream) mapResponse(want kind, r *extprocsvc.ProcessingResponse) (f
 		}
 		if mo := r.GetModeOverride(); mo != nil {
 			st.override(mo)
+		}
+		if len(ops) == 0 {
+			return allowFinal, nil // a plain CONTINUE: nothing to capture
 		}
 		return func(d *protocol.Decision) {
 			d.Kind = protocol.DecisionAllow
