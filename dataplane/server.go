@@ -14,6 +14,7 @@ import (
 
 	"github.com/zentinelproxy/sidecar/dataplane/internal/exchange"
 	"github.com/zentinelproxy/sidecar/dataplane/internal/http1"
+	"github.com/zentinelproxy/sidecar/dataplane/internal/http2"
 	"github.com/zentinelproxy/sidecar/dataplane/internal/upstream"
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/internal/config"
@@ -67,6 +68,7 @@ type Server struct {
 	lsts []*http1.Listener
 
 	h1      http1.Counters
+	h2      http2.Counters
 	up      upstream.Counters
 	clamped atomic.Uint64 // listeners whose limits were lowered to the descriptor budget
 
@@ -117,6 +119,9 @@ func New(cfg Config, agents map[string]agentmux.Agent, log zerolog.Logger) (*Ser
 		if err != nil {
 			s.closeListeners()
 			return nil, fmt.Errorf("dataplane: listener %s: %w", lc.Name, err)
+		}
+		if lc := l.Config(); lc.Serves(config.ProtoH2) || lc.Serves(config.ProtoH2C) {
+			l.SetHTTP2(http2.NewServer(lc, l.Facts(), s.core, log, &s.h2))
 		}
 		s.lsts = append(s.lsts, l)
 		if interval == 0 || lc.DisconnectCheck < interval {
@@ -383,6 +388,7 @@ func (s *Server) Stats() Stats {
 	var st observe.Stats
 	s.core.Stats(&st)
 	s.h1.Fill(&st)
+	s.h2.Fill(&st)
 	st.ListenersClamped = s.clamped.Load()
 	st.UpstreamStale = s.up.Stale.Load()
 	st.UpstreamRetries = s.up.Retries.Load()
