@@ -140,6 +140,10 @@ func (s *Server) serveStream(w http.ResponseWriter, r *http.Request, info *excha
 	ex.Serve()
 	f.respond()
 	aborted := ex.Aborted()
+	// Closed before Finish: a duplex request body still being sent
+	// upstream (a gRPC stream the upstream ended first) is read from
+	// r.Body, and Finish waits for its sender.
+	_ = r.Body.Close()
 	ex.Finish()
 	f.release()
 	if aborted {
