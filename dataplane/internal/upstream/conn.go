@@ -224,7 +224,7 @@ func (ep *Endpoint) end() { ep.inflight.Add(-1) }
 func (ep *Endpoint) closeIdle() {
 	ep.hc.CloseIdleConnections()
 	if ep.h2 != nil {
-		ep.h2.CloseIdleConnections()
+		ep.h2.closeIdle()
 	}
 	if c := ep.checkHC.Load(); c != nil {
 		c.CloseIdleConnections()

@@ -8,7 +8,6 @@ import (
 
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
-	"golang.org/x/net/http2"
 
 	"github.com/zentinelproxy/sidecar/dataplane/internal/clock"
 	"github.com/zentinelproxy/sidecar/dataplane/internal/ratelog"
@@ -31,7 +30,7 @@ type Endpoint struct {
 	hc     *fasthttp.HostClient
 	// h2 is the endpoint's HTTP/2 transport (protocol h2 or h2c; h2.go),
 	// nil over HTTP/1.
-	h2 *http2.Transport
+	h2 *h2Pool
 
 	inflight atomic.Int64
 	// Counters (EndpointStatus).
@@ -100,7 +99,7 @@ func newEndpoint(u *config.Upstream, addr, origin string) *Endpoint {
 		ConnPoolStrategy:              fasthttp.LIFO,
 	}
 	if u.Protocol == config.ProtoH2 || u.Protocol == config.ProtoH2C {
-		ep.h2 = newH2Transport(u, dial, hcAddr)
+		ep.h2 = newH2Pool(u, dial, hcAddr)
 	}
 	return ep
 }
@@ -237,7 +236,7 @@ func (up *Upstream) eject(ep *Endpoint, why string) {
 	// Idle connections to it are suspect too.
 	ep.hc.CloseIdleConnections()
 	if ep.h2 != nil {
-		ep.h2.CloseIdleConnections()
+		ep.h2.closeIdle()
 	}
 	up.logTransition(ep, "upstream endpoint ejected", why)
 }

@@ -2,7 +2,6 @@ package upstream
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -39,15 +38,29 @@ import (
 // to another endpoint when there is one, if none of the client's body was
 // taken.
 
-// newH2Transport makes the HTTP/2 transport of an endpoint of u that
-// dials with dial.
-func newH2Transport(u *config.Upstream, dial func(string) (net.Conn, error), hcAddr string) *http2.Transport {
-	return &http2.Transport{
-		// The scheme says h2c; the dial below makes TLS for h2 itself.
-		AllowHTTP: true,
-		DialTLSContext: func(context.Context, string, string, *tls.Config) (net.Conn, error) {
-			return dial(hcAddr)
-		},
+// h2Pool is an endpoint's HTTP/2 connections: at most max, each taking
+// as many streams as the upstream allows. A request takes the connection
+// with the fewest streams that has room, or a new one while there are
+// fewer than max; past that it waits on the least loaded one for a
+// stream (x/net's StrictMaxConcurrentStreams), within response_timeout.
+// Requests go through ClientConn.RoundTrip, not the Transport's: the
+// Transport's own retries of refused streams back off for seconds on
+// the same endpoint; refused streams come back here and go elsewhere.
+type h2Pool struct {
+	tr   *http2.Transport
+	dial func() (net.Conn, error)
+	max  int
+
+	mu      sync.Mutex
+	dialed  sync.Cond // a dial ended (L: &mu)
+	conns   []*http2.ClientConn
+	dialing int
+}
+
+// newH2Pool makes the HTTP/2 connections of an endpoint of u that dials
+// with dial.
+func newH2Pool(u *config.Upstream, dial func(string) (net.Conn, error), hcAddr string) *h2Pool {
+	tr := &http2.Transport{
 		StrictMaxConcurrentStreams: true,
 		DisableCompression:         true,
 		// The response head's bound, as read_buffer_size is over HTTP/1.
@@ -58,7 +71,110 @@ func newH2Transport(u *config.Upstream, dial func(string) (net.Conn, error), hcA
 		ReadIdleTimeout:  u.IdleTimeout,
 		WriteByteTimeout: u.IdleTimeout,
 	}
+	p := &h2Pool{tr: tr, dial: func() (net.Conn, error) { return dial(hcAddr) }, max: u.MaxConns}
+	p.dialed.L = &p.mu
+	return p
 }
+
+// get returns a connection for one request.
+func (p *h2Pool) get() (*http2.ClientConn, error) {
+	p.mu.Lock()
+	for {
+		cc, dial := p.pickLocked()
+		switch {
+		case cc != nil && !dial:
+			p.mu.Unlock()
+			return cc, nil
+		case dial:
+			return p.dialNew() // unlocks
+		}
+		// Every place is taken by a dial: its connection will do.
+		p.dialed.Wait()
+	}
+}
+
+// pickLocked picks the least loaded connection, and says whether a new
+// one is to be dialed (the best is full, and there is room for one).
+func (p *h2Pool) pickLocked() (*http2.ClientConn, bool) {
+	var best *http2.ClientConn
+	bestLoad := 0
+	live := p.conns[:0]
+	for _, cc := range p.conns {
+		st := cc.State()
+		if st.Closed || st.Closing {
+			continue // its streams finish on their own
+		}
+		live = append(live, cc)
+		load := st.StreamsActive + st.StreamsReserved + st.StreamsPending
+		if best == nil || load < bestLoad {
+			best, bestLoad = cc, load
+		}
+	}
+	clear(p.conns[len(live):])
+	p.conns = live
+	full := best == nil
+	if best != nil {
+		if m := best.State().MaxConcurrentStreams; m > 0 && bestLoad >= int(m) {
+			full = true
+		}
+	}
+	return best, full && len(p.conns)+p.dialing < p.max
+}
+
+// dialNew dials a connection, with p.mu held (and released).
+func (p *h2Pool) dialNew() (*http2.ClientConn, error) {
+	p.dialing++
+	p.mu.Unlock()
+	c, err := p.dial()
+	var cc *http2.ClientConn
+	if err == nil {
+		if cc, err = p.tr.NewClientConn(c); err != nil {
+			_ = c.Close()
+		}
+	}
+	p.mu.Lock()
+	p.dialing--
+	if err == nil {
+		p.conns = append(p.conns, cc)
+	}
+	p.dialed.Broadcast()
+	p.mu.Unlock()
+	if err != nil {
+		return nil, &dialError{err: err}
+	}
+	return cc, nil
+}
+
+// roundTrip sends req on one of the connections.
+func (p *h2Pool) roundTrip(req *http.Request) (*http.Response, error) {
+	cc, err := p.get()
+	if err != nil {
+		return nil, err
+	}
+	return cc.RoundTrip(req)
+}
+
+// closeIdle closes the connections without a stream.
+func (p *h2Pool) closeIdle() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	live := p.conns[:0]
+	for _, cc := range p.conns {
+		if st := cc.State(); st.StreamsActive == 0 && st.StreamsReserved == 0 && st.StreamsPending == 0 {
+			_ = cc.Close()
+			continue
+		}
+		live = append(live, cc)
+	}
+	clear(p.conns[len(live):])
+	p.conns = live
+}
+
+// dialError is a connection to an endpoint that could not be made.
+type dialError struct{ err error }
+
+func (e *dialError) Error() string { return "connecting to upstream: " + e.err.Error() }
+func (e *dialError) Unwrap() error { return e.err }
 
 // h2Call is one request's stream to an HTTP/2 upstream: the exchange's
 // UpstreamResponse and the Source of its body.
@@ -120,8 +236,11 @@ func (up *Upstream) roundTripH2(req *exchange.UpstreamRequest) (exchange.Upstrea
 			c.end()
 			return nil, errH2Timeout
 		}
-		sent := c.body != nil && c.body.taken()
-		if refused(err) && !refusedRetry && !sent && (req.Body == nil || !req.Body.Consumed()) {
+		// The attempt's body is abandoned by now (attempt): Consumed reads
+		// what no Read changes any more. A body the agents buffered whole
+		// is produced again; one of the client's, once taken, cannot be.
+		fresh := req.Body == nil || !req.Body.Consumed()
+		if refused(err) && !refusedRetry && fresh {
 			// Not processed: any method may go again, once.
 			refusedRetry = true
 			up.stats.Retries.Add(1)
@@ -134,7 +253,7 @@ func (up *Upstream) roundTripH2(req *exchange.UpstreamRequest) (exchange.Upstrea
 			continue
 		}
 		up.failed(ep)
-		if dialFailed(err) && !sent {
+		if dialFailed(err) && fresh {
 			var next *Endpoint
 			if ntried < up.attempts {
 				next = up.pick(tried[:ntried])
@@ -146,6 +265,9 @@ func (up *Upstream) roundTripH2(req *exchange.UpstreamRequest) (exchange.Upstrea
 			}
 		}
 		c.end()
+		if errors.Is(err, exchange.ErrUpstreamBusy) {
+			return nil, err
+		}
 		return nil, &upstreamError{err: err}
 	}
 }
@@ -194,7 +316,7 @@ func (c *h2Call) attempt(ep *Endpoint) error {
 	}
 	hreq = hreq.WithContext(c.ctx)
 	c.timer = time.AfterFunc(c.up.cfg.ResponseTimeout, c.expire)
-	resp, err := ep.h2.RoundTrip(hreq)
+	resp, err := ep.h2.roundTrip(hreq)
 	if err == nil && c.body != nil && !r.Duplex {
 		// The exchange reads the response only once the whole body went.
 		<-c.body.done
@@ -282,8 +404,8 @@ func refused(err error) bool {
 
 // dialFailed reports a connection that could not be made.
 func dialFailed(err error) bool {
-	var oe *net.OpError
-	return errors.As(err, &oe) && oe.Op == "dial" || errors.Is(err, errTLSConfig) || strings.Contains(err.Error(), "upstream TLS handshake")
+	var de *dialError
+	return errors.As(err, &de)
 }
 
 // Head implements exchange.UpstreamResponse.
@@ -381,7 +503,6 @@ type h2Body struct {
 	p    exchange.BodyProducer
 	rest []byte
 	last bool
-	n    atomic.Int64
 	err  error // the producer's error, as a producerError
 	done chan struct{}
 
@@ -430,7 +551,6 @@ func (b *h2Body) read(p []byte) (int, bool, error) {
 	}
 	n := copy(p, b.rest)
 	b.rest = b.rest[n:]
-	b.n.Add(int64(n))
 	return n, false, nil
 }
 
@@ -466,6 +586,3 @@ func (b *h2Body) producerErr() error {
 	defer b.mu.Unlock()
 	return b.err
 }
-
-// taken reports whether any of the body went to the Transport.
-func (b *h2Body) taken() bool { return b.n.Load() > 0 }

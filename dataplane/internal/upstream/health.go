@@ -142,7 +142,7 @@ func (up *Upstream) checkH2(ep *Endpoint) (int, error) {
 	}
 	req.Host = string(up.hostHdr)
 	req.Header.Set("User-Agent", string(valueHealthUA))
-	resp, err := ep.h2.RoundTrip(req)
+	resp, err := ep.h2.roundTrip(req)
 	if err != nil {
 		return 0, err
 	}
