@@ -1,6 +1,7 @@
 package http2
 
 import (
+	"context"
 	"io"
 	"net"
 	"net/http"
@@ -34,6 +35,8 @@ type stream struct {
 	arena   []byte
 	keys    []string
 	scratch []byte
+	// fired is the stream's cancel hook (serveStream).
+	fired sync.WaitGroup
 }
 
 var streams = sync.Pool{New: func() any {
@@ -137,13 +140,28 @@ func (s *Server) serveStream(w http.ResponseWriter, r *http.Request, info *excha
 	ex := &f.ex
 	s.core.Begin(ex, time.Now())
 	f.readHead()
-	ex.Serve()
+	// A reset stream cancels its exchange at once, wherever it waits
+	// (an agent, the upstream): a rapid reset flood (CVE-2023-44487)
+	// costs no agent call or upstream request for the streams reset
+	// before they got there. The WaitGroup keeps a late cancel from
+	// reaching the exchange once it is pooled again.
+	f.fired.Add(1)
+	stop := context.AfterFunc(r.Context(), func() { ex.Cancel(); f.fired.Done() })
+	if r.Context().Err() != nil {
+		ex.ClientGone()
+	} else {
+		ex.Serve()
+	}
 	f.respond()
 	aborted := ex.Aborted()
 	// Closed before Finish: a duplex request body still being sent
 	// upstream (a gRPC stream the upstream ended first) is read from
 	// r.Body, and Finish waits for its sender.
 	_ = r.Body.Close()
+	if stop() {
+		f.fired.Done()
+	}
+	f.fired.Wait()
 	ex.Finish()
 	f.release()
 	if aborted {

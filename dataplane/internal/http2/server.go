@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -50,12 +51,13 @@ func (c *Counters) Fill(st *observe.Stats) {
 }
 
 // countError is x/net/http2's error hook: every error it answers on a
-// connection or stream, by kind.
+// connection or stream, by kind ("stream_REFUSED_STREAM_over_max_streams",
+// or a frame's own token such as "frame_data_pad_too_big").
 func (c *Counters) countError(kind string) {
-	switch kind {
-	case "over_max_streams", "over_max_streams_race":
+	switch {
+	case strings.HasSuffix(kind, "_over_max_streams"), strings.HasSuffix(kind, "_over_max_streams_race"):
 		c.refusedStreams.Add(1)
-	case "too_many_early_resets":
+	case strings.HasSuffix(kind, "_too_many_early_resets"):
 		c.rapidResets.Add(1)
 	default:
 		c.protocolErrors.Add(1)
