@@ -2,6 +2,7 @@ package dataplane_test
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -354,4 +355,47 @@ func TestHTTP2RapidReset(t *testing.T) {
 		t.Errorf("10,000 reset streams made %d upstream requests on a connection left open", upReqs.Load())
 	}
 	testutil.WaitFor(t, "nothing in flight", func() bool { return p.srv.Stats().InFlight == 0 })
+}
+
+// TestHTTP2ShutdownGoAway: Shutdown sends HTTP/2 connections a GOAWAY and
+// waits for their streams in flight, which finish.
+func TestHTTP2ShutdownGoAway(t *testing.T) {
+	release := make(chan struct{})
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		<-release
+		_, _ = io.WriteString(w, "finished")
+	})
+	p := h2LimitsProxy(t, "", up.addr())
+	r := dialRawH2(t, p.addr)
+	r.headers(1, true, get("/slow")...)
+	testutil.WaitFor(t, "the request upstream", func() bool { return p.srv.Stats().InFlight == 1 })
+	shut := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), hangGuard)
+		defer cancel()
+		shut <- p.srv.Shutdown(ctx)
+	}()
+	f, err := r.until(func(f http2.Frame) bool { _, ok := f.(*http2.GoAwayFrame); return ok })
+	if err != nil {
+		t.Fatalf("no GOAWAY: %v", err)
+	}
+	if ga := f.(*http2.GoAwayFrame); ga.ErrCode != http2.ErrCodeNo {
+		t.Errorf("GOAWAY %v", ga.ErrCode)
+	}
+	select {
+	case err := <-shut:
+		t.Fatalf("Shutdown returned with a stream in flight: %v", err)
+	default:
+	}
+	close(release)
+	res := r.streamEnds(1)
+	if res[1].status != "200" {
+		t.Errorf("in-flight stream: %+v", res[1])
+	}
+	if err := <-shut; err != nil {
+		t.Errorf("Shutdown: %v", err)
+	}
+	if st := p.srv.Stats(); st.HTTP2.ShutdownGoAways != 1 || st.HTTP2.ConnectionsOpen != 0 {
+		t.Errorf("GOAWAYs %d, connections open %d", st.HTTP2.ShutdownGoAways, st.HTTP2.ConnectionsOpen)
+	}
 }

@@ -91,6 +91,9 @@ func (c *scrapeCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range tlsTunnelDescs {
 		ch <- d
 	}
+	for _, d := range http2Descs {
+		ch <- d
+	}
 	for _, d := range exchangeDescs {
 		ch <- d
 	}
@@ -151,6 +154,7 @@ func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descLimits, prometheus.CounterValue, float64(st.LimitsExceeded))
 		ch <- prometheus.MustNewConstMetric(descInline, prometheus.CounterValue, float64(st.InlineBodies))
 		collectTLSTunnels(ch, &st)
+		collectHTTP2(ch, &st)
 		collectConnections(ch, &st)
 	}
 }

@@ -315,6 +315,7 @@ func (ex *Exchange) summarize(route, status int, d time.Duration, gone bool) *ob
 		Method:            ex.head.Method,
 		Host:              ex.hostFull,
 		Path:              ex.head.Path,
+		Protocol:          ex.head.Proto,
 	}
 	if ex.rt != nil {
 		sm.RouteName = ex.rt.name
