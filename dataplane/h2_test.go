@@ -155,6 +155,9 @@ func TestHTTP2ClearTextPriorKnowledge(t *testing.T) {
 	if resp.ProtoMajor != 2 || resp.StatusCode != 403 || body != "no" {
 		t.Errorf("blocked: %s %d %q, want HTTP/2 403 \"no\"", resp.Proto, resp.StatusCode, body)
 	}
+	if ct := resp.Header.Values("Content-Type"); len(ct) != 1 || ct[0] != "text/plain; charset=utf-8" {
+		t.Errorf("blocked: Content-Type %q, want the block's one", ct)
+	}
 	if s := g.last(t); s.proto != "HTTP/2.0" || s.host != "admin.example" || s.serverName != "admin.example" || s.uri != "/admin/x" {
 		t.Errorf("the agent saw %+v", s)
 	}
@@ -183,6 +186,15 @@ func TestHTTP2ClearTextPriorKnowledge(t *testing.T) {
 	}
 	if got := up.last(t); got.Header.Get("X-Forwarded-Proto") != "http" || got.Header.Get("X-Forwarded-Host") != "public.example" {
 		t.Errorf("upstream got X-Forwarded-Proto %q X-Forwarded-Host %q", got.Header.Get("X-Forwarded-Proto"), got.Header.Get("X-Forwarded-Host"))
+	}
+	// An upstream response without a type gets none (no sniffing).
+	up2 := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header()["Content-Type"] = nil
+		_, _ = io.WriteString(w, "<html>untyped</html>")
+	})
+	p2 := h2Proxy(t, `{address: "127.0.0.1:0", protocols: [h2c]}`, up2.addr(), &h2Guard{})
+	if resp, body := doH2(t, c, "GET", "http://"+p2.addr+"/untyped", "", ""); body != "<html>untyped</html>" || len(resp.Header.Values("Content-Type")) != 0 {
+		t.Errorf("untyped: %q Content-Type %q", body, resp.Header.Values("Content-Type"))
 	}
 	resp, body = doH2(t, c, "GET", base+"/big", "", "")
 	if resp.StatusCode != 200 || body != string(big) || resp.Header.Get("Content-Type") != "application/octet-stream" {

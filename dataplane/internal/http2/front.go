@@ -314,8 +314,15 @@ func (f *stream) respond() {
 		if skipResponseField(fl.Name) {
 			continue
 		}
-		k := string(fl.Name)
+		// Canonical keys: net/http looks fields up by them (a
+		// "content-type" it did not find would get a sniffed second one).
+		k := http.CanonicalHeaderKey(string(fl.Name))
 		h[k] = append(h[k], string(fl.Value))
+	}
+	if _, ok := h["Content-Type"]; !ok {
+		// No type sniffed from the body: the response goes as it came,
+		// as over HTTP/1.
+		h["Content-Type"] = nil
 	}
 	switch res.Kind {
 	case exchange.ResponseFull:
