@@ -35,15 +35,37 @@ type stream struct {
 	arena   []byte
 	keys    []string
 	scratch []byte
-	// fired is the stream's cancel hook (serveStream).
-	fired sync.WaitGroup
+	// fired is the stream's cancel hook (serveStream), onReset the hook's
+	// function, made once per pooled stream.
+	fired   sync.WaitGroup
+	onReset func()
+	vals    []string
 }
 
 var streams = sync.Pool{New: func() any {
 	f := new(stream)
 	f.ex.Init(f)
+	f.onReset = func() { f.ex.Cancel(); f.fired.Done() }
 	return f
 }}
+
+// commonKeys are the canonical forms of frequent response field names,
+// in the spellings the upstreams send (looked up without allocating).
+var commonKeys = func() map[string]string {
+	m := map[string]string{}
+	for _, k := range []string{"Accept-Ranges", "Age", "Allow", "Alt-Svc", "Cache-Control", "Content-Disposition",
+		"Content-Encoding", "Content-Language", "Content-Location", "Content-Range", "Content-Security-Policy",
+		"Content-Type", "Date", "Etag", "Expires", "Last-Modified", "Link", "Location", "Pragma", "Retry-After",
+		"Server", "Set-Cookie", "Strict-Transport-Security", "Traceparent", "Tracestate", "Vary", "Via",
+		"Www-Authenticate", "X-Content-Type-Options", "X-Frame-Options", "X-Request-Id", "X-Sidecar-Fail-Open",
+		"X-Sidecar-Inspection", "Grpc-Status", "Grpc-Message", "Grpc-Encoding", "Grpc-Accept-Encoding"} {
+		m[k] = k
+		m[strings.ToLower(k)] = k
+	}
+	m["ETag"] = "Etag"
+	m["WWW-Authenticate"] = "Www-Authenticate"
+	return m
+}()
 
 // Conn implements exchange.Front.
 func (f *stream) Conn() *exchange.Conn { return f.info }
@@ -146,7 +168,7 @@ func (s *Server) serveStream(w http.ResponseWriter, r *http.Request, info *excha
 	// before they got there. The WaitGroup keeps a late cancel from
 	// reaching the exchange once it is pooled again.
 	f.fired.Add(1)
-	stop := context.AfterFunc(r.Context(), func() { ex.Cancel(); f.fired.Done() })
+	stop := context.AfterFunc(r.Context(), f.onReset)
 	if r.Context().Err() != nil {
 		ex.ClientGone()
 	} else {
@@ -194,6 +216,8 @@ func (f *stream) release() {
 	f.scratch = trim(f.scratch, 16<<10)
 	clear(f.keys)
 	f.keys = f.keys[:0]
+	clear(f.vals)
+	f.vals = f.vals[:0]
 	streams.Put(f)
 }
 
@@ -310,15 +334,28 @@ func (f *stream) respond() {
 		return
 	}
 	h := f.w.Header()
+	vals := f.vals[:0]
 	for _, fl := range res.Fields {
 		if skipResponseField(fl.Name) {
 			continue
 		}
 		// Canonical keys: net/http looks fields up by them (a
 		// "content-type" it did not find would get a sniffed second one).
-		k := http.CanonicalHeaderKey(string(fl.Name))
-		h[k] = append(h[k], string(fl.Value))
+		k, ok := commonKeys[string(fl.Name)]
+		if !ok {
+			k = http.CanonicalHeaderKey(string(fl.Name))
+		}
+		if old, dup := h[k]; dup {
+			h[k] = append(old, string(fl.Value))
+			continue
+		}
+		// The values of single fields share one backing array, reused by
+		// the stream's next request: x/net copies the header when it
+		// writes it, and reads the map no more once the handler returned.
+		vals = append(vals, string(fl.Value))
+		h[k] = vals[len(vals)-1 : len(vals) : len(vals)]
 	}
+	f.vals = vals
 	if _, ok := h["Content-Type"]; !ok {
 		// No type sniffed from the body: the response goes as it came,
 		// as over HTTP/1.
