@@ -193,3 +193,28 @@ routes: [{upstream: app}]
 		t.Errorf("%d connections to the upstream, want 1", conns.Load())
 	}
 }
+
+// TestUpgradeToH2UpstreamRefused: HTTP/2 has no Upgrade, so an upgrade
+// request for an HTTP/2 upstream fails (502) rather than reaching it
+// half-translated.
+func TestUpgradeToH2UpstreamRefused(t *testing.T) {
+	var served atomic.Int64
+	good := h2cServer(t, func(w http.ResponseWriter, r *http.Request) { served.Add(1) })
+	cfg, err := config.Parse([]byte(fmt.Sprintf(`
+listeners: [{address: "127.0.0.1:0"}]
+upstreams: [{name: app, address: %q, protocol: h2c}]
+routes: [{upstream: app}]
+`, good)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := startProxy(t, cfg, nil, nil)
+	resp, _ := p.do(t, "GET", "/ws", nil, "Connection", "Upgrade", "Upgrade", "websocket",
+		"Sec-WebSocket-Version", "13", "Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ==")
+	if resp.StatusCode != 502 || served.Load() != 0 {
+		t.Errorf("upgrade to an h2c upstream: %d, upstream served %d", resp.StatusCode, served.Load())
+	}
+	if resp, body := p.do(t, "GET", "/plain", nil); resp.StatusCode != 200 {
+		t.Errorf("then a plain request: %d %q", resp.StatusCode, body)
+	}
+}
