@@ -2,6 +2,7 @@ package dataplane_test
 
 import (
 	"context"
+	"errors"
 	"crypto/tls"
 	"fmt"
 	"io"
@@ -99,6 +100,9 @@ func grpcGuard() *agentFuncs {
 				return nil
 			}
 			for _, h := range m.Headers {
+				if string(h.Name) == "x-block" && string(h.Value) == "fail" {
+					return errors.New("the agent broke")
+				}
 				if string(h.Name) == "x-block" {
 					st, _ := map[string]int{"403": 403, "401": 401, "429": 429, "503": 503}[string(h.Value)]
 					d.Kind, d.Status, d.Body = protocol.DecisionBlock, st, []byte("denied by policy: 100% sure\n")
@@ -210,6 +214,11 @@ func grpcCalls(t *testing.T, cc *grpc.ClientConn) {
 			t.Errorf("blocked %s: %v, want %v with the block's body", tc.status, err, tc.code)
 		}
 	}
+	// The agent failing, closed: 503, as a gRPC status.
+	_, err = c.UnaryCall(metadata.AppendToOutgoingContext(ctx, "x-block", "fail"), &testpb.SimpleRequest{})
+	if st, _ := status.FromError(err); st.Code() != codes.Unavailable {
+		t.Errorf("agent failure, closed: %v, want Unavailable", err)
+	}
 }
 
 // TestGRPCThroughH2C: grpc-go client → h2c listener → h2c upstream.
@@ -223,8 +232,8 @@ func TestGRPCThroughH2C(t *testing.T) {
 	defer cc.Close()
 	grpcCalls(t, cc)
 	st := p.srv.Stats()
-	if st.HTTP2.GRPCAnswers != 4 || st.Blocked != 4 {
-		t.Errorf("gRPC answers %d, blocked %d, want 4", st.HTTP2.GRPCAnswers, st.Blocked)
+	if st.HTTP2.GRPCAnswers != 5 || st.Blocked != 4 || st.FailClosed != 1 {
+		t.Errorf("gRPC answers %d, blocked %d, failed closed %d: want 5, 4, 1", st.HTTP2.GRPCAnswers, st.Blocked, st.FailClosed)
 	}
 }
 
