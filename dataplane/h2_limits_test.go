@@ -227,6 +227,7 @@ func TestHTTP2IdleAndFrameSize(t *testing.T) {
 	if ga := f.(*http2.GoAwayFrame); ga.ErrCode != http2.ErrCodeNo || ga.LastStreamID != 1 {
 		t.Errorf("idle GOAWAY %v last stream %d", ga.ErrCode, ga.LastStreamID)
 	}
+	testutil.WaitFor(t, "the idle close counted", func() bool { return p.srv.Stats().HTTP2.IdleClosed == 1 })
 
 	r = dialRawH2(t, p.addr)
 	r.headers(1, false, append(get("/x"), "content-length", "20000")...)

@@ -23,10 +23,12 @@ var (
 		"The sidecar's own answers (blocks, failures) sent to gRPC requests as a gRPC status.", nil, nil)
 	descH2GoAway = prometheus.NewDesc(Namespace+"_http2_shutdown_goaways_total",
 		"HTTP/2 connections sent a GOAWAY by a shutdown.", nil, nil)
+	descH2Idle = prometheus.NewDesc(Namespace+"_http2_connections_idle_closed_total",
+		"HTTP/2 connections closed after the listener's idle_timeout with no stream open.", nil, nil)
 )
 
 var http2Descs = []*prometheus.Desc{descRequestsByProto, descH2Conns, descH2ConnsOpen, descH2StreamsOpen,
-	descH2Refused, descH2GRPC, descH2GoAway}
+	descH2Refused, descH2GRPC, descH2GoAway, descH2Idle}
 
 func collectHTTP2(ch chan<- prometheus.Metric, st *observe.Stats) {
 	for _, p := range [...]string{"http1", "h2", "h2c"} {
@@ -42,4 +44,5 @@ func collectHTTP2(ch chan<- prometheus.Metric, st *observe.Stats) {
 	ch <- prometheus.MustNewConstMetric(descH2Refused, prometheus.CounterValue, float64(h.ProtocolErrors), "protocol")
 	ch <- prometheus.MustNewConstMetric(descH2GRPC, prometheus.CounterValue, float64(h.GRPCAnswers))
 	ch <- prometheus.MustNewConstMetric(descH2GoAway, prometheus.CounterValue, float64(h.ShutdownGoAways))
+	ch <- prometheus.MustNewConstMetric(descH2Idle, prometheus.CounterValue, float64(h.IdleClosed))
 }

@@ -12,7 +12,7 @@ func TestHTTP2Metrics(t *testing.T) {
 		return observe.Stats{
 			RequestsByProtocol: map[string]uint64{"http1": 7, "h2": 5, "h2c": 3},
 			HTTP2: observe.HTTP2Stats{Connections: 4, ConnectionsOpen: 2, Streams: 8, StreamsOpen: 1, RefusedStreams: 6,
-				RapidResets: 1, HeaderListTooLarge: 2, ProtocolErrors: 9, GRPCAnswers: 11, ShutdownGoAways: 12},
+				RapidResets: 1, HeaderListTooLarge: 2, ProtocolErrors: 9, GRPCAnswers: 11, ShutdownGoAways: 12, IdleClosed: 13},
 		}
 	})
 	v := values(t, m.Registry())

@@ -79,6 +79,9 @@ type HTTP2Stats struct {
 	GRPCAnswers uint64 `json:"grpc_answers"`
 	// ShutdownGoAways counts connections sent a GOAWAY by a shutdown.
 	ShutdownGoAways uint64 `json:"shutdown_goaways"`
+	// IdleClosed counts connections closed after idle_timeout with no
+	// stream open.
+	IdleClosed uint64 `json:"idle_closed"`
 }
 
 // ConnStats count one listener's client connections.

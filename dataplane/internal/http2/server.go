@@ -25,6 +25,7 @@ type Counters struct {
 	refusedStreams, rapidResets    atomic.Uint64
 	headerTooLarge, protocolErrors atomic.Uint64
 	grpcAnswers, goAwaysOnShutdown atomic.Uint64
+	idleClosed                     atomic.Uint64
 }
 
 // Fill fills the HTTP/2 part of st.
@@ -40,6 +41,7 @@ func (c *Counters) Fill(st *observe.Stats) {
 		ProtocolErrors:     c.protocolErrors.Load(),
 		GRPCAnswers:        c.grpcAnswers.Load(),
 		ShutdownGoAways:    c.goAwaysOnShutdown.Load(),
+		IdleClosed:         c.idleClosed.Load(),
 	}
 	h2, h2c := c.h2.Load(), c.h2c.Load()
 	st.RequestsByProtocol = map[string]uint64{
@@ -79,7 +81,7 @@ type Server struct {
 	base *http.Server
 
 	mu     sync.Mutex
-	conns  map[net.Conn]struct{}
+	conns  map[net.Conn]*connTrack
 	closed bool
 	wg     sync.WaitGroup
 }
@@ -87,7 +89,7 @@ type Server struct {
 // NewServer makes the HTTP/2 server of listener cfg, whose exchange facts
 // are facts, for core.
 func NewServer(cfg *config.Listener, facts exchange.Listener, core *exchange.Core, log zerolog.Logger, stats *Counters) *Server {
-	s := &Server{core: core, log: log, stats: stats, facts: facts, cfg: cfg.HTTP2, conns: map[net.Conn]struct{}{}}
+	s := &Server{core: core, log: log, stats: stats, facts: facts, cfg: cfg.HTTP2, conns: map[net.Conn]*connTrack{}}
 	s.facts.Duplex = true
 	s.h2 = &http2.Server{
 		MaxConcurrentStreams: uint32(cfg.HTTP2.MaxConcurrentStreams),
@@ -101,7 +103,7 @@ func NewServer(cfg *config.Listener, facts exchange.Listener, core *exchange.Cor
 		// that they are counted (serveStream).
 		MaxHeaderBytes: int(cfg.HTTP2.MaxHeaderListSize),
 		IdleTimeout:    cfg.IdleTimeout,
-		ErrorLog:       nil,
+		ConnState:      s.connState,
 	}
 	if err := http2.ConfigureServer(s.base, s.h2); err != nil {
 		// Only a TLS configuration can fail it, and base has none of its own.
@@ -120,7 +122,8 @@ func (s *Server) ServeConn(c net.Conn, info *exchange.Conn, sawPreface bool) {
 		_ = c.Close()
 		return
 	}
-	s.conns[c] = struct{}{}
+	track := &connTrack{}
+	s.conns[c] = track
 	s.wg.Add(1)
 	s.mu.Unlock()
 	s.stats.conns.Add(1)
@@ -130,6 +133,11 @@ func (s *Server) ServeConn(c net.Conn, info *exchange.Conn, sawPreface bool) {
 		_ = c.Close()
 		s.mu.Lock()
 		delete(s.conns, c)
+		if !s.closed && !track.idleSince.IsZero() && time.Since(track.idleSince) >= s.h2.IdleTimeout {
+			// Ended while idle for idle_timeout: the server's GOAWAY
+			// (or the client's close at the same moment).
+			s.stats.idleClosed.Add(1)
+		}
 		s.mu.Unlock()
 		s.wg.Done()
 	}()
@@ -174,6 +182,27 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.mu.Unlock()
 	<-done
 	return ctx.Err()
+}
+
+// connTrack is what the server follows of a connection's state.
+type connTrack struct {
+	// idleSince is when its last stream ended (zero: streams open).
+	idleSince time.Time
+}
+
+// connState is x/net's hook on a connection going idle (no stream open)
+// or active.
+func (s *Server) connState(c net.Conn, st http.ConnState) {
+	s.mu.Lock()
+	if t := s.conns[c]; t != nil {
+		switch st {
+		case http.StateIdle:
+			t.idleSince = time.Now()
+		case http.StateActive:
+			t.idleSince = time.Time{}
+		}
+	}
+	s.mu.Unlock()
 }
 
 // connHandler is the handler of one connection's streams.
