@@ -2,15 +2,14 @@ package dataplane_test
 
 import (
 	"context"
-	"errors"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"strings"
 	"testing"
-	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -290,5 +289,4 @@ func TestHTTP1ClientToH2Upstream(t *testing.T) {
 	if resp.StatusCode != 201 || !strings.HasPrefix(body, "GET /get ") {
 		t.Errorf("GET: %d %q", resp.StatusCode, body)
 	}
-	_ = time.Second
 }

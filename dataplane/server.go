@@ -121,7 +121,13 @@ func New(cfg Config, agents map[string]agentmux.Agent, log zerolog.Logger) (*Ser
 			return nil, fmt.Errorf("dataplane: listener %s: %w", lc.Name, err)
 		}
 		if lc := l.Config(); lc.Serves(config.ProtoH2) || lc.Serves(config.ProtoH2C) {
-			l.SetHTTP2(http2.NewServer(lc, l.Facts(), s.core, log, &s.h2))
+			h2, err := http2.NewServer(lc, l.Facts(), s.core, log, &s.h2)
+			if err != nil {
+				l.Close()
+				s.closeListeners()
+				return nil, fmt.Errorf("dataplane: listener %s: %w", lc.Name, err)
+			}
+			l.SetHTTP2(h2)
 		}
 		s.lsts = append(s.lsts, l)
 		if interval == 0 || lc.DisconnectCheck < interval {

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -364,13 +365,13 @@ func (f *stream) respond() {
 	switch res.Kind {
 	case exchange.ResponseFull:
 		if res.Status >= 200 && res.Status != 204 && res.Status != 304 {
-			h["Content-Length"] = []string{itoa(len(res.Body))}
+			h["Content-Length"] = []string{strconv.Itoa(len(res.Body))}
 		}
 		f.w.WriteHeader(res.Status)
 		_, _ = f.w.Write(res.Body)
 	case exchange.ResponseStream:
 		if res.Size >= 0 {
-			h["Content-Length"] = []string{itoa(int(res.Size))}
+			h["Content-Length"] = []string{strconv.FormatInt(res.Size, 10)}
 		}
 		f.w.WriteHeader(res.Status)
 		fl, _ := f.w.(http.Flusher)
@@ -405,20 +406,6 @@ func (f *stream) respond() {
 		}
 		ex.StreamDone(written, err)
 	}
-}
-
-func itoa(n int) string {
-	var b [20]byte
-	i := len(b)
-	if n == 0 {
-		return "0"
-	}
-	for n > 0 {
-		i--
-		b[i] = byte('0' + n%10)
-		n /= 10
-	}
-	return string(b[i:])
 }
 
 // connInfo fills info from c's addresses, for a connection the HTTP/1

@@ -2,6 +2,7 @@ package http2
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/http"
 	"strings"
@@ -88,7 +89,7 @@ type Server struct {
 
 // NewServer makes the HTTP/2 server of listener cfg, whose exchange facts
 // are facts, for core.
-func NewServer(cfg *config.Listener, facts exchange.Listener, core *exchange.Core, log zerolog.Logger, stats *Counters) *Server {
+func NewServer(cfg *config.Listener, facts exchange.Listener, core *exchange.Core, log zerolog.Logger, stats *Counters) (*Server, error) {
 	s := &Server{core: core, log: log, stats: stats, facts: facts, cfg: cfg.HTTP2, conns: map[net.Conn]*connTrack{}}
 	s.facts.Duplex = true
 	s.h2 = &http2.Server{
@@ -106,10 +107,9 @@ func NewServer(cfg *config.Listener, facts exchange.Listener, core *exchange.Cor
 		ConnState:      s.connState,
 	}
 	if err := http2.ConfigureServer(s.base, s.h2); err != nil {
-		// Only a TLS configuration can fail it, and base has none of its own.
-		panic(err)
+		return nil, fmt.Errorf("http2: %w", err)
 	}
-	return s
+	return s, nil
 }
 
 // ServeConn serves c, an HTTP/2 connection whose facts are info, until it
