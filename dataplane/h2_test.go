@@ -267,4 +267,16 @@ func TestHTTP2OverTLS(t *testing.T) {
 	if st := p.srv.Stats(); st.RequestsByProtocol["h2"] != 2 || st.TLS.Handshakes < 2 {
 		t.Errorf("by protocol %v, handshakes %d", st.RequestsByProtocol, st.TLS.Handshakes)
 	}
+
+	// A listener of h2 only: an HTTP/1.1-only client finds no protocol in
+	// common; h2 is served.
+	p2 := h2Proxy(t, fmt.Sprintf(`{address: "127.0.0.1:0", protocols: [h2], tls: {certificates: [{cert_file: %q, key_file: %q}]}}`, a.CertFile, a.KeyFile), up.addr(), g)
+	req, _ := http.NewRequest("GET", "https://"+p2.addr+"/ok", nil)
+	if resp, err := h1.Do(req); err == nil {
+		resp.Body.Close()
+		t.Errorf("HTTP/1.1 on an h2-only listener: %s %d", resp.Proto, resp.StatusCode)
+	}
+	if resp, _ := doH2(t, h2c, "GET", "https://"+p2.addr+"/ok", "a.example", ""); resp.ProtoMajor != 2 || resp.StatusCode != 200 {
+		t.Errorf("h2 on an h2-only listener: %s %d", resp.Proto, resp.StatusCode)
+	}
 }

@@ -162,6 +162,12 @@ func (s *Server) serveStream(w http.ResponseWriter, r *http.Request, info *excha
 	f.srv, f.w, f.r, f.info = s, w, r, info
 	ex := &f.ex
 	s.core.Begin(ex, time.Now())
+	finished := false
+	defer func() {
+		if !finished {
+			s.recoverPanic(f)
+		}
+	}()
 	f.readHead()
 	// A reset stream cancels its exchange at once, wherever it waits
 	// (an agent, the upstream): a rapid reset flood (CVE-2023-44487)
@@ -186,12 +192,25 @@ func (s *Server) serveStream(w http.ResponseWriter, r *http.Request, info *excha
 	}
 	f.fired.Wait()
 	ex.Finish()
+	finished = true
 	f.release()
 	if aborted {
 		// The response was cut off after its head: the stream is reset,
 		// not ended, so that the client cannot take it for complete.
 		panic(http.ErrAbortHandler)
 	}
+}
+
+// recoverPanic keeps one broken request from taking the process down:
+// the request is abandoned (not pooled) and its stream reset.
+func (s *Server) recoverPanic(f *stream) {
+	p := recover()
+	if p == nil {
+		return
+	}
+	s.log.Error().Uint64("req", f.ex.ID()).Bytes("corr", f.ex.Correlation()).Interface("panic", p).Msg("request handler panicked")
+	f.ex.Abandon()
+	panic(http.ErrAbortHandler)
 }
 
 // headerListSize is the size of r's header list as RFC 9113 §6.5.2
