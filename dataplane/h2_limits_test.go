@@ -400,3 +400,32 @@ func TestHTTP2ShutdownGoAway(t *testing.T) {
 		t.Errorf("GOAWAYs %d, connections open %d", st.HTTP2.ShutdownGoAways, st.HTTP2.ConnectionsOpen)
 	}
 }
+
+// TestHTTP2SlowRequestBody: a stream's request body is held to the
+// listener's body_timeout as an HTTP/1 one is (x/net's per-stream read
+// deadline): a body that stops arriving is answered 408, and the
+// connection's other streams go on.
+func TestHTTP2SlowRequestBody(t *testing.T) {
+	up := newUpstream(t, nil)
+	p := h2LimitsProxy(t, ", body_timeout: 300ms", up.addr())
+	r := dialRawH2(t, p.addr)
+	post := []string{":method", "POST", ":scheme", "http", ":authority", "app.example", ":path", "/upload", "content-length", "10"}
+	r.headers(1, false, post...)
+	if err := r.fr.WriteData(1, false, []byte("abc")); err != nil {
+		t.Fatal(err)
+	}
+	r.headers(3, true, get("/other")...)
+	res := r.streamEnds(1, 3)
+	if res[1].status != "408" || res[3].status != "200" {
+		t.Errorf("stalled body: %+v, other stream %+v; want 408 and 200", res[1], res[3])
+	}
+	// The body went on to the upstream as it came (no agent reads it) and
+	// was cut off there: never a complete request.
+	up.mu.Lock()
+	defer up.mu.Unlock()
+	for _, r := range up.reqs {
+		if r.URI == "/upload" && len(r.Body) == 10 {
+			t.Errorf("the upstream got the stalled body whole: %q", r.Body)
+		}
+	}
+}
