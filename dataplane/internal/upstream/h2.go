@@ -21,13 +21,11 @@ import (
 	"github.com/zentinelproxy/sidecar/internal/config"
 )
 
-// HTTP/2 upstreams (upstreams[].protocol h2 or h2c): each endpoint has an
-// x/net/http2 Transport that dials through the endpoint's own dial (TLS
-// with ALPN h2 for h2, plain TCP or a Unix socket with prior knowledge for
-// h2c) and keeps one connection, its streams bounded by the upstream's
-// SETTINGS_MAX_CONCURRENT_STREAMS (StrictMaxConcurrentStreams: a request
-// past them waits for a stream, within response_timeout, rather than
-// opening connections without bound).
+// HTTP/2 upstreams (upstreams[].protocol h2 or h2c): each endpoint keeps
+// its own x/net/http2 client connections (h2Pool), dialed through the
+// endpoint's own dial (TLS with ALPN h2 for h2, plain TCP or a Unix socket
+// with prior knowledge for h2c), at most max_conns of them, each carrying
+// as many streams as the upstream's SETTINGS_MAX_CONCURRENT_STREAMS.
 //
 // A request whose body no agent sees may be duplex
 // (exchange.UpstreamRequest.Duplex): RoundTrip returns at the response
