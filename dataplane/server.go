@@ -56,15 +56,20 @@ type Config struct {
 	File *config.Config
 	// Observer receives per-request events for metrics (default: none).
 	Observer Observer
+	// Listen, if set, is asked first for each listener's socket by
+	// ListenAndServe (a socket inherited from a service manager); a nil
+	// listener and nil error leave the server to bind the address itself.
+	Listen func(name, address string) (net.Listener, error)
 }
 
 // Server is the reverse proxy. Create it with New; it serves the
 // listeners of its configuration (ListenAndServe) or any net.Listener
 // (Serve), and swaps routes and agents atomically (Swap).
 type Server struct {
-	log  zerolog.Logger
-	core *exchange.Core
-	lsts []*http1.Listener
+	log    zerolog.Logger
+	core   *exchange.Core
+	lsts   []*http1.Listener
+	listen func(name, address string) (net.Listener, error) // Config.Listen
 
 	h1      http1.Counters
 	up      upstream.Counters
@@ -94,7 +99,7 @@ func New(cfg Config, agents map[string]agentmux.Agent, log zerolog.Logger) (*Ser
 	if err := cfg.File.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Server{log: log, agents: agents, core: exchange.NewCore(cfg.Observer, log)}
+	s := &Server{log: log, agents: agents, core: exchange.NewCore(cfg.Observer, log), listen: cfg.Listen}
 	t, ups, err := s.buildTable(cfg.File, agents, nil, nil)
 	if err != nil {
 		return nil, err
@@ -215,7 +220,7 @@ func (s *Server) serve(l *http1.Listener, ln net.Listener) error {
 func (s *Server) ListenAndServe() error {
 	lns := make([]net.Listener, 0, len(s.lsts))
 	for _, l := range s.lsts {
-		ln, err := listen(l.Config().Address)
+		ln, err := s.bind(l.Config())
 		if err != nil {
 			for _, o := range lns {
 				_ = o.Close()
@@ -239,6 +244,16 @@ func (s *Server) ListenAndServe() error {
 		}
 	}
 	return first
+}
+
+// bind returns the socket of listener lc: Config.Listen's, or bound here.
+func (s *Server) bind(lc *config.Listener) (net.Listener, error) {
+	if s.listen != nil {
+		if ln, err := s.listen(lc.Name, lc.Address); ln != nil || err != nil {
+			return ln, err
+		}
+	}
+	return listen(lc.Address)
 }
 
 func listen(addr string) (net.Listener, error) {
