@@ -52,6 +52,88 @@ func (r *rawClient) get(path string) (string, error) {
 	return string(b), err
 }
 
+// reloadUnderConnects reloads after write while a client connects to
+// addr again and again, one request per connection, and fails the test
+// if any connection is refused or any request fails.
+func reloadUnderConnects(t *testing.T, s *Supervisor, network, addr string, write func()) {
+	t.Helper()
+	var refused, served atomic.Int64
+	var last atomic.Value
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			c, err := net.Dial(network, addr)
+			if err != nil {
+				refused.Add(1)
+				last.Store(err.Error())
+				continue
+			}
+			rc := &rawClient{c: c, br: bufio.NewReader(c)}
+			if _, err := rc.get("/"); err != nil {
+				refused.Add(1)
+				last.Store(err.Error())
+			} else {
+				served.Add(1)
+			}
+			c.Close()
+		}
+	}()
+	defer func() {
+		select {
+		case <-stop:
+		default:
+			close(stop)
+		}
+		wg.Wait()
+	}()
+	testutil.WaitFor(t, "requests before the reload", func() bool { return served.Load() > 10 })
+	write()
+	if err := s.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	n := served.Load()
+	testutil.WaitFor(t, "requests after the reload", func() bool { return served.Load() > n+10 })
+	close(stop)
+	wg.Wait()
+	if refused.Load() != 0 {
+		t.Errorf("%d connections to %s refused or failed across the reload (%d served; last: %v)", refused.Load(), addr, served.Load(), last.Load())
+	}
+}
+
+// TestReloadListenerTCPHandover: a TCP listener whose settings change,
+// then whose name changes, at the same address, hands its socket over
+// each time: a client connecting throughout is never refused.
+func TestReloadListenerTCPHandover(t *testing.T) {
+	dir := testutil.SocketDir(t)
+	up := st.StartUpstream(t, "app")
+	probe, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := probe.Addr().String()
+	probe.Close() // the sidecar binds it next
+	conf := func(name, extra string) string {
+		return fmt.Sprintf("listeners: [{name: %s, address: %q%s}]\nupstreams: [{name: app, address: %q}]\nroutes: [{name: main, upstream: app}]\n",
+			name, addr, extra, up.Addr)
+	}
+	path := filepath.Join(dir, "sidecar.yaml")
+	st.WriteConfig(t, path, conf("web", ""))
+	s := startInProcess(t, path)
+	reloadUnderConnects(t, s, "tcp", addr, func() { st.WriteConfig(t, path, conf("web", ", idle_timeout: 9s")) })
+	reloadUnderConnects(t, s, "tcp", addr, func() { st.WriteConfig(t, path, conf("www", ", idle_timeout: 9s")) })
+	if got := s.Addrs(); len(got) != 1 || got[0].String() != addr {
+		t.Errorf("addresses %v, want [%s]", got, addr)
+	}
+}
+
 // TestReloadListeners: a reload adds and removes data listeners without
 // a restart, and a keep-alive connection on a listener it leaves alone
 // goes on being served on the same connection; a listener whose settings
@@ -107,46 +189,9 @@ func TestReloadListeners(t *testing.T) {
 
 	// a's settings change at its address: a new listener takes over the
 	// socket. New connections to a are not refused while it does.
-	var refused, served atomic.Int64
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			c, err := net.Dial("unix", sock("a"))
-			if err != nil {
-				refused.Add(1)
-				continue
-			}
-			rc := &rawClient{c: c, br: bufio.NewReader(c)}
-			if _, err := rc.get("/"); err != nil {
-				refused.Add(1)
-			} else {
-				served.Add(1)
-			}
-			c.Close()
-		}
-	}()
-	testutil.WaitFor(t, "requests to a", func() bool { return served.Load() > 10 })
-	st.WriteConfig(t, path, conf(lst("a", ", read_timeout: 7s"), lst("c", "")))
-	if err := s.Reload(); err != nil {
-		close(stop)
-		wg.Wait()
-		t.Fatal(err)
-	}
-	n := served.Load()
-	testutil.WaitFor(t, "requests to the new a", func() bool { return served.Load() > n+10 })
-	close(stop)
-	wg.Wait()
-	if refused.Load() != 0 {
-		t.Errorf("%d connections to a refused or failed while it was replaced (%d served)", refused.Load(), served.Load())
-	}
+	reloadUnderConnects(t, s, "unix", sock("a"), func() {
+		st.WriteConfig(t, path, conf(lst("a", ", read_timeout: 7s"), lst("c", "")))
+	})
 	if _, err := os.Lstat(sock("a")); err != nil {
 		t.Errorf("a's socket: %v", err)
 	}
