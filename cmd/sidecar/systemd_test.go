@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -122,6 +123,66 @@ func TestSocketActivationRestart(t *testing.T) {
 	b.signal(syscall.SIGTERM)
 	if err := b.wait(); err != nil {
 		t.Fatalf("second process: %v", err)
+	}
+}
+
+// TestSocketActivationReloadReadds: a listener that took an inherited
+// socket, removed by a reload and added back by the next, serves the
+// inherited socket again (the service manager keeps it listening, so
+// binding the address anew would fail).
+func TestSocketActivationReloadReadds(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	f, err := ln.(*net.TCPListener).File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	addr := ln.Addr().String()
+	path := activatedConfig(t, addr)
+	withWeb, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := startActivated(t, path, f)
+	get := func() {
+		t.Helper()
+		c := &http.Client{Timeout: longWait, Transport: &http.Transport{DisableKeepAlives: true}}
+		resp, err := c.Get("http://" + addr + "/")
+		if err != nil {
+			t.Fatalf("GET: %v\n%s", err, p.log())
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("GET: status %d", resp.StatusCode)
+		}
+	}
+	reloaded := func(n int) {
+		t.Helper()
+		p.signal(syscall.SIGHUP)
+		deadline := time.Now().Add(longWait)
+		for strings.Count(p.log(), "configuration reloaded") < n {
+			if strings.Contains(p.log(), "configuration reload failed") || time.Now().After(deadline) {
+				t.Fatalf("reload %d:\n%s", n, p.log())
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	get()
+	other := strings.Replace(string(withWeb), "{name: web, address: \""+addr+"\"}", "{name: other, address: \"127.0.0.1:0\"}", 1)
+	if other == string(withWeb) {
+		t.Fatal("the configuration's listener was not replaced")
+	}
+	stest.WriteConfig(t, path, other)
+	reloaded(1)
+	stest.WriteConfig(t, path, string(withWeb))
+	reloaded(2)
+	get()
+	if n := strings.Count(p.log(), "listener socket inherited from the service manager"); n != 2 {
+		t.Errorf("the inherited socket was taken %d times, want 2\n%s", n, p.log())
 	}
 }
 
