@@ -200,7 +200,10 @@ func readmeBlocks(t *testing.T, c net.Conn) {
 	if typ, _, err := fr.Next(); err != nil || typ != protocol.TypeHandshakeResponse {
 		t.Fatalf("handshake answer: type %s, %v", typ, err)
 	}
-	ev := &protocol.RequestHeaders{RequestID: 7, Method: []byte("GET"), URI: []byte("/private/x")}
+	// The path as the sidecar routed it: the agent decides on it, not on
+	// the target as forwarded.
+	ev := &protocol.RequestHeaders{RequestID: 7, Method: []byte("GET"), URI: []byte("/a/../private/x"),
+		Metadata: protocol.Metadata{Path: []byte("/private/x")}}
 	if err := uds.WriteFrame(c, ev); err != nil {
 		t.Fatal(err)
 	}
