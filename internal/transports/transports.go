@@ -26,8 +26,10 @@ import (
 
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/internal/config"
+	"github.com/zentinelproxy/sidecar/internal/extauthz"
 	"github.com/zentinelproxy/sidecar/internal/extproc"
 	"github.com/zentinelproxy/sidecar/internal/grpcclient"
+	"github.com/zentinelproxy/sidecar/internal/httpauth"
 	"github.com/zentinelproxy/sidecar/internal/udsclient"
 )
 
@@ -39,11 +41,14 @@ type Factory func(a *config.Agent, log zerolog.Logger) (agentmux.Agent, error)
 type Factories map[string]Factory
 
 // Dialing returns the factories of the transports whose instances dial
-// their agent: uds, grpc and ext_proc. Reverse agents dial the sidecar:
+// their agent: uds, grpc, ext_proc, ext_authz and http_auth. Reverse agents dial the sidecar:
 // their factory, in the same table in Agents.Build, hands out the pools of
 // the reverse listener at their address, which Agents owns.
 func Dialing() Factories {
-	return Factories{config.TransportUDS: NewUDS, config.TransportGRPC: NewGRPC, config.TransportExtProc: NewExtProc}
+	return Factories{
+		config.TransportUDS: NewUDS, config.TransportGRPC: NewGRPC, config.TransportExtProc: NewExtProc,
+		config.TransportExtAuthz: NewExtAuthz, config.TransportHTTPAuth: NewHTTPAuth,
+	}
 }
 
 // UDSConfig maps a configured agent of transport uds to the client's
@@ -149,6 +154,24 @@ func check(cfg *config.Config) error {
 				}
 				return agentError(cfg, i, key, err)
 			}
+		case config.TransportExtAuthz:
+			if _, err := ExtAuthzConfig(a, zerolog.Nop()); err != nil {
+				key := "options"
+				var oe *extauthz.OptionError
+				if errors.As(err, &oe) {
+					key += "." + oe.Key
+				}
+				return agentError(cfg, i, key, err)
+			}
+		case config.TransportHTTPAuth:
+			if _, err := HTTPAuthConfig(a, zerolog.Nop()); err != nil {
+				key := "options"
+				var oe *httpauth.OptionError
+				if errors.As(err, &oe) {
+					key += "." + oe.Key
+				}
+				return agentError(cfg, i, key, err)
+			}
 		}
 	}
 	if specs := ReverseSpecs(cfg); len(specs) > 0 {
@@ -204,4 +227,58 @@ func NewExtProc(a *config.Agent, log zerolog.Logger) (agentmux.Agent, error) {
 		return nil, err
 	}
 	return extproc.NewClient(c)
+}
+
+// ExtAuthzConfig maps a configured agent of transport ext_authz to the
+// client's configuration, options included (extauthz.Options), and
+// validates it.
+func ExtAuthzConfig(a *config.Agent, log zerolog.Logger) (extauthz.Config, error) {
+	c := extauthz.DefaultConfig(a.Name, a.Address)
+	c.Conns = a.Conns
+	c.MaxInFlight = a.MaxInFlight
+	c.MaxQueue = a.MaxQueue
+	c.DialTimeout = a.Timeouts.Connect + a.Timeouts.Handshake
+	c.MessageTimeout = a.Timeouts.Message
+	c.Logger = log
+	if err := c.ApplyOptions(a.Options); err != nil {
+		return c, err
+	}
+	return c, c.Validate()
+}
+
+// NewExtAuthz is the factory of transport ext_authz: an extauthz.Client
+// that makes one Check call per request to an Envoy external
+// authorization server.
+func NewExtAuthz(a *config.Agent, log zerolog.Logger) (agentmux.Agent, error) {
+	c, err := ExtAuthzConfig(a, log)
+	if err != nil {
+		return nil, err
+	}
+	return extauthz.NewClient(c)
+}
+
+// HTTPAuthConfig maps a configured agent of transport http_auth to the
+// client's configuration, options included (httpauth.Options), and
+// validates it.
+func HTTPAuthConfig(a *config.Agent, log zerolog.Logger) (httpauth.Config, error) {
+	c := httpauth.DefaultConfig(a.Name, a.Address)
+	c.MaxInFlight = a.MaxInFlight
+	c.MaxQueue = a.MaxQueue
+	c.DialTimeout = a.Timeouts.Connect + a.Timeouts.Handshake
+	c.MessageTimeout = a.Timeouts.Message
+	c.Logger = log
+	if err := c.ApplyOptions(a.Options); err != nil {
+		return c, err
+	}
+	return c, c.Validate()
+}
+
+// NewHTTPAuth is the factory of transport http_auth: an httpauth.Client
+// that makes one subrequest per request to a forward-auth URL.
+func NewHTTPAuth(a *config.Agent, log zerolog.Logger) (agentmux.Agent, error) {
+	c, err := HTTPAuthConfig(a, log)
+	if err != nil {
+		return nil, err
+	}
+	return httpauth.NewClient(c)
 }
