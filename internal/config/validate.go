@@ -277,9 +277,7 @@ func (v *validator) name(path, name string, seen map[string]string, what string)
 func (v *validator) authURL(path, addr string) {
 	u, err := url.Parse(addr)
 	switch {
-	case err != nil:
-		v.failf(path, "%q is not a URL: %v", addr, err)
-	case u.Scheme != "http" && u.Scheme != "https":
+	case err != nil || (u.Scheme != "http" && u.Scheme != "https"):
 		v.failf(path, "%q is not an http:// or https:// URL", addr)
 	case u.Host == "" || u.Hostname() == "":
 		v.failf(path, "%q has no host", addr)

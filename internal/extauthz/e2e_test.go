@@ -495,7 +495,9 @@ func TestTLS(t *testing.T) {
 	server := ca.Server(t, "authz", "127.0.0.1")
 	client := ca.Client(t, "client", "sidecar")
 	other := testutil.NewPKI(t, "other")
-	allow := func(context.Context, *authv3.CheckRequest) (*authv3.CheckResponse, error) { return okResponse(nil), nil }
+	allow := func(context.Context, *authv3.CheckRequest) (*authv3.CheckResponse, error) {
+		return okResponse(nil), nil
+	}
 	for _, tc := range []struct {
 		name, opts string
 		mtls, ok   bool
