@@ -64,6 +64,14 @@ func (s *authServer) received() []*authv3.CheckRequest {
 // startAuth serves h on a loopback port (TLS with tc) until the test ends.
 func startAuth(t *testing.T, h func(context.Context, *authv3.CheckRequest) (*authv3.CheckResponse, error), tc *tls.Config) (*authServer, string) {
 	t.Helper()
+	return serveAuth(t, h, tc)
+}
+
+func startAuthTB(tb testing.TB, h func(context.Context, *authv3.CheckRequest) (*authv3.CheckResponse, error)) (*authServer, string) {
+	return serveAuth(tb, h, nil)
+}
+
+func serveAuth(t testing.TB, h func(context.Context, *authv3.CheckRequest) (*authv3.CheckResponse, error), tc *tls.Config) (*authServer, string) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
