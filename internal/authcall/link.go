@@ -34,19 +34,34 @@ var ErrBadAnswer = errors.New("authcall: answer cannot be applied")
 
 // Checker asks the authorization service about one request.
 type Checker interface {
-	// Check calls the service about the request m and fills d (reset,
-	// its RequestID set) with the verdict. ctx bounds the call. An error
-	// wrapping ErrBadAnswer is the service's fault; any other error means
-	// no verdict was had (unreachable, broken connection, timed out).
-	// m and its buffers are the caller's: d must not alias them.
-	Check(ctx context.Context, m *protocol.RequestHeaders, d *protocol.Decision) error
+	// Check calls the service about the request m, whose body is body
+	// (nil: not sent to the service), and fills d (reset, its RequestID
+	// set) with the verdict. ctx bounds the call. An error wrapping
+	// ErrBadAnswer is the service's fault; any other error means no
+	// verdict was had (unreachable, broken connection, timed out). m,
+	// body and their buffers are the caller's: d must not alias them.
+	Check(ctx context.Context, m *protocol.RequestHeaders, body []byte, d *protocol.Decision) error
 }
 
 // Link is an agentmux.Link that makes one Check call per request.
+//
+// With WithBody, the call waits for the request body (the agent's
+// capabilities then take buffered request bodies): a request without one
+// is checked at its headers, one whose whole body rides inline in its
+// headers event too; otherwise the headers event is answered "go on" and
+// kept, the chunks are kept and answered "more", and the last chunk is
+// the call, its verdict the answer to it. The dataplane holds a buffered
+// body back from the upstream until that answer, within the agent's
+// request_body limit (so the kept body is bounded by it).
 type Link struct {
-	name string
-	chk  Checker
-	sess atomic.Pointer[agentmux.Session]
+	name     string
+	chk      Checker
+	withBody bool
+	sess     atomic.Pointer[agentmux.Session]
+
+	// held are the requests waiting for their body, by request id.
+	heldMu sync.Mutex
+	held   map[uint64]*heldRequest
 
 	// base is the parent of every call's context: CancelAll and Close
 	// cancel it (and Close keeps it canceled).
@@ -58,10 +73,18 @@ type Link struct {
 	spare sync.Pool // *agentmux.Reply
 }
 
-// NewLink returns a link that asks chk; name labels errors. SetSession
-// must be called with the session over it before it carries a request.
-func NewLink(name string, chk Checker) *Link {
-	l := &Link{name: name, chk: chk}
+// heldRequest is a request waiting for its body: a copy of its headers
+// event and the body so far.
+type heldRequest struct {
+	m    *protocol.RequestHeaders
+	body []byte
+}
+
+// NewLink returns a link that asks chk, with the request body when
+// withBody; name labels errors. SetSession must be called with the
+// session over it before it carries a request.
+func NewLink(name string, chk Checker, withBody bool) *Link {
+	l := &Link{name: name, chk: chk, withBody: withBody, held: map[uint64]*heldRequest{}}
 	l.base, l.stop = context.WithCancel(context.Background())
 	return l
 }
@@ -78,26 +101,79 @@ func (l *Link) ctx() (context.Context, error) {
 	return l.base, nil
 }
 
-// Send implements agentmux.Link: a RequestHeaders event is the call, made
-// here within w; any other event (none is asked for: the capabilities
-// only take request headers) is allowed at once.
+func allow(d *protocol.Decision) error { d.Kind = protocol.DecisionAllow; return nil }
+
+func more(d *protocol.Decision) error {
+	d.Kind, d.NeedsMore = protocol.DecisionAllow, true
+	return nil
+}
+
+// Send implements agentmux.Link: the request's call, made here within w,
+// at its headers event or (WithBody) at the last chunk of its body; the
+// other events are answered at once.
 func (l *Link) Send(m protocol.Message, w agentmux.Wait) error {
-	rh, ok := m.(*protocol.RequestHeaders)
-	if !ok {
-		var id uint64
-		switch m := m.(type) {
-		case *protocol.ResponseHeaders:
-			id = m.RequestID
-		case *protocol.RequestBodyChunk:
-			id = m.RequestID
-		case *protocol.ResponseBodyChunk:
-			id = m.RequestID
-		default:
-			return fmt.Errorf("%w: %s: cannot send %s", agentmux.ErrAgentConnLost, l.name, m.MsgType())
+	switch m := m.(type) {
+	case *protocol.RequestHeaders:
+		if !l.withBody || !m.HasBody {
+			return l.call(m, nil, w)
 		}
-		l.deliver(id, func(d *protocol.Decision) error { d.Kind = protocol.DecisionAllow; return nil })
+		if m.HasInlineBody && m.InlineBody.IsLast {
+			return l.call(m, m.InlineBody.Data, w)
+		}
+		h := &heldRequest{m: cloneHeaders(m)}
+		if m.HasInlineBody {
+			h.body = append(h.body, m.InlineBody.Data...)
+		}
+		l.heldMu.Lock()
+		l.held[m.RequestID] = h
+		l.heldMu.Unlock()
+		if m.HasInlineBody {
+			l.deliver(m.RequestID, more)
+		} else {
+			l.deliver(m.RequestID, allow)
+		}
 		return nil
+	case *protocol.RequestBodyChunk:
+		l.heldMu.Lock()
+		h := l.held[m.RequestID]
+		if h != nil && m.IsLast {
+			delete(l.held, m.RequestID)
+		}
+		l.heldMu.Unlock()
+		if h == nil {
+			l.deliver(m.RequestID, allow) // checked at its headers
+			return nil
+		}
+		h.body = append(h.body, m.Data...)
+		if !m.IsLast {
+			l.deliver(m.RequestID, more)
+			return nil
+		}
+		return l.call(h.m, h.body, w)
+	case *protocol.ResponseHeaders:
+		l.deliver(m.RequestID, allow)
+	case *protocol.ResponseBodyChunk:
+		l.deliver(m.RequestID, allow)
+	default:
+		return fmt.Errorf("%w: %s: cannot send %s", agentmux.ErrAgentConnLost, l.name, m.MsgType())
 	}
+	return nil
+}
+
+// Finished implements agentmux.Finisher: a request that ended before the
+// last chunk of its body (refused, canceled) lets its copy go.
+func (l *Link) Finished(id uint64) {
+	if !l.withBody {
+		return
+	}
+	l.heldMu.Lock()
+	delete(l.held, id)
+	l.heldMu.Unlock()
+}
+
+// call makes the call about rh (body: its body, or nil) within w and
+// delivers the verdict to rh's exchange.
+func (l *Link) call(rh *protocol.RequestHeaders, body []byte, w agentmux.Wait) error {
 	base, err := l.ctx()
 	if err != nil {
 		return err
@@ -126,7 +202,7 @@ func (l *Link) Send(m protocol.Message, w agentmux.Wait) error {
 	}
 	var cerr error
 	l.deliver(rh.RequestID, func(d *protocol.Decision) error {
-		err := l.chk.Check(ctx, rh, d)
+		err := l.chk.Check(ctx, rh, body, d)
 		if err == nil || errors.Is(err, ErrBadAnswer) {
 			return err // delivered: a verdict, or the service's fault
 		}
@@ -212,4 +288,34 @@ func (l *Link) Close() error {
 	l.stop()
 	l.mu.Unlock()
 	return nil
+}
+
+// cloneHeaders copies a headers event (its buffers are the dataplane's,
+// reused once the event is answered), for the call at its last chunk.
+func cloneHeaders(m *protocol.RequestHeaders) *protocol.RequestHeaders {
+	cp := func(b []byte) []byte {
+		if b == nil {
+			return nil
+		}
+		return append([]byte(nil), b...)
+	}
+	c := &protocol.RequestHeaders{
+		RequestID: m.RequestID, Method: cp(m.Method), URI: cp(m.URI), RequestTarget: cp(m.RequestTarget),
+		HasBody: m.HasBody, Headers: make(protocol.Headers, len(m.Headers)),
+	}
+	for i := range m.Headers {
+		c.Headers[i] = protocol.Header{Name: cp(m.Headers[i].Name), Value: cp(m.Headers[i].Value)}
+	}
+	md := &m.Metadata
+	c.Metadata = protocol.Metadata{
+		CorrelationID: cp(md.CorrelationID), ClientIP: cp(md.ClientIP), ClientPort: md.ClientPort,
+		Protocol: cp(md.Protocol), ServerName: cp(md.ServerName), RouteID: cp(md.RouteID),
+		UpstreamID: cp(md.UpstreamID), Traceparent: cp(md.Traceparent), Timestamp: cp(md.Timestamp),
+		TLSVersion: cp(md.TLSVersion), TLSCipher: cp(md.TLSCipher), TLSServerName: cp(md.TLSServerName),
+		TLSClientSubject: cp(md.TLSClientSubject), TLSClientSAN: cp(md.TLSClientSAN),
+		ServerIP: cp(md.ServerIP), ServerPort: md.ServerPort, ListenerID: cp(md.ListenerID),
+		UpstreamHost: cp(md.UpstreamHost), ForwardedFor: cp(md.ForwardedFor),
+		ForwardedProto: cp(md.ForwardedProto), ForwardedHost: cp(md.ForwardedHost),
+	}
+	return c
 }

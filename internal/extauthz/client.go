@@ -100,10 +100,13 @@ func (c *Client) Snapshot() agentmux.AgentStatus {
 	return st
 }
 
-// Capabilities are an ext_authz server's: the request headers only (a
-// Check decides the request before it goes upstream).
-func Capabilities() protocol.Capabilities {
-	return protocol.Capabilities{HandlesRequestHeaders: true, SupportsCancellation: true}
+// Capabilities are an ext_authz server's: the request headers (a Check
+// decides the request before it goes upstream), and with
+// WithRequestBody the request body, buffered (the whole body of a
+// single chunk inline, saving a round trip).
+func (c *Config) Capabilities() protocol.Capabilities {
+	return protocol.Capabilities{HandlesRequestHeaders: true, SupportsCancellation: true,
+		HandlesRequestBody: c.WithRequestBody, SupportsInlineBody: c.WithRequestBody}
 }
 
 // NewClient validates cfg, reads its TLS files and starts connecting;
@@ -121,7 +124,7 @@ func NewClient(cfg Config) (*Client, error) {
 	c := &Client{
 		Pool:   agentmux.NewPool(cfg.Name, "ext_authz"),
 		cfg:    cfg,
-		caps:   Capabilities(),
+		caps:   cfg.Capabilities(),
 		ctx:    ctx,
 		cancel: cancel,
 		log:    cfg.Logger.With().Str("address", cfg.Address).Logger(),
@@ -144,10 +147,10 @@ type checker struct {
 }
 
 // Check implements authcall.Checker: one Check call.
-func (k checker) Check(ctx context.Context, m *protocol.RequestHeaders, d *protocol.Decision) error {
+func (k checker) Check(ctx context.Context, m *protocol.RequestHeaders, body []byte, d *protocol.Decision) error {
 	c := k.c
 	c.count(evChecks)
-	r, err := k.cli.Check(ctx, c.cfg.checkRequest(m))
+	r, err := k.cli.Check(ctx, c.cfg.checkRequest(m, body))
 	if err != nil {
 		return rpcError(err)
 	}
@@ -229,7 +232,7 @@ func (c *Client) maintain(slot int) {
 				break
 			}
 			refused, retry = false, probeRetryMin
-			l := authcall.NewLink(c.cfg.Name, checker{c: c, cli: cli})
+			l := authcall.NewLink(c.cfg.Name, checker{c: c, cli: cli}, c.cfg.WithRequestBody)
 			sess = agentmux.NewSession(l, c.caps, agentmux.SessionConfig{
 				Name:           c.cfg.Name,
 				MaxInFlight:    c.cfg.MaxInFlight,

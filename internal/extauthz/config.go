@@ -42,6 +42,15 @@ type Config struct {
 	// IncludeTLSSession sends tls_session (the SNI) for TLS requests, as
 	// Envoy's include_tls_session.
 	IncludeTLSSession bool
+	// WithRequestBody sends the request body with the Check, as Envoy's
+	// with_request_body: the agent then takes buffered request bodies,
+	// and its request_body policy is Envoy's max_request_bytes (limit)
+	// and allow_partial_message (over_limit: prefix; reject, the default,
+	// answers 413 as Envoy does).
+	WithRequestBody bool
+	// PackAsBytes sends the body as raw_body rather than body (Envoy's
+	// pack_as_bytes).
+	PackAsBytes bool
 	// EncodeRawHeaders sends the headers as header_map with raw values
 	// instead of the headers map, as Envoy's encode_raw_headers.
 	EncodeRawHeaders bool
@@ -56,16 +65,14 @@ type Config struct {
 // Options are the option names of transport ext_authz (config
 // agents[].options).
 var Options = append(slices.Clone(grpcclient.TLSOptions),
-	"context_extensions", "include_tls_session", "encode_raw_headers",
+	"context_extensions", "include_tls_session", "encode_raw_headers", "with_request_body", "pack_as_bytes",
 )
 
 // refusedOptions are options of Envoy's ext_authz filter that check-config
 // refuses, with why (or which key of the agent to use instead).
 var refusedOptions = map[string]string{
-	"with_request_body":           "the request body is not sent to ext_authz servers (use transport ext_proc with request_body_mode BUFFERED to show a policy the body)",
-	"max_request_bytes":           "the request body is not sent to ext_authz servers (with_request_body is not supported)",
-	"allow_partial_message":       "the request body is not sent to ext_authz servers (with_request_body is not supported)",
-	"pack_as_bytes":               "the request body is not sent to ext_authz servers (with_request_body is not supported)",
+	"max_request_bytes":           "use the agent's request_body.limit",
+	"allow_partial_message":       "use the agent's request_body.over_limit: prefix",
 	"failure_mode_allow":          "use the agent's failure_mode: open",
 	"status_on_error":             "use the agent's failure_status",
 	"timeout":                     "use the agent's timeouts.message",
@@ -115,6 +122,10 @@ func (c *Config) ApplyOptions(opts map[string]string) error {
 			c.IncludeTLSSession, err = strconv.ParseBool(v)
 		case "encode_raw_headers":
 			c.EncodeRawHeaders, err = strconv.ParseBool(v)
+		case "with_request_body":
+			c.WithRequestBody, err = strconv.ParseBool(v)
+		case "pack_as_bytes":
+			c.PackAsBytes, err = strconv.ParseBool(v)
 		default:
 			if why, ok := refusedOptions[k]; ok {
 				err = fmt.Errorf("not supported: %s", why)
@@ -179,6 +190,8 @@ func (c *Config) Validate() error {
 		return fail("tls_cert_file and tls_key_file go together")
 	case !c.TLS.On() && c.TLS.ServerName != "":
 		return fail("tls_server_name without tls")
+	case c.PackAsBytes && !c.WithRequestBody:
+		return fail("pack_as_bytes without with_request_body")
 	}
 	return nil
 }

@@ -556,3 +556,104 @@ func TestDecisionCache(t *testing.T) {
 		t.Errorf("server got %d checks, want 1", n)
 	}
 }
+
+// post sends a POST with body.
+func post(t *testing.T, url, body string) (*http.Response, string) {
+	t.Helper()
+	cl := &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	resp, err := cl.Post(url, "text/plain", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp, string(b)
+}
+
+// TestWithRequestBody checks with_request_body: the server gets the
+// whole body (inline when it is one chunk, else after the last chunk),
+// can deny on it before the upstream sees any of it, and a body over
+// the limit is refused (413) or checked on its first limit bytes
+// (over_limit: prefix, Envoy's allow_partial_message).
+func TestWithRequestBody(t *testing.T) {
+	s, addr := startAuth(t, func(_ context.Context, r *authv3.CheckRequest) (*authv3.CheckResponse, error) {
+		h := r.GetAttributes().GetRequest().GetHttp()
+		if strings.Contains(h.GetBody(), "evil") || strings.Contains(string(h.GetRawBody()), "evil") {
+			return &authv3.CheckResponse{Status: &rpcstatus.Status{Code: int32(codes.PermissionDenied)}}, nil
+		}
+		return okResponse(nil), nil
+	}, nil)
+	lastBody := func() (string, []byte) {
+		got := s.received()
+		h := got[len(got)-1].GetAttributes().GetRequest().GetHttp()
+		return h.GetBody(), h.GetRawBody()
+	}
+	big := strings.Repeat("abcdefgh", 640) // 5 KiB: five 1 KiB chunks
+	t.Run("reject", func(t *testing.T) {
+		url, up, _ := proxy(t, addr, `
+    request_body:
+      limit: 8KiB
+      chunk_size: 1KiB
+    options:
+      with_request_body: "true"`, false)
+		n0 := len(s.received())
+		if resp, _ := post(t, url+"/small", "hello"); resp.StatusCode != 200 {
+			t.Errorf("small: status %d", resp.StatusCode)
+		}
+		if b, _ := lastBody(); b != "hello" {
+			t.Errorf("small: server got body %q", b)
+		}
+		if resp, _ := post(t, url+"/big", big); resp.StatusCode != 200 {
+			t.Errorf("big: status %d", resp.StatusCode)
+		}
+		if b, _ := lastBody(); b != big {
+			t.Errorf("big: server got %d bytes of body", len(b))
+		}
+		if resp, _ := post(t, url+"/denied", big+"evil"); resp.StatusCode != 403 {
+			t.Errorf("evil: status %d", resp.StatusCode)
+		}
+		if resp, _ := get(t, url+"/get"); resp.StatusCode != 200 {
+			t.Errorf("get: status %d", resp.StatusCode)
+		}
+		if len(s.received())-n0 != 4 {
+			t.Errorf("%d checks, want one per request", len(s.received())-n0)
+		}
+		if _, n := up.get(); n != 3 {
+			t.Errorf("upstream got %d requests, want 3", n)
+		}
+		if resp, _ := post(t, url+"/huge", strings.Repeat("x", 9<<10)); resp.StatusCode != 413 {
+			t.Errorf("over the limit: status %d, want 413", resp.StatusCode)
+		}
+		if len(s.received())-n0 != 4 {
+			t.Error("a body over the limit was checked")
+		}
+	})
+	t.Run("prefix", func(t *testing.T) {
+		url, up, _ := proxy(t, addr, `
+    request_body:
+      limit: 2KiB
+      chunk_size: 1KiB
+      over_limit: prefix
+    options:
+      with_request_body: "true"
+      pack_as_bytes: "true"`, false)
+		if resp, _ := post(t, url+"/partial", big); resp.StatusCode != 200 {
+			t.Errorf("status %d", resp.StatusCode)
+		}
+		if b, raw := lastBody(); b != "" || string(raw) != big[:2048] {
+			t.Errorf("server got body %q and %d raw bytes, want the first 2048 raw", b, len(raw))
+		}
+		if resp, _ := post(t, url+"/late-evil", big+"evil"); resp.StatusCode != 200 {
+			t.Errorf("evil past the prefix: status %d (only the prefix is checked)", resp.StatusCode)
+		}
+		if resp, _ := post(t, url+"/early-evil", "evil"+big); resp.StatusCode != 403 {
+			t.Errorf("evil in the prefix: status %d", resp.StatusCode)
+		}
+		if _, n := up.get(); n != 2 {
+			t.Errorf("upstream got %d requests, want 2", n)
+		}
+	})
+}

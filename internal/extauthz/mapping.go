@@ -28,7 +28,7 @@ import (
 
 // checkRequest maps the request headers event onto a CheckRequest. The
 // strings are copies: m's buffers are the dataplane's.
-func (c *Config) checkRequest(m *protocol.RequestHeaders) *authv3.CheckRequest {
+func (c *Config) checkRequest(m *protocol.RequestHeaders, body []byte) *authv3.CheckRequest {
 	md := &m.Metadata
 	tls := len(md.TLSVersion) > 0
 	scheme := "http"
@@ -57,6 +57,16 @@ func (c *Config) checkRequest(m *protocol.RequestHeaders) *authv3.CheckRequest {
 		}
 	} else if !m.HasBody {
 		hr.Size = 0
+	}
+	if c.WithRequestBody && body != nil {
+		// Envoy: the body held (all of it, or the first
+		// max_request_bytes with allow_partial_message), as a string or,
+		// with pack_as_bytes, as bytes; size stays the request's.
+		if c.PackAsBytes {
+			hr.RawBody = bytes.Clone(body)
+		} else {
+			hr.Body = string(body)
+		}
 	}
 	pseudo := [...][2]string{{":authority", hr.Host}, {":method", hr.Method}, {":path", uri}, {":scheme", scheme}}
 	if c.EncodeRawHeaders {

@@ -197,7 +197,7 @@ func (c *Client) maintain() {
 		} else {
 			retry = 250 * time.Millisecond
 			if sess == nil {
-				l := authcall.NewLink(c.cfg.Name, checker{c})
+				l := authcall.NewLink(c.cfg.Name, checker{c}, false)
 				sess = agentmux.NewSession(l, Capabilities(), agentmux.SessionConfig{
 					Name:           c.cfg.Name,
 					MaxInFlight:    c.cfg.MaxInFlight,
@@ -264,7 +264,7 @@ func skipResponse(name string) bool {
 }
 
 // Check implements authcall.Checker: one subrequest.
-func (k checker) Check(ctx context.Context, m *protocol.RequestHeaders, d *protocol.Decision) error {
+func (k checker) Check(ctx context.Context, m *protocol.RequestHeaders, _ []byte, d *protocol.Decision) error {
 	c := k.c
 	cfg := &c.cfg
 	c.count(evChecks)

@@ -41,7 +41,10 @@ routes:
 		{"ext_authz", "unix:/run/opa.sock", `      context_extensions: ""`, ""},
 		// Each refusal names the option's own line (options start on
 		// line 13).
-		{"ext_authz", "127.0.0.1:9191", `      with_request_body: "true"`, "line 13: agents[0].options.with_request_body: extauthz: invalid config: option with_request_body: not supported: the request body is not sent"},
+		{"ext_authz", "127.0.0.1:9191", `      max_request_bytes: "8192"`, "line 13: agents[0].options.max_request_bytes: extauthz: invalid config: option max_request_bytes: not supported: use the agent's request_body.limit"},
+		{"ext_authz", "127.0.0.1:9191", `      with_request_body: "true"
+      pack_as_bytes: "true"`, ""},
+		{"ext_authz", "127.0.0.1:9191", `      pack_as_bytes: "true"`, "pack_as_bytes without with_request_body"},
 		{"ext_authz", "127.0.0.1:9191", `      context_extensions: "a=1"
       failure_mode_allow: "true"`, "line 14: agents[0].options.failure_mode_allow"},
 		{"ext_authz", "127.0.0.1:9191", `      status_on_error: "503"`, "failure_status"},
@@ -112,6 +115,50 @@ routes:
 			t.Errorf("%s: %v", tc.addr, err)
 		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "line 11")):
 			t.Errorf("%s: error %v, want one with %q at line 11", tc.addr, err, tc.want)
+		}
+	}
+}
+
+// TestAuthzBodyPolicy: with_request_body needs the body buffered and
+// never passed unchecked, at the agent and on every route.
+func TestAuthzBodyPolicy(t *testing.T) {
+	for _, tc := range []struct{ agent, route, want string }{
+		{"", "", ""},
+		{"\n    request_body:\n      over_limit: prefix", "", ""},
+		{"\n    request_body:\n      mode: streaming", "", "line 13: agents[0].request_body.mode"},
+		{"\n    request_body:\n      over_limit: skip", "", "line 13: agents[0].request_body.over_limit: over_limit skip"},
+		{"", "\n        request_body:\n          over_limit: stream", "line 20: routes[0].agents[0].request_body.over_limit"},
+		{"", "\n        request_body:\n          limit: 2MiB", "routes[0].agents[0].request_body.limit: limit 2MiB is above"},
+	} {
+		y := `
+listeners:
+  - name: l
+    address: 127.0.0.1:0
+upstreams:
+  - name: app
+    address: 127.0.0.1:9
+agents:
+  - name: authz
+    transport: ext_authz
+    address: 127.0.0.1:9191` + tc.agent + `
+    options:
+      with_request_body: "true"
+routes:
+  - name: r
+    upstream: app
+    agents:
+      - name: authz` + tc.route + `
+`
+		cfg, err := config.Parse([]byte(y))
+		if err != nil {
+			t.Fatalf("%v\n%s", err, y)
+		}
+		err = transports.Check(cfg)
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%s%s: %v", tc.agent, tc.route, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%s%s: error %v, want one with %q", tc.agent, tc.route, err, tc.want)
 		}
 	}
 }

@@ -155,13 +155,19 @@ func check(cfg *config.Config) error {
 				return agentError(cfg, i, key, err)
 			}
 		case config.TransportExtAuthz:
-			if _, err := ExtAuthzConfig(a, zerolog.Nop()); err != nil {
+			c, err := ExtAuthzConfig(a, zerolog.Nop())
+			if err != nil {
 				key := "options"
 				var oe *extauthz.OptionError
 				if errors.As(err, &oe) {
 					key += "." + oe.Key
 				}
 				return agentError(cfg, i, key, err)
+			}
+			if c.WithRequestBody {
+				if err := checkAuthzBody(cfg, a); err != nil {
+					return err
+				}
 			}
 		case config.TransportHTTPAuth:
 			if _, err := HTTPAuthConfig(a, zerolog.Nop()); err != nil {
@@ -183,6 +189,52 @@ func check(cfg *config.Config) error {
 				}
 			}
 			return fmt.Errorf("config: agents: %w", err)
+		}
+	}
+	return nil
+}
+
+// checkAuthzBody checks the request body policy of an ext_authz agent
+// with with_request_body, and of every route that uses it: the body is
+// buffered (auto is, for this agent) so that the upstream gets none of
+// it before the verdict, and one over the limit is refused (413, Envoy's
+// answer) or checked on its first limit bytes (prefix, Envoy's
+// allow_partial_message), never passed unchecked (skip) or streamed
+// (stream); a route may not raise the limit (the Check's message is
+// sized for the agent's).
+func checkAuthzBody(cfg *config.Config, a *config.Agent) error {
+	i := slices.IndexFunc(cfg.Agents, func(x config.Agent) bool { return x.Name == a.Name })
+	bad := func(p config.BodyPolicy) (string, string) {
+		switch {
+		case p.Mode != config.BodyAuto && p.Mode != config.BodyBuffered:
+			return "mode", fmt.Sprintf("mode %s: with_request_body needs the body buffered (auto or buffered), so that the upstream gets none of it before the verdict", p.Mode)
+		case p.OverLimit != config.OverLimitReject && p.OverLimit != config.OverLimitPrefix:
+			return "over_limit", fmt.Sprintf("over_limit %s: with_request_body refuses a body over the limit (reject, 413) or checks its first limit bytes (prefix); %s would let the body reach the upstream unchecked", p.OverLimit, p.OverLimit)
+		}
+		return "", ""
+	}
+	if key, why := bad(a.RequestBody); key != "" {
+		return agentError(cfg, i, "request_body."+key, errors.New(why))
+	}
+	for ri := range cfg.Routes {
+		r := &cfg.Routes[ri]
+		for j := range r.Agents {
+			ra := &r.Agents[j]
+			if ra.Name != a.Name || ra.RequestBody == nil {
+				continue
+			}
+			p := cfg.Policy(ra).RequestBody
+			path := fmt.Sprintf("routes[%d].agents[%d].request_body", ri, j)
+			key, why := bad(p)
+			if key == "" && p.Limit > a.RequestBody.Limit {
+				key, why = "limit", fmt.Sprintf("limit %s is above agent %s's request_body.limit %s (the Check is sized for it)", p.Limit, a.Name, a.RequestBody.Limit)
+			}
+			if key != "" {
+				if cfg.Line(path+"."+key) > 0 {
+					path += "." + key
+				}
+				return cfg.ErrorAt(path, errors.New(why))
+			}
 		}
 	}
 	return nil
@@ -242,6 +294,11 @@ func ExtAuthzConfig(a *config.Agent, log zerolog.Logger) (extauthz.Config, error
 	c.Logger = log
 	if err := c.ApplyOptions(a.Options); err != nil {
 		return c, err
+	}
+	if c.WithRequestBody {
+		// The Check carries up to the agent's body limit besides the
+		// attributes.
+		c.MaxMessageSize = max(c.MaxMessageSize, int(a.RequestBody.Limit)+1<<20)
 	}
 	return c, c.Validate()
 }
