@@ -15,6 +15,7 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
@@ -26,6 +27,7 @@ import (
 	"github.com/zentinelproxy/sidecar/dataplane"
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/internal/config"
+	"github.com/zentinelproxy/sidecar/internal/metrics"
 	"github.com/zentinelproxy/sidecar/internal/testutil"
 	"github.com/zentinelproxy/sidecar/internal/transports"
 )
@@ -656,4 +658,83 @@ func TestWithRequestBody(t *testing.T) {
 			t.Errorf("upstream got %d requests, want 2", n)
 		}
 	})
+}
+
+// TestClientGone checks that a client going away ends its Check at once,
+// long before the message timeout.
+func TestClientGone(t *testing.T) {
+	started, ended := make(chan struct{}, 1), make(chan struct{}, 1)
+	_, addr := startAuth(t, func(ctx context.Context, _ *authv3.CheckRequest) (*authv3.CheckResponse, error) {
+		started <- struct{}{}
+		select {
+		case <-ctx.Done():
+			ended <- struct{}{}
+		case <-time.After(30 * time.Second):
+		}
+		return okResponse(nil), nil
+	}, nil)
+	url, _, _ := proxy(t, addr, `
+    timeouts:
+      message: 30s
+      request: 30s`, false)
+	conn, err := net.Dial("tcp", strings.TrimPrefix(url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.WriteString(conn, "GET / HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no Check")
+	}
+	conn.Close()
+	select {
+	case <-ended:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the Check went on after the client left")
+	}
+}
+
+// TestCollector: the transport's counters are exported per agent as
+// sidecar_authz_events_total, from the client's report of itself.
+func TestCollector(t *testing.T) {
+	_, addr := startAuth(t, func(_ context.Context, r *authv3.CheckRequest) (*authv3.CheckResponse, error) {
+		if r.GetAttributes().GetRequest().GetHttp().GetPath() == "/deny" {
+			return &authv3.CheckResponse{Status: &rpcstatus.Status{Code: int32(codes.PermissionDenied)}}, nil
+		}
+		return okResponse(nil), nil
+	}, nil)
+	url, _, a := proxy(t, addr, "", false)
+	get(t, url+"/ok")
+	get(t, url+"/deny")
+	get(t, url+"/deny")
+	m, err := metrics.New(metrics.Config{Registry: prometheus.NewRegistry()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.SetAgents(func() []agentmux.AgentStatus { return []agentmux.AgentStatus{a.Snapshot()} })
+	mfs, err := m.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, mf := range mfs {
+		if mf.GetName() != "sidecar_authz_events_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["agent"] == "authz" && labels["transport"] == "ext_authz" {
+				got[labels["event"]] = m.GetCounter().GetValue()
+			}
+		}
+	}
+	if got["checks"] != 3 || got["ok"] != 1 || got["denied"] != 2 || got["probes_refused"] != 0 {
+		t.Errorf("counters %v", got)
+	}
 }
