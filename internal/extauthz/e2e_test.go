@@ -738,3 +738,55 @@ func TestCollector(t *testing.T) {
 		t.Errorf("counters %v", got)
 	}
 }
+
+// TestFailover checks members (addresses) and failover as for any
+// agent: a Check that fails on a member's broken connection
+// (Unavailable) is retried once on the other member.
+func TestFailover(t *testing.T) {
+	broken, brokenAddr := startAuth(t, func(context.Context, *authv3.CheckRequest) (*authv3.CheckResponse, error) {
+		return nil, status.Error(codes.Unavailable, "going away")
+	}, nil)
+	good, addr := startAuth(t, func(context.Context, *authv3.CheckRequest) (*authv3.CheckResponse, error) {
+		return okResponse(&authv3.OkHttpResponse{Headers: []*corev3.HeaderValueOption{hvoAppend("X-Member", "good", false)}}), nil
+	}, nil)
+	url, up, a := proxy(t, brokenAddr, "\n    addresses: ["+addr+"]", false)
+	testutil.WaitFor(t, "two members up", func() bool { return a.Snapshot().Connections == 2 })
+	for range 6 {
+		resp, _ := get(t, url+"/")
+		if resp.StatusCode != 200 {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+		if h, _ := up.get(); h.Get("X-Member") != "good" {
+			t.Errorf("upstream X-Member %q", h.Get("X-Member"))
+		}
+	}
+	if n := len(good.received()); n != 6 {
+		t.Errorf("the good member got %d checks, want 6", n)
+	}
+	if n := len(broken.received()); n == 0 {
+		t.Error("the broken member was never tried: nothing failed over")
+	}
+}
+
+// TestUnixSocket checks a server on a Unix socket (address unix:/path).
+func TestUnixSocket(t *testing.T) {
+	path := testutil.SocketPath(t)
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer()
+	s := &authServer{h: func(context.Context, *authv3.CheckRequest) (*authv3.CheckResponse, error) {
+		return okResponse(nil), nil
+	}}
+	authv3.RegisterAuthorizationServer(gs, s)
+	go func() { _ = gs.Serve(ln) }()
+	t.Cleanup(gs.Stop)
+	url, _, _ := proxy(t, "unix:"+path, "", false)
+	if resp, _ := get(t, url+"/"); resp.StatusCode != 200 {
+		t.Errorf("status %d", resp.StatusCode)
+	}
+	if n := len(s.received()); n != 1 {
+		t.Errorf("server got %d checks", n)
+	}
+}

@@ -305,13 +305,15 @@ func ExtAuthzConfig(a *config.Agent, log zerolog.Logger) (extauthz.Config, error
 
 // NewExtAuthz is the factory of transport ext_authz: an extauthz.Client
 // that makes one Check call per request to an Envoy external
-// authorization server.
+// authorization server (one per member with addresses).
 func NewExtAuthz(a *config.Agent, log zerolog.Logger) (agentmux.Agent, error) {
-	c, err := ExtAuthzConfig(a, log)
-	if err != nil {
-		return nil, err
-	}
-	return extauthz.NewClient(c)
+	return withMembers(a, log, func(m *config.Agent, log zerolog.Logger) (agentmux.Agent, error) {
+		c, err := ExtAuthzConfig(m, log)
+		if err != nil {
+			return nil, err
+		}
+		return extauthz.NewClient(c)
+	})
 }
 
 // HTTPAuthConfig maps a configured agent of transport http_auth to the
