@@ -117,7 +117,7 @@ func hvoAction(k, v string, a corev3.HeaderValueOption_HeaderAppendAction) *core
 const baseConfig = `
 listeners:
   - name: test
-    address: 127.0.0.1:0
+    address: 127.0.0.1:0LISTENER
 upstreams:
   - name: app
     address: UPSTREAM
@@ -151,6 +151,12 @@ func (s *seen) get() (http.Header, int) {
 // unless noWait.
 func proxy(t *testing.T, addr, agent string, noWait bool) (string, *seen, agentmux.Agent) {
 	t.Helper()
+	return proxyListener(t, addr, "", agent, noWait)
+}
+
+// proxyListener is proxy with more keys of the listener (TLS).
+func proxyListener(t *testing.T, addr, listener, agent string, noWait bool) (string, *seen, agentmux.Agent) {
+	t.Helper()
 	up := &seen{}
 	us := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		up.mu.Lock()
@@ -161,7 +167,7 @@ func proxy(t *testing.T, addr, agent string, noWait bool) (string, *seen, agentm
 		_, _ = io.WriteString(w, "hello from app")
 	}))
 	t.Cleanup(us.Close)
-	y := strings.NewReplacer("UPSTREAM", strings.TrimPrefix(us.URL, "http://"), "AUTHZ", addr, "AGENT", agent).Replace(baseConfig)
+	y := strings.NewReplacer("UPSTREAM", strings.TrimPrefix(us.URL, "http://"), "AUTHZ", addr, "AGENT", agent, "LISTENER", listener).Replace(baseConfig)
 	cfg, err := config.Parse([]byte(y))
 	if err != nil {
 		t.Fatalf("%v\n%s", err, y)
@@ -788,5 +794,49 @@ func TestUnixSocket(t *testing.T) {
 	}
 	if n := len(s.received()); n != 1 {
 		t.Errorf("server got %d checks", n)
+	}
+}
+
+// TestTLSFacts checks what a server is told about a client's TLS: the
+// scheme, the client certificate's subject as the source principal, the
+// SNI with include_tls_session.
+func TestTLSFacts(t *testing.T) {
+	pki := testutil.NewPKI(t, "edge")
+	srvCert := pki.Server(t, "shop", "shop.example")
+	client := pki.Client(t, "client", "alice")
+	s, addr := startAuth(t, func(context.Context, *authv3.CheckRequest) (*authv3.CheckResponse, error) {
+		return okResponse(nil), nil
+	}, nil)
+	url, _, _ := proxyListener(t, addr, `
+    tls:
+      certificates:
+        - cert_file: `+srvCert.CertFile+`
+          key_file: `+srvCert.KeyFile+`
+      client_ca_file: `+pki.CAFile, `
+    options:
+      include_tls_session: "true"`, false)
+	cl := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{
+		ServerName: "shop.example", RootCAs: pki.Pool, Certificates: []tls.Certificate{client.TLS}}}}
+	resp, err := cl.Get(strings.Replace(url, "http://", "https://", 1) + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	got := s.received()
+	if len(got) != 1 {
+		t.Fatalf("%d checks", len(got))
+	}
+	ac := got[0].GetAttributes()
+	if h := ac.GetRequest().GetHttp(); h.GetScheme() != "https" || h.GetHeaders()[":scheme"] != "https" {
+		t.Errorf("scheme %q, :scheme %q", h.GetScheme(), h.GetHeaders()[":scheme"])
+	}
+	if p := ac.GetSource().GetPrincipal(); !strings.Contains(p, "CN=alice") {
+		t.Errorf("source principal %q", p)
+	}
+	if sni := ac.GetTlsSession().GetSni(); sni != "shop.example" {
+		t.Errorf("tls_session.sni %q", sni)
 	}
 }

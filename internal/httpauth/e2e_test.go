@@ -2,6 +2,7 @@ package httpauth_test
 
 import (
 	"context"
+	"crypto/tls"
 	"io"
 	"net"
 	"net/http"
@@ -365,5 +366,47 @@ func TestServiceFailsMidway(t *testing.T) {
 	}
 	if _, n := up.get(); n != 0 {
 		t.Errorf("upstream got %d requests", n)
+	}
+}
+
+// TestTLS checks an https:// service with its CA and a client
+// certificate (mTLS), and that a sidecar that does not trust its CA never
+// gets an answer from it (not ready; requests fail closed).
+func TestTLS(t *testing.T) {
+	ca := testutil.NewPKI(t, "auth")
+	server := ca.Server(t, "auth", "127.0.0.1")
+	client := ca.Client(t, "client", "sidecar")
+	other := testutil.NewPKI(t, "other")
+	s := &authService{}
+	hs := httptest.NewUnstartedServer(s)
+	hs.TLS = &tls.Config{Certificates: []tls.Certificate{server.TLS}, ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: ca.Pool}
+	hs.StartTLS()
+	t.Cleanup(hs.Close)
+	url, up, _ := proxy(t, hs.URL+"/auth", `
+    options:
+      tls_ca_file: `+ca.CAFile+`
+      tls_cert_file: `+client.CertFile+`
+      tls_key_file: `+client.KeyFile+`
+      auth_response_headers: X-Auth-User`, false)
+	if resp, _ := get(t, url+"/ok"); resp.StatusCode != 200 {
+		t.Errorf("status %d", resp.StatusCode)
+	}
+	if h, _ := up.get(); h.Get("X-Auth-User") != "alice" {
+		t.Errorf("upstream X-Auth-User %q", h.Get("X-Auth-User"))
+	}
+	url, _, a := proxy(t, hs.URL+"/auth", `
+    options:
+      tls_ca_file: `+other.CAFile+`
+      tls_cert_file: `+client.CertFile+`
+      tls_key_file: `+client.KeyFile, true)
+	if resp, _ := get(t, url+"/ok"); resp.StatusCode != 500 {
+		t.Errorf("unknown CA: status %d, want 500", resp.StatusCode)
+	}
+	testutil.WaitFor(t, "the probe to fail", func() bool {
+		st := a.Snapshot()
+		return !st.Ready && strings.Contains(st.LastError, "certificate")
+	})
+	if n := s.count(); n != 1 {
+		t.Errorf("service got %d subrequests, want 1", n)
 	}
 }
