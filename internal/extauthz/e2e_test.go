@@ -840,3 +840,41 @@ func TestTLSFacts(t *testing.T) {
 		t.Errorf("tls_session.sni %q", sni)
 	}
 }
+
+// TestNonUTF8 checks a request whose header value and path carry bytes
+// that are not UTF-8 (obs-text, which HTTP allows): the Check is made,
+// with each bad byte as '!' as Envoy sanitizes them
+// (MessageUtil::sanitizeUtf8String), instead of failing to encode.
+func TestNonUTF8(t *testing.T) {
+	s, addr := startAuth(t, func(context.Context, *authv3.CheckRequest) (*authv3.CheckResponse, error) {
+		return okResponse(nil), nil
+	}, nil)
+	url, _, _ := proxy(t, addr, "", false)
+	conn, err := net.Dial("tcp", strings.TrimPrefix(url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(conn, "GET /caf\xe9 HTTP/1.1\r\nHost: x\r\nX-Name: Ren\xe9e\r\nConnection: close\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := io.ReadAll(conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(string(resp), "HTTP/1.1 200") {
+		t.Fatalf("response %q", resp)
+	}
+	got := s.received()
+	if len(got) != 1 {
+		t.Fatalf("%d checks", len(got))
+	}
+	h := got[0].GetAttributes().GetRequest().GetHttp()
+	if v := h.GetHeaders()["x-name"]; v != "Ren!e" {
+		t.Errorf("x-name %q", v)
+	}
+	if p := h.GetPath(); !strings.HasPrefix(p, "/caf") || strings.ContainsRune(p, 0xe9) {
+		t.Errorf("path %q", p)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
@@ -26,6 +27,29 @@ import (
 // URI SAN, else its subject); destination the listener's side of the
 // connection.
 
+// utf8 is b as a string that proto3 can carry: HTTP allows bytes in
+// header values (obs-text) and targets that are not UTF-8, which a proto3
+// string field may not hold (the Check would fail to encode). Each byte
+// of an invalid sequence becomes '!', as Envoy sanitizes them
+// (MessageUtil::sanitizeUtf8String); a valid b is copied as is.
+func utf8Str(b []byte) string {
+	if utf8.Valid(b) {
+		return string(b)
+	}
+	out := make([]byte, 0, len(b))
+	for len(b) > 0 {
+		r, n := utf8.DecodeRune(b)
+		if r == utf8.RuneError && n <= 1 {
+			out = append(out, '!')
+			b = b[1:]
+			continue
+		}
+		out = append(out, b[:n]...)
+		b = b[n:]
+	}
+	return string(out)
+}
+
 // checkRequest maps the request headers event onto a CheckRequest. The
 // strings are copies: m's buffers are the dataplane's.
 func (c *Config) checkRequest(m *protocol.RequestHeaders, body []byte) *authv3.CheckRequest {
@@ -36,19 +60,19 @@ func (c *Config) checkRequest(m *protocol.RequestHeaders, body []byte) *authv3.C
 		scheme = "https"
 	}
 	host := header(m.Headers, "host")
-	uri := string(m.URI)
+	uri := utf8Str(m.URI)
 	query := ""
 	if _, q, ok := strings.Cut(uri, "?"); ok {
 		query, _, _ = strings.Cut(q, "#")
 	}
 	hr := &authv3.AttributeContext_HttpRequest{
-		Id:       string(md.CorrelationID),
-		Method:   string(m.Method),
+		Id:       utf8Str(md.CorrelationID),
+		Method:   utf8Str(m.Method),
 		Path:     uri,
-		Host:     string(host),
+		Host:     utf8Str(host),
 		Scheme:   scheme,
 		Query:    query,
-		Protocol: string(md.Protocol),
+		Protocol: utf8Str(md.Protocol),
 		Size:     -1,
 	}
 	if cl := header(m.Headers, "content-length"); cl != nil {
@@ -65,7 +89,7 @@ func (c *Config) checkRequest(m *protocol.RequestHeaders, body []byte) *authv3.C
 		if c.PackAsBytes {
 			hr.RawBody = bytes.Clone(body)
 		} else {
-			hr.Body = string(body)
+			hr.Body = utf8Str(body) // a binary body wants pack_as_bytes
 		}
 	}
 	pseudo := [...][2]string{{":authority", hr.Host}, {":method", hr.Method}, {":path", uri}, {":scheme", scheme}}
@@ -79,7 +103,7 @@ func (c *Config) checkRequest(m *protocol.RequestHeaders, body []byte) *authv3.C
 		}
 		for i := range m.Headers {
 			v := &vals[len(hs)]
-			v.Key, v.RawValue = strings.ToLower(string(m.Headers[i].Name)), bytes.Clone(m.Headers[i].Value)
+			v.Key, v.RawValue = utf8Str(bytes.ToLower(m.Headers[i].Name)), bytes.Clone(m.Headers[i].Value)
 			hs = append(hs, v)
 		}
 		hr.HeaderMap = &corev3.HeaderMap{Headers: hs}
@@ -90,11 +114,12 @@ func (c *Config) checkRequest(m *protocol.RequestHeaders, body []byte) *authv3.C
 		}
 		for i := range m.Headers {
 			k := lowerName(m.Headers[i].Name)
+			v := utf8Str(m.Headers[i].Value)
 			if old, ok := h[k]; ok {
-				h[k] = old + "," + string(m.Headers[i].Value)
+				h[k] = old + "," + v
 				continue
 			}
-			h[k] = string(m.Headers[i].Value)
+			h[k] = v
 		}
 		hr.Headers = h
 	}
@@ -110,10 +135,10 @@ func (c *Config) checkRequest(m *protocol.RequestHeaders, body []byte) *authv3.C
 		MetadataContext:   &corev3.Metadata{},
 	}
 	if tls && len(md.TLSClientSubject) > 0 {
-		ac.Source.Principal = principal(md.TLSClientSAN, md.TLSClientSubject)
+		ac.Source.Principal = utf8Str([]byte(principal(md.TLSClientSAN, md.TLSClientSubject)))
 	}
 	if tls && c.IncludeTLSSession {
-		ac.TlsSession = &authv3.AttributeContext_TLSSession{Sni: string(md.TLSServerName)}
+		ac.TlsSession = &authv3.AttributeContext_TLSSession{Sni: utf8Str(md.TLSServerName)}
 	}
 	return &authv3.CheckRequest{Attributes: ac}
 }
@@ -134,7 +159,7 @@ func socketAddress(ip []byte, port int) *corev3.Address {
 		return nil
 	}
 	return &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{
-		Address:       string(ip),
+		Address:       utf8Str(ip),
 		PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: uint32(port)},
 	}}}
 }
