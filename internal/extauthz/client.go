@@ -120,6 +120,7 @@ func NewClient(cfg Config) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: agent %q: %v", ErrExtAuthzConfig, cfg.Name, err)
 	}
+	opts = append(opts, grpc.WithDefaultCallOptions(grpc.ForceCodecV2(newCodec(&cfg))))
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &Client{
 		Pool:   agentmux.NewPool(cfg.Name, "ext_authz"),
@@ -142,16 +143,21 @@ func NewClient(cfg Config) (*Client, error) {
 
 // checker is one connection's authcall.Checker.
 type checker struct {
-	c   *Client
-	cli authv3.AuthorizationClient
+	c  *Client
+	cc *grpc.ClientConn
 }
 
-// Check implements authcall.Checker: one Check call.
+// checkMethod is Authorization/Check's full name.
+const checkMethod = "/envoy.service.auth.v3.Authorization/Check"
+
+// Check implements authcall.Checker: one Check call, its request encoded
+// by the connection's codec straight from m (checkWire).
 func (k checker) Check(ctx context.Context, m *protocol.RequestHeaders, body []byte, d *protocol.Decision) error {
 	c := k.c
 	c.count(evChecks)
-	r, err := k.cli.Check(ctx, c.cfg.checkRequest(m, body))
-	if err != nil {
+	w := checkWire{cfg: &c.cfg, m: m, body: body, now: time.Now()}
+	r := new(authv3.CheckResponse)
+	if err := k.cc.Invoke(ctx, checkMethod, &w, r); err != nil {
 		return rpcError(err)
 	}
 	return c.mapResponse(m, r, d)
@@ -232,7 +238,7 @@ func (c *Client) maintain(slot int) {
 				break
 			}
 			refused, retry = false, probeRetryMin
-			l := authcall.NewLink(c.cfg.Name, checker{c: c, cli: cli}, c.cfg.WithRequestBody)
+			l := authcall.NewLink(c.cfg.Name, checker{c: c, cc: cc}, c.cfg.WithRequestBody)
 			sess = agentmux.NewSession(l, c.caps, agentmux.SessionConfig{
 				Name:           c.cfg.Name,
 				MaxInFlight:    c.cfg.MaxInFlight,
