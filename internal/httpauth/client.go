@@ -1,8 +1,10 @@
 // Package httpauth runs HTTP forward-auth services (nginx's auth_request,
-// Traefik's ForwardAuth; oauth2-proxy, Authelia, …) as agents: one GET
-// subrequest per HTTP request to the configured URL, carrying the
-// client's headers and the request's method, URI, host and protocol in
-// X-Forwarded-* (Traefik) or X-Original-* (nginx) headers.
+// Traefik's ForwardAuth; oauth2-proxy, Authelia, …) as agents: one
+// subrequest per HTTP request to the configured URL, without a body,
+// carrying the client's headers and the request's method, URI, host and
+// protocol in X-Forwarded-* (Traefik: a GET, as Traefik sends) or
+// X-Original-* headers (nginx: the request's own method, as an nginx
+// subrequest inherits it).
 //
 // A 2xx answer lets the request go on, with the configured headers of
 // the answer copied onto the upstream request (the client's own headers
@@ -268,7 +270,11 @@ func (k checker) Check(ctx context.Context, m *protocol.RequestHeaders, _ []byte
 	c := k.c
 	cfg := &c.cfg
 	c.count(evChecks)
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, cfg.URL, nil)
+	method := http.MethodGet
+	if cfg.Style == StyleNginx && len(m.Method) > 0 {
+		method = string(m.Method)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, cfg.URL, nil)
 	if err != nil {
 		return err
 	}

@@ -254,13 +254,23 @@ func TestNginxStyle(t *testing.T) {
     options:
       style: nginx
       auth_request_headers: cookie`, false)
-	resp, _ := get(t, url+"/anonymous", "Cookie", "session=1", "Authorization", "Bearer x")
+	req, _ := http.NewRequest(http.MethodDelete, url+"/anonymous", nil)
+	req.Header.Set("Cookie", "session=1")
+	req.Header.Set("Authorization", "Bearer x")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
 	if resp.StatusCode != 200 {
 		t.Fatalf("status %d", resp.StatusCode)
 	}
 	r := s.last()
+	if r.Method != http.MethodDelete {
+		t.Errorf("subrequest method %s, want the request's (DELETE), as nginx", r.Method)
+	}
 	for _, c := range []struct{ name, want string }{
-		{"X-Original-Method", "GET"}, {"X-Original-URI", "/anonymous"}, {"Cookie", "session=1"},
+		{"X-Original-Method", "DELETE"}, {"X-Original-URI", "/anonymous"}, {"Cookie", "session=1"},
 		{"Authorization", ""}, {"X-Forwarded-Uri", ""},
 	} {
 		if got := r.Header.Get(c.name); got != c.want {
