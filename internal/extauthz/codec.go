@@ -168,6 +168,9 @@ func (w *checkWire) encode(c *codec) []byte {
 			hm = appendHeaderValue(hm, p.k, nil, p.v)
 		}
 		for i := range m.Headers {
+			if isHost(m.Headers[i].Name) {
+				continue
+			}
 			hm = appendHeaderValue(hm, "", m.Headers[i].Name, m.Headers[i].Value)
 		}
 		h = protowire.AppendTag(h, fHTTPHeaderMap, protowire.BytesType)
@@ -179,8 +182,8 @@ func (w *checkWire) encode(c *codec) []byte {
 		}
 		hs := m.Headers
 		for i := range hs {
-			if seenBefore(hs, i) {
-				continue
+			if isHost(hs[i].Name) || seenBefore(hs, i) {
+				continue // Host is :authority, as Envoy's codecs make it
 			}
 			h = appendMapEntry(h, fHTTPHeaders, "", hs[i].Name, hs[i].Value, hs[i+1:])
 		}
@@ -354,6 +357,8 @@ func appendHeaderValue(b []byte, k string, name, v []byte) []byte {
 	}
 	return b
 }
+
+func isHost(name []byte) bool { return equalFold(name, []byte("host")) }
 
 // seenBefore reports whether a header before i has hs[i]'s name.
 func seenBefore(hs protocol.Headers, i int) bool {

@@ -269,6 +269,7 @@ func TestCheckRequest(t *testing.T) {
 		{":authority", h.GetHeaders()[":authority"], "shop.example"},
 		{":method", h.GetHeaders()[":method"], "GET"},
 		{":path", h.GetHeaders()[":path"], "/api/items?id=7&x=y"},
+		{"host (it is :authority)", h.GetHeaders()["host"], ""},
 		{"source address", ac.GetSource().GetAddress().GetSocketAddress().GetAddress(), "127.0.0.1"},
 		{"destination address", ac.GetDestination().GetAddress().GetSocketAddress().GetAddress(), "127.0.0.1"},
 		{"tenant", ac.GetContextExtensions()["tenant"], "acme"},

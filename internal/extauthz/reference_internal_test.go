@@ -60,12 +60,16 @@ func (c *Config) checkRequest(m *protocol.RequestHeaders, body []byte, now time.
 		raw := [...][]byte{host, m.Method, m.URI, []byte(scheme)}
 		hs := make([]*corev3.HeaderValue, 0, len(pseudo)+len(m.Headers))
 		vals := make([]corev3.HeaderValue, cap(hs))
+		hs = hs[:0]
 		for i, p := range pseudo {
 			v := &vals[len(hs)]
 			v.Key, v.RawValue = p[0], bytes.Clone(raw[i])
 			hs = append(hs, v)
 		}
 		for i := range m.Headers {
+			if lowerName(m.Headers[i].Name) == "host" {
+				continue
+			}
 			v := &vals[len(hs)]
 			v.Key, v.RawValue = lowerName(m.Headers[i].Name), bytes.Clone(m.Headers[i].Value)
 			hs = append(hs, v)
@@ -78,6 +82,9 @@ func (c *Config) checkRequest(m *protocol.RequestHeaders, body []byte, now time.
 		}
 		for i := range m.Headers {
 			k := lowerName(m.Headers[i].Name)
+			if k == "host" {
+				continue
+			}
 			v := utf8Str(m.Headers[i].Value)
 			if old, ok := h[k]; ok {
 				h[k] = old + "," + v
