@@ -593,7 +593,7 @@ func TestWithRequestBody(t *testing.T) {
 		if strings.Contains(h.GetBody(), "evil") || strings.Contains(string(h.GetRawBody()), "evil") {
 			return &authv3.CheckResponse{Status: &rpcstatus.Status{Code: int32(codes.PermissionDenied)}}, nil
 		}
-		return okResponse(nil), nil
+		return okResponse(&authv3.OkHttpResponse{Headers: []*corev3.HeaderValueOption{hvoAppend("X-Body-Checked", h.GetPath(), false)}}), nil
 	}, nil)
 	lastBody := func() (string, []byte) {
 		got := s.received()
@@ -620,6 +620,9 @@ func TestWithRequestBody(t *testing.T) {
 		}
 		if b, _ := lastBody(); b != big {
 			t.Errorf("big: server got %d bytes of body", len(b))
+		}
+		if h, _ := up.get(); h.Get("X-Body-Checked") != "/big" {
+			t.Errorf("big: the OK's header did not reach the upstream: %q", h.Get("X-Body-Checked"))
 		}
 		if resp, _ := post(t, url+"/denied", big+"evil"); resp.StatusCode != 403 {
 			t.Errorf("evil: status %d", resp.StatusCode)
