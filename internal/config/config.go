@@ -73,6 +73,15 @@ const (
 	// (envoy.service.ext_proc.v3.ExternalProcessor), one gRPC stream per
 	// HTTP request; its options are checked by package transports.
 	TransportExtProc = "ext_proc"
+	// TransportExtAuthz runs an Envoy external authorization server
+	// (envoy.service.auth.v3.Authorization), one Check call per HTTP
+	// request; its options are checked by package transports.
+	TransportExtAuthz = "ext_authz"
+	// TransportHTTPAuth runs an HTTP forward-auth endpoint (nginx
+	// auth_request, Traefik ForwardAuth), one subrequest per HTTP
+	// request to the URL in address; its options are checked by package
+	// transports.
+	TransportHTTPAuth = "http_auth"
 )
 
 // Payload encodings of an agent's connections (uds and reverse).
@@ -267,10 +276,11 @@ type Agent struct {
 	// Name identifies the agent; it may appear in the
 	// X-Sidecar-Fail-Open header, so it is limited to [A-Za-z0-9._-].
 	Name string `yaml:"name"`
-	// Transport is uds, grpc, reverse or ext_proc.
+	// Transport is uds, grpc, reverse, ext_proc, ext_authz or http_auth.
 	Transport string `yaml:"transport"`
-	// Address is the socket path (uds), host:port (grpc) or the listen
-	// address for registrations (reverse).
+	// Address is the socket path (uds), host:port (grpc, ext_proc,
+	// ext_authz), the listen address for registrations (reverse) or the
+	// authorization URL (http_auth).
 	Address string `yaml:"address"`
 	// Conns is how many connections to keep to the agent (default 1).
 	Conns int `yaml:"conns"`
@@ -529,9 +539,15 @@ func (c *Config) Upstream(name string) *Upstream {
 // processor's deployment keeps the status its clients and alerts know;
 // every other transport 503. A timeout answers 504 whatever the
 // transport, as Envoy's message timeout does.
+//
+// An ext_authz agent answers 403, Envoy's ext_authz status_on_error
+// default; an http_auth agent 500, as nginx's auth_request and Traefik's
+// ForwardAuth answer when the authorization service cannot be asked.
 const (
-	FailureStatusDefault        = 503
-	FailureStatusExtProcDefault = 500
+	FailureStatusDefault         = 503
+	FailureStatusExtProcDefault  = 500
+	FailureStatusExtAuthzDefault = 403
+	FailureStatusHTTPAuthDefault = 500
 )
 
 // FailStatus is the status a fail-closed failure of a answers, a timeout
@@ -542,6 +558,10 @@ func (a *Agent) FailStatus() int {
 		return a.FailureStatus
 	case a.Transport == TransportExtProc:
 		return FailureStatusExtProcDefault
+	case a.Transport == TransportExtAuthz:
+		return FailureStatusExtAuthzDefault
+	case a.Transport == TransportHTTPAuth:
+		return FailureStatusHTTPAuthDefault
 	}
 	return FailureStatusDefault
 }

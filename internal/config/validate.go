@@ -3,6 +3,7 @@ package config
 import (
 	"fmt"
 	"net"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -121,19 +122,21 @@ func (v *validator) agents() {
 		p := fmt.Sprintf("agents[%d]", i)
 		v.name(p+".name", a.Name, names, "agent")
 		switch a.Transport {
-		case TransportUDS, TransportGRPC, TransportReverse, TransportExtProc:
+		case TransportUDS, TransportGRPC, TransportReverse, TransportExtProc, TransportExtAuthz, TransportHTTPAuth:
 		case "":
-			v.failf(p+".transport", "transport is required (uds, grpc, reverse or ext_proc)")
+			v.failf(p+".transport", "transport is required (uds, grpc, reverse, ext_proc, ext_authz or http_auth)")
 		default:
-			v.failf(p+".transport", "unknown transport %q (want uds, grpc, reverse or ext_proc)", a.Transport)
+			v.failf(p+".transport", "unknown transport %q (want uds, grpc, reverse, ext_proc, ext_authz or http_auth)", a.Transport)
 		}
 		switch {
 		case a.Address == "":
 			v.failf(p+".address", "address is required")
 		case a.Transport == TransportUDS && len(a.Address) > 107:
 			v.failf(p+".address", "socket path longer than 107 bytes")
-		case a.Transport == TransportGRPC || a.Transport == TransportReverse || a.Transport == TransportExtProc:
+		case a.Transport == TransportGRPC || a.Transport == TransportReverse || a.Transport == TransportExtProc || a.Transport == TransportExtAuthz:
 			v.address(p+".address", a.Address, a.Transport == TransportReverse)
+		case a.Transport == TransportHTTPAuth:
+			v.authURL(p+".address", a.Address)
 		}
 		if a.Conns < 1 || a.Conns > 64 {
 			v.failf(p+".conns", "%d is not in 1..64", a.Conns)
@@ -266,6 +269,22 @@ func (v *validator) name(path, name string, seen map[string]string, what string)
 			v.failf(path, "duplicate %s name %q (also %s)", what, name, prev)
 		}
 		seen[name] = strings.TrimSuffix(path, ".name")
+	}
+}
+
+// authURL checks an http_auth agent's address: an absolute http or
+// https URL with a host, without credentials or a fragment.
+func (v *validator) authURL(path, addr string) {
+	u, err := url.Parse(addr)
+	switch {
+	case err != nil || (u.Scheme != "http" && u.Scheme != "https"):
+		v.failf(path, "%q is not an http:// or https:// URL", addr)
+	case u.Host == "" || u.Hostname() == "":
+		v.failf(path, "%q has no host", addr)
+	case u.User != nil:
+		v.failf(path, "credentials in the URL are not accepted (they would be logged)")
+	case u.Fragment != "":
+		v.failf(path, "%q has a fragment", addr)
 	}
 }
 

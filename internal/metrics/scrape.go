@@ -39,6 +39,11 @@ var (
 			"ignored, unsupported responses, wrong-phase and unsolicited responses, streams closed "+
 			"mid-request and bodies over buffer_limit.",
 		[]string{"agent", "event"}, nil)
+	descAuthzEvents = prometheus.NewDesc(Namespace+"_authz_events_total",
+		"Events of the ext_authz and http_auth transports by agent: checks (calls made), "+
+			"ok and denied verdicts, error responses, unsupported responses, response fields ignored, "+
+			"probes refused (ext_authz) and denied bodies truncated (http_auth).",
+		[]string{"agent", "transport", "event"}, nil)
 	descRejected = prometheus.NewDesc(Namespace+"_requests_rejected_total",
 		"Request heads the sidecar answered itself with 400, 408, 414 or 431, by reason (target, host, framing, obs_fold, parse, uri_too_long, headers_too_large, timeout).", []string{"reason"}, nil)
 	descAbsolute = prometheus.NewDesc(Namespace+"_requests_absolute_form_total",
@@ -83,7 +88,7 @@ type scrapeCollector struct{ m *Metrics }
 
 func (c *scrapeCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descAgentConns, descAgentInFlight, descAgentReady, descAgentCompleted,
-		descInFlight, descAborted, descRevAccepted, descRevRejected, descRevConns, descRevDelayed, descRevUnheld, descExtProcEvents,
+		descInFlight, descAborted, descRevAccepted, descRevRejected, descRevConns, descRevDelayed, descRevUnheld, descExtProcEvents, descAuthzEvents,
 		descRejected, descAbsolute, descAcceptErrors, descClamped, descUpRetries, descUpFlushes, descLimits, descSendWaits, descCtlDropped, descInline,
 		descWrites, descFramesWritten} {
 		ch <- d
@@ -120,6 +125,11 @@ func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
 			if st.Transport == config.TransportExtProc {
 				for event, n := range st.Events {
 					ch <- prometheus.MustNewConstMetric(descExtProcEvents, prometheus.CounterValue, float64(n), st.Name, event)
+				}
+			}
+			if st.Transport == config.TransportExtAuthz || st.Transport == config.TransportHTTPAuth {
+				for event, n := range st.Events {
+					ch <- prometheus.MustNewConstMetric(descAuthzEvents, prometheus.CounterValue, float64(n), st.Name, st.Transport, event)
 				}
 			}
 			if l := st.Listener; l != nil && !listeners[l.Address] {
