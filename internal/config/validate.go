@@ -176,21 +176,23 @@ func (v *validator) routes() {
 		return
 	}
 	names := map[string]string{}
-	type key struct{ host, prefix string }
+	type key struct{ host, match string }
 	claimed := map[key]string{}
 	for i := range v.c.Routes {
 		r := &v.c.Routes[i]
 		p := fmt.Sprintf("routes[%d]", i)
 		v.name(p+".name", r.Name, names, "route")
 		switch {
+		case r.Upstream == "" && r.localAnswer():
 		case r.Upstream == "":
 			v.failf(p+".upstream", "upstream is required")
 		case v.c.Upstream(r.Upstream) == nil:
 			v.failf(p+".upstream", "unknown upstream %q", r.Upstream)
 		}
-		if !strings.HasPrefix(r.PathPrefix, "/") {
+		if r.PathPrefix != "" && !strings.HasPrefix(r.PathPrefix, "/") {
 			v.failf(p+".path_prefix", "%q must start with /", r.PathPrefix)
 		}
+		v.routing(p, r)
 		switch r.HostHeader {
 		case HostPreserve, HostUpstream:
 		default:
@@ -208,9 +210,13 @@ func (v *validator) routes() {
 				v.failf(hp, "%q is not a host name, *.domain or *", h)
 				continue
 			}
-			k := key{CanonicalHost(h), r.PathPrefix}
+			k := key{CanonicalHost(h), r.matchKey()}
 			if prev, ok := claimed[k]; ok {
-				v.failf(hp, "host %q with path_prefix %q is already routed by %s", h, r.PathPrefix, prev)
+				if r.PathPrefix != "" && !r.extraConditions() {
+					v.failf(hp, "host %q with path_prefix %q is already routed by %s", h, r.PathPrefix, prev)
+				} else {
+					v.failf(hp, "host %q with the same conditions is already routed by %s", h, prev)
+				}
 			}
 			claimed[k] = p
 		}

@@ -73,6 +73,15 @@ var (
 	descInline = prometheus.NewDesc(Namespace+"_agent_inline_bodies_total",
 		"RequestHeaders events that carried the first chunk of a buffered request body (feature inline_body), each saving an agent round trip.", nil, nil)
 
+	// Routes: local rate limits and retry policies (routing.go).
+	descRateLimited = prometheus.NewDesc(Namespace+"_rate_limited_total",
+		"Requests answered 429 by a route's local rate limit.", nil, nil)
+	descRouteRetries = prometheus.NewDesc(Namespace+"_route_retries_total",
+		"Retries made under routes' retry policies.", nil, nil)
+	descRetryBudget = prometheus.NewDesc(Namespace+"_route_retry_budget_exhausted_total",
+		"Retries a route's retry budget refused (too many retries in progress on the route).", nil, nil)
+	routeDescs = []*prometheus.Desc{descRateLimited, descRouteRetries, descRetryBudget}
+
 	// descLate shares its family with the per-event agent errors counter.
 	descLate = prometheus.NewDesc(Namespace+"_agent_errors_total", agentErrorsHelp, []string{"agent", "kind"}, nil)
 )
@@ -89,6 +98,9 @@ func (c *scrapeCollector) Describe(ch chan<- *prometheus.Desc) {
 		ch <- d
 	}
 	for _, d := range tlsTunnelDescs {
+		ch <- d
+	}
+	for _, d := range routeDescs {
 		ch <- d
 	}
 	for _, d := range exchangeDescs {
@@ -150,6 +162,9 @@ func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descBodyTooSlow, prometheus.CounterValue, float64(st.RequestBodyTooSlow))
 		ch <- prometheus.MustNewConstMetric(descLimits, prometheus.CounterValue, float64(st.LimitsExceeded))
 		ch <- prometheus.MustNewConstMetric(descInline, prometheus.CounterValue, float64(st.InlineBodies))
+		ch <- prometheus.MustNewConstMetric(descRateLimited, prometheus.CounterValue, float64(st.RateLimited))
+		ch <- prometheus.MustNewConstMetric(descRouteRetries, prometheus.CounterValue, float64(st.RouteRetries))
+		ch <- prometheus.MustNewConstMetric(descRetryBudget, prometheus.CounterValue, float64(st.RetryBudgetExhausted))
 		collectTLSTunnels(ch, &st)
 		collectConnections(ch, &st)
 	}

@@ -40,6 +40,12 @@ type Stats struct {
 	TraceGenerated     uint64 `json:"trace_generated"`    // traceparent headers made for requests without a valid one
 	LimitsExceeded     uint64 `json:"limits_exceeded"`    // agent replies over their header limits (failure policy applied)
 	InlineBodies       uint64 `json:"inline_bodies"`      // RequestHeaders events that carried chunk 0 of the request body (inline_body)
+	// RateLimited counts requests answered 429 by a local rate limit.
+	RateLimited uint64 `json:"rate_limited"`
+	// RouteRetries counts retries made under routes' retry policies.
+	RouteRetries uint64 `json:"route_retries"`
+	// RetryBudgetExhausted counts retries a route's retry budget refused.
+	RetryBudgetExhausted uint64 `json:"retry_budget_exhausted"`
 	// TLS counts the listeners' handshakes and certificate reloads.
 	TLS TLSStats `json:"tls"`
 	// Tunnels counts the Upgrade (WebSocket) tunnels and their bytes.

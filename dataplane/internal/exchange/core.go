@@ -150,6 +150,7 @@ type counters struct {
 	bodyTooSlow                                               atomic.Uint64
 	traceInvalid, tracestateInvalid, traceGenerated           atomic.Uint64
 	limits, inlined                                           atomic.Uint64
+	rateLimited, retries, retryBudget                         atomic.Uint64
 	rejected                                                  [observe.NumRejects]atomic.Uint64
 	inflight                                                  atomic.Int64
 }
@@ -176,6 +177,9 @@ func (c *Core) Stats(st *observe.Stats) {
 	st.TraceGenerated = s.traceGenerated.Load()
 	st.LimitsExceeded = s.limits.Load()
 	st.InlineBodies = s.inlined.Load()
+	st.RateLimited = s.rateLimited.Load()
+	st.RouteRetries = s.retries.Load()
+	st.RetryBudgetExhausted = s.retryBudget.Load()
 	st.Rejected = make(map[string]uint64, observe.NumRejects)
 	for i := range s.rejected {
 		st.Rejected[observe.RejectReasons[i]] = s.rejected[i].Load()

@@ -114,6 +114,9 @@ type route struct {
 
 	// shadowBody is the body policy of each of shadows on this route.
 	shadowBody [][2]bodyPolicy
+
+	// ext is the route's other conditions and its actions (routing.go).
+	ext routeExt
 }
 
 // Body modes resolved from config (auto is resolved per request from the
@@ -208,8 +211,11 @@ func BuildTable(cfg *config.Config, agents map[string]agentmux.Agent, ups []Upst
 	for i := range cfg.Routes {
 		rc := &cfg.Routes[i]
 		r := &route{name: rc.Name, nameB: []byte(rc.Name), idx: t.routeIDs.id(rc.Name), prefix: []byte(rc.PathPrefix), up: byUp[rc.Upstream]}
-		if r.up == nil {
+		if r.up == nil && (rc.Upstream != "" || rc.DirectResponse == nil && rc.Redirect == nil) {
 			return nil, fmt.Errorf("%w: route %q: unknown upstream %q", ErrConfig, rc.Name, rc.Upstream)
+		}
+		if err := compileRoute(rc, r); err != nil {
+			return nil, err
 		}
 		switch rc.HostHeader {
 		case config.HostPreserve, "":
@@ -265,8 +271,18 @@ func BuildTable(cfg *config.Config, agents map[string]agentmux.Agent, ups []Upst
 			}
 		}
 	}
+	// The match order of one host's routes (routing.go): exact paths,
+	// regular expressions, prefixes longest first; the file's order
+	// among equals.
 	byPrefix := func(rs []*route) {
-		sort.SliceStable(rs, func(i, j int) bool { return len(rs[i].prefix) > len(rs[j].prefix) })
+		sort.SliceStable(rs, func(i, j int) bool {
+			ki, li := rs[i].rank()
+			kj, lj := rs[j].rank()
+			if ki != kj {
+				return ki < kj
+			}
+			return li < lj
+		})
 	}
 	for _, rs := range t.exact {
 		byPrefix(rs)
@@ -278,10 +294,11 @@ func BuildTable(cfg *config.Config, agents map[string]agentmux.Agent, ups []Upst
 	return t, nil
 }
 
-// match finds the route for a lower-case host (no port) and a path.
-func (t *Table) match(host, path []byte) *route {
+// match finds the route for ex, whose host is lower case (no port), and
+// its path.
+func (t *Table) match(ex *Exchange, host, path []byte) *route {
 	if rs, ok := t.exact[string(host)]; ok {
-		if r := byPrefix(rs, path); r != nil {
+		if r := firstMatch(rs, ex, path); r != nil {
 			return r
 		}
 	}
@@ -293,18 +310,19 @@ func (t *Table) match(host, path []byte) *route {
 				continue
 			}
 			if rs, ok := t.wild[string(host[i:])]; ok {
-				if r := byPrefix(rs, path); r != nil {
+				if r := firstMatch(rs, ex, path); r != nil {
 					return r
 				}
 			}
 		}
 	}
-	return byPrefix(t.any, path)
+	return firstMatch(t.any, ex, path)
 }
 
-func byPrefix(rs []*route, path []byte) *route {
+// firstMatch is the first of rs, in match order, whose conditions hold.
+func firstMatch(rs []*route, ex *Exchange, path []byte) *route {
 	for _, r := range rs {
-		if len(path) >= len(r.prefix) && string(path[:len(r.prefix)]) == string(r.prefix) {
+		if r.matches(ex, path) {
 			return r
 		}
 	}
