@@ -90,3 +90,30 @@ func TestAllowAllocs(t *testing.T) {
 		t.Fatalf("%v allocations per decision", n)
 	}
 }
+
+// BenchmarkDecision is one request's limit decision: hashing the key
+// and the bucket's update (compare with a proxied request's CPU time,
+// BenchmarkProxyRateLimit in package dataplane).
+func BenchmarkDecision(b *testing.B) {
+	l := New(1_000_000_000, time.Second, 1_000_000_000, 100000)
+	key := []byte("192.0.2.123")
+	b.Run("client_ip", func(b *testing.B) {
+		for i := 0; i < b.N; i++ {
+			l.Allow(l.HashBytes(key), time.Duration(i))
+		}
+	})
+	b.Run("none", func(b *testing.B) {
+		for i := 0; i < b.N; i++ {
+			l.AllowOne(time.Duration(i))
+		}
+	})
+	b.Run("client_ip_parallel", func(b *testing.B) {
+		b.RunParallel(func(pb *testing.PB) {
+			i := 0
+			for pb.Next() {
+				i++
+				l.Allow(l.HashBytes(key), time.Duration(i))
+			}
+		})
+	})
+}
