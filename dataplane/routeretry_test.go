@@ -157,6 +157,13 @@ func TestRouteRetryBudget(t *testing.T) {
 			t.Fatal("clients refused a retry got no answer")
 		}
 	}
+	// The one retry reaches the upstream (after its backoff) and holds
+	// the budget there.
+	for deadline := time.Now().Add(hangGuard); int(n.Load()) < clients+1; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d upstream requests, the retry never came", n.Load())
+		}
+	}
 	if got := int(n.Load()); got != clients+1 {
 		t.Errorf("%d upstream requests while the budget was held, want %d", got, clients+1)
 	}

@@ -98,10 +98,10 @@ func TestRouteMatchKinds(t *testing.T) {
 }
 
 // TestRouteRewrite: prefix and regex rewrites change the upstream's
-// target (query kept, re-encoded); an agent with the forwarded view sees
-// the rewritten target, one with the client's view the client's, and
-// neither view of the client's headers shows the route's header
-// operations but the forwarded one.
+// target (query kept, re-encoded); every agent's uri is the rewritten
+// target, one with the client's view also gets the client's as
+// request_target, and only the forwarded view shows the route's request
+// header operations.
 func TestRouteRewrite(t *testing.T) {
 	var mu sync.Mutex
 	views := map[string]string{}
@@ -114,7 +114,7 @@ func TestRouteRewrite(t *testing.T) {
 				}
 			}
 			mu.Lock()
-			views[name] = string(m.URI) + " route=" + route
+			views[name] = string(m.URI) + " target=" + string(m.RequestTarget) + " route=" + route
 			mu.Unlock()
 			return nil
 		}}
@@ -134,7 +134,7 @@ func TestRouteRewrite(t *testing.T) {
 	mu.Lock()
 	c, f := views["client"], views["fwd"]
 	mu.Unlock()
-	if c != "/old/a%20b/c?x=1&y=%2F route=" || f != "/new/a%20b/c?x=1&y=%2F route=pfx" {
+	if c != "/new/a%20b/c?x=1&y=%2F target=/old/a%20b/c?x=1&y=%2F route=" || f != "/new/a%20b/c?x=1&y=%2F target= route=pfx" {
 		t.Errorf("client view %q, forwarded view %q", c, f)
 	}
 	resp, body = p.do(t, "GET", "/u/42/profile?z", nil)
