@@ -204,3 +204,50 @@ func BenchmarkProxyRateLimit(b *testing.B) {
 		})
 	}
 }
+
+// TestRateLimitListenerAndReload: a listener's limit counts the requests
+// of every route (and of none); a reload that keeps a limit keeps its
+// buckets, one that changes it starts afresh.
+func TestRateLimitListenerAndReload(t *testing.T) {
+	u := newUpstream(t, nil)
+	doc := func(requests int) *config.Config {
+		cfg, err := config.Parse([]byte(fmt.Sprintf(`
+listeners: [{name: pub, address: "127.0.0.1:0", rate_limit: {requests: %d, period: 1h}}]
+upstreams: [{name: app, address: %q}]
+routes:
+  - {name: a, upstream: app, path_prefix: /a, rate_limit: {requests: 2, period: 1h}}
+  - {name: b, upstream: app, path_prefix: /b}
+`, requests, u.addr())))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cfg
+	}
+	p := startProxy(t, doc(4), nil, nil)
+	status := func(path string) int {
+		resp, _ := p.do(t, "GET", path, nil)
+		return resp.StatusCode
+	}
+	got := []int{status("/a"), status("/a"), status("/a"), status("/b"), status("/b"), status("/b")}
+	// /a: 2 by the route (the third refused by the route, still one of
+	// the listener's 4); /b: the listener's 4th, then refused.
+	if fmt.Sprint(got) != "[200 200 429 200 429 429]" {
+		t.Fatalf("statuses %v", got)
+	}
+	resp, _ := p.do(t, "GET", "/b", nil)
+	if resp.Header.Get("RateLimit-Policy") != `"pub";q=4;w=3600` {
+		t.Errorf("listener policy %q", resp.Header.Get("RateLimit-Policy"))
+	}
+	if err := p.srv.Swap(doc(4), nil); err != nil {
+		t.Fatal(err)
+	}
+	if s := status("/b"); s != 429 {
+		t.Errorf("after a reload that kept the limit: %d, want 429", s)
+	}
+	if err := p.srv.Swap(doc(5), nil); err != nil {
+		t.Fatal(err)
+	}
+	if s := status("/b"); s != 200 {
+		t.Errorf("after a reload that changed the limit: %d, want 200", s)
+	}
+}

@@ -205,6 +205,10 @@ type Listener struct {
 	// MaxLingeringBytes bounds the bytes a lingering close discards
 	// (default 1MiB).
 	MaxLingeringBytes Size `yaml:"max_lingering_bytes"`
+	// RateLimit is a local rate limit over every request of the
+	// listener, checked before routing (absent: none; stage must be
+	// before_agents).
+	RateLimit *RateLimit `yaml:"rate_limit"`
 }
 
 // DefaultBodyMinRate is body_min_rate when absent: a body must average
@@ -643,6 +647,9 @@ func (c *Config) SetDefaults() {
 		setInt(&l.MaxTunnels, 1024)
 		setDur(&l.LingeringTimeout, 5*time.Second)
 		setSize(&l.MaxLingeringBytes, 1<<20)
+		if l.RateLimit != nil {
+			l.RateLimit.setDefaults()
+		}
 	}
 	for i := range c.Upstreams {
 		u := &c.Upstreams[i]

@@ -149,6 +149,12 @@ type Retry struct {
 	Budget RetryBudget `yaml:"budget"`
 }
 
+// Equal reports whether r and o are the same policy.
+func (r *Retry) Equal(o *Retry) bool {
+	return slices.Equal(r.RetryOn, o.RetryOn) && r.NumRetries == o.NumRetries && r.PerTryTimeout == o.PerTryTimeout &&
+		r.BackoffBase == o.BackoffBase && r.BackoffMax == o.BackoffMax && r.Budget == o.Budget
+}
+
 // Rate limit keys.
 const (
 	RateKeyNone       = "none"        // one bucket for the route

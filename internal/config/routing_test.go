@@ -50,9 +50,15 @@ func TestRoutingInvalid(t *testing.T) {
 		{"  - {name: r, upstream: app, rate_limit: {requests: 1, key: header}}", `routes[0].rate_limit.header: key: header needs a header name`},
 		{"  - {name: r, upstream: app, rate_limit: {requests: 1, max_keys: 20000000}}", `routes[0].rate_limit.max_keys: 20000000 is not in 1..10000000`},
 		{"  - {name: r, upstream: app, rate_limit: {requests: 1, stage: never}}", `routes[0].rate_limit.stage: unknown stage "never"`},
+		{"listener {requests: 1, stage: after_agents}", `line 3: listeners[0].rate_limit.stage: a listener's limit is checked before routing`},
+		{"listener {requests: 0}", `listeners[0].rate_limit.requests: must be at least 1`},
 		{"  - {name: r, upstream: app, methods: [GET]}\n  - {name: s, upstream: app, methods: [get]}", `routes[1].hosts[0]: host "*" with the same conditions is already routed by routes[0]`},
 	} {
-		_, err := config.Parse([]byte(routingBase + tc.route + "\n"))
+		doc := routingBase + tc.route + "\n"
+		if strings.HasPrefix(tc.route, "listener ") {
+			doc = strings.Replace(routingBase, "127.0.0.1:8080", "127.0.0.1:8080\n    rate_limit: "+strings.TrimPrefix(tc.route, "listener "), 1) + "  - {name: r, upstream: app}\n"
+		}
+		_, err := config.Parse([]byte(doc))
 		if err == nil || !strings.Contains(err.Error(), tc.want) || !errors.Is(err, config.ErrConfigInvalid) {
 			t.Errorf("%s\n  error %v\n  want %q", tc.route, err, tc.want)
 		}

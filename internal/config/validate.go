@@ -91,6 +91,12 @@ func (v *validator) listeners() {
 		if l.BodyMinRate != nil && *l.BodyMinRate < 0 {
 			v.failf(p+".body_min_rate", "must not be negative (0: none)")
 		}
+		if l.RateLimit != nil {
+			v.rateLimit(p+".rate_limit", l.RateLimit)
+			if l.RateLimit.Stage != RateBeforeAgents {
+				v.failf(p+".rate_limit.stage", "a listener's limit is checked before routing: before_agents only")
+			}
+		}
 	}
 }
 

@@ -179,6 +179,11 @@ func (ex *Exchange) Serve() {
 	}
 	// ex.host is the canonical host (prepareRequest); the Host header
 	// carries the same, with the client's port.
+	if ex.tbl.lstLimits != nil {
+		if rl := ex.tbl.lstLimits[string(ex.lst.Name)]; rl != nil && ex.rateLimited(rl) {
+			return
+		}
+	}
 	rt := ex.tbl.match(ex, ex.host, h.Path)
 	if rt == nil {
 		ex.local(404, "no route", "no route")

@@ -42,6 +42,7 @@ const (
 )
 
 type retryPolicy struct {
+	cfg              config.Retry
 	on               uint16
 	num              int
 	perTry           time.Duration
@@ -52,7 +53,7 @@ type retryPolicy struct {
 }
 
 func newRetryPolicy(c *config.Retry) *retryPolicy {
-	p := &retryPolicy{num: c.NumRetries, perTry: c.PerTryTimeout, base: c.BackoffBase, maxBackoff: c.BackoffMax,
+	p := &retryPolicy{cfg: *c, num: c.NumRetries, perTry: c.PerTryTimeout, base: c.BackoffBase, maxBackoff: c.BackoffMax,
 		percent: c.Budget.Percent, minRetries: int64(c.Budget.MinRetries)}
 	for _, s := range c.RetryOn {
 		switch s {

@@ -144,7 +144,10 @@ type routeExt struct {
 }
 
 // compileRoute resolves rc's matching and actions into r.
-func compileRoute(rc *config.Route, r *route) error {
+// State that outlives a reload (a retry policy's counters, a rate
+// limit's buckets) is carried over from prev's route of the same name
+// when its settings did not change.
+func compileRoute(rc *config.Route, r *route, prev *Table) error {
 	x := &r.ext
 	switch {
 	case rc.Path != "":
@@ -203,11 +206,31 @@ func compileRoute(rc *config.Route, r *route) error {
 	}
 	x.redirect = rc.Redirect
 	x.timeout, x.upTimeout = rc.Timeout, rc.UpstreamTimeout
+	var old *route
+	if prev != nil {
+		for _, pr := range prev.routes {
+			if pr.name == rc.Name {
+				old = pr
+				break
+			}
+		}
+	}
 	if rc.Retry != nil {
-		x.retry = newRetryPolicy(rc.Retry)
+		// A reload that keeps the policy keeps its counters: requests
+		// still on the old table count in the same budget.
+		if old != nil && old.ext.retry != nil && old.ext.retry.cfg.Equal(rc.Retry) {
+			x.retry = old.ext.retry
+		} else {
+			x.retry = newRetryPolicy(rc.Retry)
+		}
 	}
 	if rc.RateLimit != nil {
-		x.limit = newRouteLimit(rc.Name, rc.RateLimit)
+		// ... and a kept limit its buckets: a reload is no way past it.
+		if old != nil && old.ext.limit != nil && old.ext.limit.cfg == *rc.RateLimit {
+			x.limit = old.ext.limit
+		} else {
+			x.limit = newRouteLimit(rc.Name, rc.RateLimit)
+		}
 	}
 	return nil
 }
@@ -485,6 +508,7 @@ func (ex *Exchange) redirectResponse() {
 
 // routeLimit is a route's local rate limit.
 type routeLimit struct {
+	cfg      config.RateLimit
 	l        *ratelimit.Limiter
 	key      uint8
 	header   []byte
@@ -505,6 +529,7 @@ const (
 
 func newRouteLimit(name string, c *config.RateLimit) *routeLimit {
 	rl := &routeLimit{
+		cfg:      *c,
 		l:        ratelimit.New(c.Requests, c.Period, c.Burst, c.MaxKeys),
 		header:   []byte(c.Header),
 		after:    c.Stage == config.RateAfterAgents,

@@ -28,6 +28,9 @@ type Table struct {
 	any   []*route
 	// maxWild is the most dots of a wildcard suffix, bounding lookups.
 	maxWild int
+	// lstLimits are the listeners' rate limits, by listener name (nil:
+	// none).
+	lstLimits map[string]*routeLimit
 
 	// routeIDs and agentIDs number names for the Observer. Each table
 	// inherits them from the one it replaces, so an index keeps meaning
@@ -203,6 +206,20 @@ func BuildTable(cfg *config.Config, agents map[string]agentmux.Agent, ups []Upst
 		t.agents = append(t.agents, e)
 		byName[a.Name] = e
 	}
+	for i := range cfg.Listeners {
+		l := &cfg.Listeners[i]
+		if l.RateLimit == nil {
+			continue
+		}
+		if t.lstLimits == nil {
+			t.lstLimits = make(map[string]*routeLimit)
+		}
+		if old := prev.listenerLimit(l.Name); old != nil && old.cfg == *l.RateLimit {
+			t.lstLimits[l.Name] = old // its buckets survive a reload
+		} else {
+			t.lstLimits[l.Name] = newRouteLimit(l.Name, l.RateLimit)
+		}
+	}
 	byUp := make(map[string]Upstream, len(ups))
 	for _, up := range ups {
 		byUp[up.Name()] = up
@@ -214,7 +231,7 @@ func BuildTable(cfg *config.Config, agents map[string]agentmux.Agent, ups []Upst
 		if r.up == nil && (rc.Upstream != "" || rc.DirectResponse == nil && rc.Redirect == nil) {
 			return nil, fmt.Errorf("%w: route %q: unknown upstream %q", ErrConfig, rc.Name, rc.Upstream)
 		}
-		if err := compileRoute(rc, r); err != nil {
+		if err := compileRoute(rc, r, prev); err != nil {
 			return nil, err
 		}
 		switch rc.HostHeader {
@@ -387,4 +404,13 @@ func (t *Table) agentNames() []string {
 		n[i] = a.name
 	}
 	return n
+}
+
+// listenerLimit is the rate limit of the listener called name (nil: none,
+// or no table).
+func (t *Table) listenerLimit(name string) *routeLimit {
+	if t == nil {
+		return nil
+	}
+	return t.lstLimits[name]
 }
