@@ -143,6 +143,9 @@ type Config struct {
 	Tracing   Tracing    `yaml:"tracing"`
 	Admin     Admin      `yaml:"admin"`
 	AccessLog AccessLog  `yaml:"access_log"`
+	// RateLimitService is the Envoy rate limit service of routes'
+	// global_rate_limit (absent: none).
+	RateLimitService *RateLimitService `yaml:"rate_limit_service"`
 
 	// lines maps a key path ("routes[0].agents[1]") to its line in the
 	// file, so that validation errors point at it.
@@ -469,6 +472,9 @@ type Route struct {
 	Retry *Retry `yaml:"retry"`
 	// RateLimit is the route's local rate limit (absent: none).
 	RateLimit *RateLimit `yaml:"rate_limit"`
+	// GlobalRateLimit asks the rate_limit_service about the route's
+	// requests (absent: never).
+	GlobalRateLimit *GlobalRateLimit `yaml:"global_rate_limit"`
 }
 
 // Logging configures the zerolog logger.
@@ -699,6 +705,12 @@ func (c *Config) SetDefaults() {
 		r.setRoutingDefaults()
 		if r.HostHeader == "" {
 			r.HostHeader = HostPreserve
+		}
+	}
+	if s := c.RateLimitService; s != nil {
+		setDur(&s.Timeout, 20*time.Millisecond)
+		if s.FailureMode == "" {
+			s.FailureMode = RateLimitFailAllow
 		}
 	}
 	c.setOpsDefaults()

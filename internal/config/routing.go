@@ -193,6 +193,111 @@ type RateLimit struct {
 	Stage string `yaml:"stage"`
 }
 
+// Failure modes of the rate limit service.
+const (
+	RateLimitFailAllow = "allow"
+	RateLimitFailDeny  = "deny"
+)
+
+// RateLimitService is an Envoy rate limit service
+// (envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit) that
+// routes with global_rate_limit ask.
+type RateLimitService struct {
+	// Address is host:port of the service (gRPC without TLS: a
+	// loopback or mesh-local service).
+	Address string `yaml:"address"`
+	// Domain is the request's domain (required).
+	Domain string `yaml:"domain"`
+	// Timeout bounds each call (default 20ms).
+	Timeout time.Duration `yaml:"timeout"`
+	// FailureMode is allow (default: an unanswered call lets the request
+	// through) or deny (500, as Envoy's failure_mode_deny).
+	FailureMode string `yaml:"failure_mode"`
+}
+
+// DescriptorEntry is one entry of a descriptor, as Envoy's rate limit
+// actions make them. Exactly one of its kinds is set.
+type DescriptorEntry struct {
+	// RemoteAddress: ("remote_address", the client's address, with the
+	// rules of a local limit's client_ip).
+	RemoteAddress bool `yaml:"remote_address"`
+	// RequestHeader: (descriptor_key, the header's value); a request
+	// without the header sends no such descriptor.
+	RequestHeader string `yaml:"request_header"`
+	// GenericKey: (descriptor_key or "generic_key", this value).
+	GenericKey string `yaml:"generic_key"`
+	// RouteName: ("route_name", the route's name).
+	RouteName bool `yaml:"route_name"`
+	// DescriptorKey names the entry of request_header (required) and
+	// generic_key.
+	DescriptorKey string `yaml:"descriptor_key"`
+}
+
+// RateLimitDescriptor is one descriptor of a request.
+type RateLimitDescriptor struct {
+	Entries []DescriptorEntry `yaml:"entries"`
+}
+
+// GlobalRateLimit asks the rate limit service about a route's requests.
+type GlobalRateLimit struct {
+	// Descriptors are sent in one ShouldRateLimit call; OVER_LIMIT on
+	// any answers 429.
+	Descriptors []RateLimitDescriptor `yaml:"descriptors"`
+	// Stage is before_agents (default) or after_agents.
+	Stage string `yaml:"stage"`
+}
+
+func (v *validator) rateLimitService() {
+	s := v.c.RateLimitService
+	if s == nil {
+		return
+	}
+	v.address("rate_limit_service.address", s.Address, false)
+	if s.Domain == "" {
+		v.failf("rate_limit_service.domain", "domain is required")
+	}
+	v.positive("rate_limit_service.timeout", s.Timeout)
+	if s.FailureMode != RateLimitFailAllow && s.FailureMode != RateLimitFailDeny {
+		v.failf("rate_limit_service.failure_mode", "unknown failure mode %q (want allow or deny)", s.FailureMode)
+	}
+}
+
+func (v *validator) globalRateLimit(p string, g *GlobalRateLimit) {
+	if v.c.RateLimitService == nil {
+		v.failf(p, "global_rate_limit needs a rate_limit_service")
+	}
+	if len(g.Descriptors) == 0 {
+		v.failf(p+".descriptors", "at least one descriptor is required")
+	}
+	for i, d := range g.Descriptors {
+		dp := fmt.Sprintf("%s.descriptors[%d]", p, i)
+		if len(d.Entries) == 0 {
+			v.failf(dp+".entries", "at least one entry is required")
+		}
+		for j, e := range d.Entries {
+			ep := fmt.Sprintf("%s.entries[%d]", dp, j)
+			n := 0
+			for _, set := range []bool{e.RemoteAddress, e.RequestHeader != "", e.GenericKey != "", e.RouteName} {
+				if set {
+					n++
+				}
+			}
+			if n != 1 {
+				v.failf(ep, "exactly one of remote_address, request_header, generic_key and route_name is required")
+			}
+			if e.RequestHeader != "" && !validToken(e.RequestHeader) {
+				v.failf(ep+".request_header", "%q is not a header name", e.RequestHeader)
+			}
+			if e.RequestHeader != "" && e.DescriptorKey == "" {
+				v.failf(ep+".descriptor_key", "request_header needs a descriptor_key")
+			}
+		}
+	}
+	if g.Stage != RateBeforeAgents && g.Stage != RateAfterAgents {
+		v.failf(p+".stage", "unknown stage %q (want before_agents or after_agents)", g.Stage)
+	}
+}
+
 // routeActions counts the actions of r that answer without an upstream.
 func (r *Route) localAnswer() bool { return r.DirectResponse != nil || r.Redirect != nil }
 
@@ -215,6 +320,9 @@ func (r *Route) setRoutingDefaults() {
 	}
 	if rl := r.RateLimit; rl != nil {
 		rl.setDefaults()
+	}
+	if g := r.GlobalRateLimit; g != nil && g.Stage == "" {
+		g.Stage = RateBeforeAgents
 	}
 }
 
@@ -353,6 +461,12 @@ func (v *validator) routing(p string, r *Route) {
 	}
 	if rl := r.RateLimit; rl != nil {
 		v.rateLimit(p+".rate_limit", rl)
+	}
+	if g := r.GlobalRateLimit; g != nil {
+		if local {
+			v.failf(p+".global_rate_limit", "a route that answers itself is not limited by the service")
+		}
+		v.globalRateLimit(p+".global_rate_limit", g)
 	}
 }
 

@@ -16,6 +16,7 @@ func (c *Config) Validate() error {
 	v.listeners()
 	v.upstreams()
 	v.agents()
+	v.rateLimitService()
 	v.routes()
 	v.logging()
 	v.tracing()

@@ -80,7 +80,11 @@ var (
 		"Retries made under routes' retry policies.", nil, nil)
 	descRetryBudget = prometheus.NewDesc(Namespace+"_route_retry_budget_exhausted_total",
 		"Retries a route's retry budget refused (too many retries in progress on the route).", nil, nil)
-	routeDescs = []*prometheus.Desc{descRateLimited, descRouteRetries, descRetryBudget}
+	descGlobalLimited = prometheus.NewDesc(Namespace+"_global_rate_limited_total",
+		"Requests the rate limit service said were over a limit (429).", nil, nil)
+	descGlobalErrors = prometheus.NewDesc(Namespace+"_global_rate_limit_errors_total",
+		"Calls to the rate limit service that failed (error, timeout, UNKNOWN); rate_limit_service.failure_mode applied.", nil, nil)
+	routeDescs = []*prometheus.Desc{descRateLimited, descRouteRetries, descRetryBudget, descGlobalLimited, descGlobalErrors}
 
 	// descLate shares its family with the per-event agent errors counter.
 	descLate = prometheus.NewDesc(Namespace+"_agent_errors_total", agentErrorsHelp, []string{"agent", "kind"}, nil)
@@ -165,6 +169,8 @@ func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descRateLimited, prometheus.CounterValue, float64(st.RateLimited))
 		ch <- prometheus.MustNewConstMetric(descRouteRetries, prometheus.CounterValue, float64(st.RouteRetries))
 		ch <- prometheus.MustNewConstMetric(descRetryBudget, prometheus.CounterValue, float64(st.RetryBudgetExhausted))
+		ch <- prometheus.MustNewConstMetric(descGlobalLimited, prometheus.CounterValue, float64(st.GlobalRateLimited))
+		ch <- prometheus.MustNewConstMetric(descGlobalErrors, prometheus.CounterValue, float64(st.GlobalRateLimitErrors))
 		collectTLSTunnels(ch, &st)
 		collectConnections(ch, &st)
 	}

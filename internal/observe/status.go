@@ -46,6 +46,12 @@ type Stats struct {
 	RouteRetries uint64 `json:"route_retries"`
 	// RetryBudgetExhausted counts retries a route's retry budget refused.
 	RetryBudgetExhausted uint64 `json:"retry_budget_exhausted"`
+	// GlobalRateLimited counts requests the rate limit service said were
+	// over a limit (429).
+	GlobalRateLimited uint64 `json:"global_rate_limited"`
+	// GlobalRateLimitErrors counts calls to the rate limit service that
+	// failed (the failure mode applied).
+	GlobalRateLimitErrors uint64 `json:"global_rate_limit_errors"`
 	// TLS counts the listeners' handshakes and certificate reloads.
 	TLS TLSStats `json:"tls"`
 	// Tunnels counts the Upgrade (WebSocket) tunnels and their bytes.

@@ -199,6 +199,9 @@ func (ex *Exchange) Serve() {
 	if x.limit != nil && !x.limit.after && ex.rateLimited(x.limit) {
 		return
 	}
+	if x.global != nil && !x.global.after && ex.globalLimited(x.global) {
+		return
+	}
 	switch {
 	case x.direct != nil:
 		ex.directResponse()
@@ -228,6 +231,9 @@ func (ex *Exchange) Serve() {
 		return
 	}
 	if x.limit != nil && x.limit.after && ex.rateLimited(x.limit) {
+		return
+	}
+	if x.global != nil && x.global.after && ex.globalLimited(x.global) {
 		return
 	}
 	if !ex.requestBody() || !ex.forward() {

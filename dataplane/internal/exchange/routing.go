@@ -141,6 +141,8 @@ type routeExt struct {
 
 	// Local rate limit (nil: none).
 	limit *routeLimit
+	// Global rate limit (nil: none; globalrl.go).
+	global *globalLimit
 }
 
 // compileRoute resolves rc's matching and actions into r.
@@ -223,6 +225,9 @@ func compileRoute(rc *config.Route, r *route, prev *Table) error {
 		} else {
 			x.retry = newRetryPolicy(rc.Retry)
 		}
+	}
+	if rc.GlobalRateLimit != nil {
+		x.global = newGlobalLimit(rc.GlobalRateLimit)
 	}
 	if rc.RateLimit != nil {
 		// ... and a kept limit its buckets: a reload is no way past it.

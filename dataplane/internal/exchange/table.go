@@ -31,6 +31,9 @@ type Table struct {
 	// lstLimits are the listeners' rate limits, by listener name (nil:
 	// none).
 	lstLimits map[string]*routeLimit
+	// rls is the rate limit service of routes' global_rate_limit (nil:
+	// none; globalrl.go).
+	rls *rlService
 
 	// routeIDs and agentIDs number names for the Observer. Each table
 	// inherits them from the one it replaces, so an index keeps meaning
@@ -308,6 +311,19 @@ func BuildTable(cfg *config.Config, agents map[string]agentmux.Agent, ups []Upst
 		byPrefix(rs)
 	}
 	byPrefix(t.any)
+	// Last, once nothing can fail: the service's connection is kept
+	// from prev when its settings did not change.
+	if s := cfg.RateLimitService; s != nil {
+		if prev != nil && prev.rls != nil && prev.rls.cfg == *s {
+			t.rls = prev.rls
+		} else {
+			rls, err := newRLService(s)
+			if err != nil {
+				return nil, fmt.Errorf("%w: rate_limit_service: %v", ErrConfig, err)
+			}
+			t.rls = rls
+		}
+	}
 	return t, nil
 }
 
@@ -366,6 +382,9 @@ func (t *Table) Retire(next *Table, onDrain func()) {
 		}
 	}
 	t.retire(func() {
+		if t.rls != next.rls {
+			t.rls.close()
+		}
 		for _, e := range t.agents {
 			if e.shadow != nil && !keep[e.shadow] {
 				e.shadow.stop()
