@@ -65,6 +65,9 @@ func TestRouteMatchKinds(t *testing.T) {
 		route("nocookie", `path_prefix: /api/, headers: [{name: cookie, present: true, invert: true}]`) +
 		route("debug", `path_prefix: /api/, query: [{name: debug, exact: "1"}]`) +
 		route("api", `path_prefix: /api/`) +
+		route("q-inv", `path_prefix: /q/, query: [{name: token, present: true, invert: true}]`) +
+		route("q-re", `path_prefix: /q/, query: [{name: id, regex: '[0-9]{1,3}'}]`) +
+		route("q", `path_prefix: /q/`) +
 		route("root", `path_prefix: /`)
 	p, _ := routingProxy(t, routes, nil)
 	for _, tc := range []struct {
@@ -89,6 +92,11 @@ func TestRouteMatchKinds(t *testing.T) {
 		{"GET", "/api/x?a=2&debug=1", []string{"Cookie", "a=b"}, "debug"},
 		{"GET", "/api/x?debug=10", []string{"Cookie", "a=b"}, "api"},
 		{"GET", "/other", nil, "root"},
+		{"GET", "/q/x", nil, "q-inv"},
+		{"GET", "/q/x?token", nil, "q"},
+		{"GET", "/q/x?token=1&id=12", nil, "q-re"},
+		{"GET", "/q/x?token=1&id=1234", nil, "q"},
+		{"GET", "/q/x?id=12&token=", nil, "q-re"},
 	} {
 		resp, body := p.do(t, tc.method, tc.path, nil, tc.hdr...)
 		if got := resp.Header.Get("X-Got-Route"); resp.StatusCode != 200 || got != tc.want {

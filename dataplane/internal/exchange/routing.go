@@ -364,6 +364,9 @@ func (r *route) matchedLen() int {
 func (ex *Exchange) rewrite() {
 	x := &ex.rt.ext
 	path := ex.head.Path
+	if len(ex.head.Target) == 0 || ex.head.Target[0] != '/' {
+		return // OPTIONS *: no path to rewrite
+	}
 	buf := ex.rs.targetBuf[:0]
 	switch {
 	case x.hasRwPfx:
@@ -459,6 +462,7 @@ func (ex *Exchange) directResponse() {
 }
 
 var (
+	slash       = []byte("/")
 	schemeHTTPS = []byte("https://")
 	schemeHTTP  = []byte("http://")
 )
@@ -484,6 +488,9 @@ func (ex *Exchange) redirectResponse() {
 		b = append(b, ex.hostFull...)
 	}
 	target := ex.head.Target
+	if len(target) == 0 || target[0] != '/' {
+		target = slash // OPTIONS *
+	}
 	rawPath := target
 	if i := indexByte(target, '?'); i >= 0 {
 		rawPath = target[:i]
