@@ -238,6 +238,9 @@ routes:
 	if resp.Header.Get("RateLimit-Policy") != `"pub";q=4;w=3600` {
 		t.Errorf("listener policy %q", resp.Header.Get("RateLimit-Policy"))
 	}
+	if by := p.srv.Stats().RateLimitedBy; by["route/a"] != 1 || by["listener/pub"] != 3 || len(by) != 2 {
+		t.Errorf("rate_limited_by %v, want route/a 1, listener/pub 3", by)
+	}
 	if err := p.srv.Swap(doc(4), nil); err != nil {
 		t.Fatal(err)
 	}

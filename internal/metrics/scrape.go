@@ -2,6 +2,7 @@ package metrics
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+	"strings"
 
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/internal/config"
@@ -75,7 +76,7 @@ var (
 
 	// Routes: local rate limits and retry policies (routing.go).
 	descRateLimited = prometheus.NewDesc(Namespace+"_rate_limited_total",
-		"Requests answered 429 by a route's local rate limit.", nil, nil)
+		"Requests answered 429 by a local rate limit, per limit (scope route or listener, and its name).", []string{"scope", "name"}, nil)
 	descRouteRetries = prometheus.NewDesc(Namespace+"_route_retries_total",
 		"Retries made under routes' retry policies.", nil, nil)
 	descRetryBudget = prometheus.NewDesc(Namespace+"_route_retry_budget_exhausted_total",
@@ -166,7 +167,10 @@ func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descBodyTooSlow, prometheus.CounterValue, float64(st.RequestBodyTooSlow))
 		ch <- prometheus.MustNewConstMetric(descLimits, prometheus.CounterValue, float64(st.LimitsExceeded))
 		ch <- prometheus.MustNewConstMetric(descInline, prometheus.CounterValue, float64(st.InlineBodies))
-		ch <- prometheus.MustNewConstMetric(descRateLimited, prometheus.CounterValue, float64(st.RateLimited))
+		for k, n := range st.RateLimitedBy {
+			scope, name, _ := strings.Cut(k, "/")
+			ch <- prometheus.MustNewConstMetric(descRateLimited, prometheus.CounterValue, float64(n), scope, name)
+		}
 		ch <- prometheus.MustNewConstMetric(descRouteRetries, prometheus.CounterValue, float64(st.RouteRetries))
 		ch <- prometheus.MustNewConstMetric(descRetryBudget, prometheus.CounterValue, float64(st.RetryBudgetExhausted))
 		ch <- prometheus.MustNewConstMetric(descGlobalLimited, prometheus.CounterValue, float64(st.GlobalRateLimited))

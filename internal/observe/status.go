@@ -42,6 +42,10 @@ type Stats struct {
 	InlineBodies       uint64 `json:"inline_bodies"`      // RequestHeaders events that carried chunk 0 of the request body (inline_body)
 	// RateLimited counts requests answered 429 by a local rate limit.
 	RateLimited uint64 `json:"rate_limited"`
+	// RateLimitedBy splits the current limits' refusals by limit:
+	// "route/NAME" or "listener/NAME" (a limit whose settings a reload
+	// changed starts again from 0).
+	RateLimitedBy map[string]uint64 `json:"rate_limited_by,omitempty"`
 	// RouteRetries counts retries made under routes' retry policies.
 	RouteRetries uint64 `json:"route_retries"`
 	// RetryBudgetExhausted counts retries a route's retry budget refused.

@@ -185,6 +185,9 @@ func (c *Core) Stats(st *observe.Stats) {
 	st.LimitsExceeded = s.limits.Load()
 	st.InlineBodies = s.inlined.Load()
 	st.RateLimited = s.rateLimited.Load()
+	if t := c.tbl.Load(); t != nil {
+		st.RateLimitedBy = t.rateLimitedBy()
+	}
 	st.RouteRetries = s.retries.Load()
 	st.RetryBudgetExhausted = s.retryBudget.Load()
 	st.GlobalRateLimited = s.globalLimited.Load()

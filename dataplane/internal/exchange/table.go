@@ -425,6 +425,27 @@ func (t *Table) agentNames() []string {
 	return n
 }
 
+// rateLimitedBy is the refusals of the table's local limits, by limit
+// (nil: no limit).
+func (t *Table) rateLimitedBy() map[string]uint64 {
+	var m map[string]uint64
+	add := func(k string, rl *routeLimit) {
+		if m == nil {
+			m = make(map[string]uint64)
+		}
+		m[k] = rl.limited.Load()
+	}
+	for name, rl := range t.lstLimits {
+		add("listener/"+name, rl)
+	}
+	for _, r := range t.routes {
+		if r.ext.limit != nil {
+			add("route/"+r.name, r.ext.limit)
+		}
+	}
+	return m
+}
+
 // listenerLimit is the rate limit of the listener called name (nil: none,
 // or no table).
 func (t *Table) listenerLimit(name string) *routeLimit {
