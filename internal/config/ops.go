@@ -82,7 +82,7 @@ var AccessLogFields = []string{
 	"status", "outcome", "agent", "reason", "agent_time",
 	"bytes_in", "bytes_out", "duration_us", "fail_open", "inspection_skipped", "aborted",
 	"start", "request_bytes_inspected", "response_bytes_inspected",
-	"request_bytes_mutated", "response_bytes_mutated",
+	"request_bytes_mutated", "response_bytes_mutated", "protocol",
 }
 
 // DefaultAccessLogFields are the fields of a line unless configured.
@@ -90,6 +90,7 @@ var DefaultAccessLogFields = []string{
 	"time", "req", "corr", "route", "method", "host", "path", "client",
 	"status", "outcome", "agent", "reason", "agent_time",
 	"bytes_in", "bytes_out", "duration_us", "fail_open", "inspection_skipped", "aborted",
+	"protocol",
 }
 
 func (c *Config) setOpsDefaults() {

@@ -98,6 +98,7 @@ type TLSStats struct {
 	HandshakeErrors uint64 `json:"handshake_errors"` // failed client handshakes (refused client certificates included)
 	Reloads         uint64 `json:"reloads"`          // certificate sets (re)loaded after a change or a reload
 	ReloadErrors    uint64 `json:"reload_errors"`    // rotations that failed (the old certificates stay)
+	PlainHTTP       uint64 `json:"plain_http"`       // plain HTTP requests answered 400 instead of a handshake (not in HandshakeErrors)
 }
 
 // TunnelStats count the Upgrade tunnels.

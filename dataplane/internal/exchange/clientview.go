@@ -174,6 +174,7 @@ func (ex *Exchange) commonMetadata(md *protocol.Metadata) {
 	md.UpstreamID = ex.rt.up.NameBytes()
 	md.Timestamp = timestamp(ex.start)
 	md.ServerIP, md.ServerPort, md.ListenerID = c.ServerIP, c.ServerPort, ex.lst.Name
+	md.Path = ex.head.Path
 	if f := c.TLS; f != nil {
 		md.TLSVersion, md.TLSCipher, md.TLSServerName = f.Version, f.Cipher, f.ServerName
 		md.TLSClientSubject, md.TLSClientSAN = f.ClientSubject, f.ClientSAN
