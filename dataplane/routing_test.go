@@ -108,8 +108,8 @@ func TestRouteMatchKinds(t *testing.T) {
 // TestRouteRewrite: prefix and regex rewrites change the upstream's
 // target (query kept, re-encoded); every agent's uri is the rewritten
 // target, one with the client's view also gets the client's as
-// request_target, and only the forwarded view shows the route's request
-// header operations.
+// request_target, metadata.path stays the path as routed, and only the
+// forwarded view shows the route's request header operations.
 func TestRouteRewrite(t *testing.T) {
 	var mu sync.Mutex
 	views := map[string]string{}
@@ -122,7 +122,7 @@ func TestRouteRewrite(t *testing.T) {
 				}
 			}
 			mu.Lock()
-			views[name] = string(m.URI) + " target=" + string(m.RequestTarget) + " route=" + route
+			views[name] = string(m.URI) + " target=" + string(m.RequestTarget) + " path=" + string(m.Metadata.Path) + " route=" + route
 			mu.Unlock()
 			return nil
 		}}
@@ -142,7 +142,7 @@ func TestRouteRewrite(t *testing.T) {
 	mu.Lock()
 	c, f := views["client"], views["fwd"]
 	mu.Unlock()
-	if c != "/new/a%20b/c?x=1&y=%2F target=/old/a%20b/c?x=1&y=%2F route=" || f != "/new/a%20b/c?x=1&y=%2F target= route=pfx" {
+	if c != "/new/a%20b/c?x=1&y=%2F target=/old/a%20b/c?x=1&y=%2F path=/old/a b/c route=" || f != "/new/a%20b/c?x=1&y=%2F target= path=/old/a b/c route=pfx" {
 		t.Errorf("client view %q, forwarded view %q", c, f)
 	}
 	resp, body = p.do(t, "GET", "/u/42/profile?z", nil)
