@@ -1,6 +1,7 @@
 package dataplane_test
 
 import (
+	"bufio"
 	"fmt"
 	"io"
 	"net"
@@ -206,5 +207,34 @@ func TestRouteTimeouts(t *testing.T) {
     retry: {retry_on: [timeout], num_retries: 5, per_try_timeout: 30ms, backoff_base: 1ms}`)
 	if resp, _ := p3.do(t, "GET", "/slow", nil); resp.StatusCode != 504 {
 		t.Errorf("route timeout: %d, want 504", resp.StatusCode)
+	}
+}
+
+// TestRouteRetryReset: a connection the upstream breaks before answering
+// is retried for a GET (idempotent) and not for a POST (the upstream may
+// have acted on it), even without a body.
+func TestRouteRetryReset(t *testing.T) {
+	var conns atomic.Int32
+	addr := serveConns(t, func(c net.Conn) {
+		br := bufio.NewReader(c)
+		for {
+			if _, err := readRequestHead(br); err != nil {
+				return
+			}
+			if conns.Add(1)%2 == 1 {
+				return // every other request: the connection breaks, unanswered
+			}
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		}
+	})
+	p := retryProxy(t, addr, `    retry: {retry_on: [reset], num_retries: 1, backoff_base: 1ms}`)
+	if resp, body := p.do(t, "GET", "/x", nil); resp.StatusCode != 200 || body != "ok" {
+		t.Errorf("GET after a reset: %d %q, want the retry's 200", resp.StatusCode, body)
+	}
+	if resp, _ := p.do(t, "POST", "/x", nil); resp.StatusCode != 502 {
+		t.Errorf("POST after a reset: %d, want 502 (not retried)", resp.StatusCode)
+	}
+	if st := p.srv.Stats(); st.RouteRetries != 1 {
+		t.Errorf("route_retries %d, want 1", st.RouteRetries)
 	}
 }
