@@ -141,3 +141,15 @@ func TestRoutingExample(t *testing.T) {
 		t.Errorf("warning: %s", w)
 	}
 }
+
+// TestListenerRateLimitNoRestart: a listener whose rate_limit alone
+// changed is not replaced on reload (the limit lives in the routing
+// table).
+func TestListenerRateLimitNoRestart(t *testing.T) {
+	a := []config.Listener{{Name: "l", Address: "127.0.0.1:1", RateLimit: &config.RateLimit{Requests: 1}}}
+	b := []config.Listener{{Name: "l", Address: "127.0.0.1:1", RateLimit: &config.RateLimit{Requests: 2}}}
+	c := []config.Listener{{Name: "l", Address: "127.0.0.1:2"}}
+	if config.ListenersNeedRestart(a, b) || !config.ListenersNeedRestart(a, c) {
+		t.Fatalf("rate_limit change: %v; address change: %v", config.ListenersNeedRestart(a, b), config.ListenersNeedRestart(a, c))
+	}
+}
