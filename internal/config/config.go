@@ -152,6 +152,9 @@ type Config struct {
 	Tracing   Tracing    `yaml:"tracing"`
 	Admin     Admin      `yaml:"admin"`
 	AccessLog AccessLog  `yaml:"access_log"`
+	// RateLimitService is the Envoy rate limit service of routes'
+	// global_rate_limit (absent: none).
+	RateLimitService *RateLimitService `yaml:"rate_limit_service"`
 
 	// lines maps a key path ("routes[0].agents[1]") to its line in the
 	// file, so that validation errors point at it.
@@ -214,6 +217,10 @@ type Listener struct {
 	// MaxLingeringBytes bounds the bytes a lingering close discards
 	// (default 1MiB).
 	MaxLingeringBytes Size `yaml:"max_lingering_bytes"`
+	// RateLimit is a local rate limit over every request of the
+	// listener, checked before routing (absent: none; stage must be
+	// before_agents).
+	RateLimit *RateLimit `yaml:"rate_limit"`
 }
 
 // DefaultBodyMinRate is body_min_rate when absent: a body must average
@@ -437,6 +444,47 @@ type Route struct {
 	HostHeader string `yaml:"host_header"`
 	// Agents run in order; the first non-allow decision wins.
 	Agents []RouteAgent `yaml:"agents"`
+
+	// Path matches the normalized path exactly (instead of path_prefix).
+	Path string `yaml:"path"`
+	// PathRegex matches the normalized path with an RE2 expression,
+	// anchored at both ends (instead of path_prefix).
+	PathRegex string `yaml:"path_regex"`
+	// Methods the route matches (any when empty).
+	Methods []string `yaml:"methods"`
+	// Headers are conditions on the request's header fields; all must
+	// hold.
+	Headers []StringMatch `yaml:"headers"`
+	// Query are conditions on the request's query parameters, compared
+	// as sent (percent-encoded); all must hold.
+	Query []StringMatch `yaml:"query"`
+	// Rewrite changes the path the upstream gets.
+	Rewrite *Rewrite `yaml:"rewrite"`
+	// RequestHeaders change the request's headers before the agents see
+	// the forwarded request.
+	RequestHeaders HeaderOps `yaml:"request_headers"`
+	// ResponseHeaders change the upstream's response (and the route's
+	// direct response or redirect) before the response-phase agents.
+	ResponseHeaders HeaderOps `yaml:"response_headers"`
+	// DirectResponse answers the route's requests without an upstream.
+	DirectResponse *DirectResponse `yaml:"direct_response"`
+	// Redirect answers the route's requests with a redirect.
+	Redirect *Redirect `yaml:"redirect"`
+	// Timeout bounds the time from sending the request upstream to its
+	// response head, over every try and backoff (0: none beyond each
+	// try's); past it the client gets 504.
+	Timeout time.Duration `yaml:"timeout"`
+	// UpstreamTimeout replaces the upstream's response_timeout for this
+	// route (0: the upstream's).
+	UpstreamTimeout time.Duration `yaml:"upstream_timeout"`
+	// Retry is the route's retry policy (absent: no retries beyond the
+	// upstream's own on stale connections and other endpoints).
+	Retry *Retry `yaml:"retry"`
+	// RateLimit is the route's local rate limit (absent: none).
+	RateLimit *RateLimit `yaml:"rate_limit"`
+	// GlobalRateLimit asks the rate_limit_service about the route's
+	// requests (absent: never).
+	GlobalRateLimit *GlobalRateLimit `yaml:"global_rate_limit"`
 }
 
 // Logging configures the zerolog logger.
@@ -625,6 +673,9 @@ func (c *Config) SetDefaults() {
 		setInt(&l.MaxTunnels, 1024)
 		setDur(&l.LingeringTimeout, 5*time.Second)
 		setSize(&l.MaxLingeringBytes, 1<<20)
+		if l.RateLimit != nil {
+			l.RateLimit.setDefaults()
+		}
 	}
 	for i := range c.Upstreams {
 		u := &c.Upstreams[i]
@@ -668,11 +719,18 @@ func (c *Config) SetDefaults() {
 		if r.Name == "" {
 			r.Name = fmt.Sprintf("route%d", i)
 		}
-		if r.PathPrefix == "" {
+		if r.PathPrefix == "" && r.Path == "" && r.PathRegex == "" {
 			r.PathPrefix = "/"
 		}
+		r.setRoutingDefaults()
 		if r.HostHeader == "" {
 			r.HostHeader = HostPreserve
+		}
+	}
+	if s := c.RateLimitService; s != nil {
+		setDur(&s.Timeout, 20*time.Millisecond)
+		if s.FailureMode == "" {
+			s.FailureMode = RateLimitFailAllow
 		}
 	}
 	c.setOpsDefaults()

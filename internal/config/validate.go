@@ -17,6 +17,7 @@ func (c *Config) Validate() error {
 	v.listeners()
 	v.upstreams()
 	v.agents()
+	v.rateLimitService()
 	v.routes()
 	v.logging()
 	v.tracing()
@@ -91,6 +92,12 @@ func (v *validator) listeners() {
 		}
 		if l.BodyMinRate != nil && *l.BodyMinRate < 0 {
 			v.failf(p+".body_min_rate", "must not be negative (0: none)")
+		}
+		if l.RateLimit != nil {
+			v.rateLimit(p+".rate_limit", l.RateLimit)
+			if l.RateLimit.Stage != RateBeforeAgents {
+				v.failf(p+".rate_limit.stage", "a listener's limit is checked before routing: before_agents only")
+			}
 		}
 	}
 }
@@ -179,21 +186,23 @@ func (v *validator) routes() {
 		return
 	}
 	names := map[string]string{}
-	type key struct{ host, prefix string }
+	type key struct{ host, match string }
 	claimed := map[key]string{}
 	for i := range v.c.Routes {
 		r := &v.c.Routes[i]
 		p := fmt.Sprintf("routes[%d]", i)
 		v.name(p+".name", r.Name, names, "route")
 		switch {
+		case r.Upstream == "" && r.localAnswer():
 		case r.Upstream == "":
 			v.failf(p+".upstream", "upstream is required")
 		case v.c.Upstream(r.Upstream) == nil:
 			v.failf(p+".upstream", "unknown upstream %q", r.Upstream)
 		}
-		if !strings.HasPrefix(r.PathPrefix, "/") {
+		if r.PathPrefix != "" && !strings.HasPrefix(r.PathPrefix, "/") {
 			v.failf(p+".path_prefix", "%q must start with /", r.PathPrefix)
 		}
+		v.routing(p, r)
 		switch r.HostHeader {
 		case HostPreserve, HostUpstream:
 		default:
@@ -211,9 +220,13 @@ func (v *validator) routes() {
 				v.failf(hp, "%q is not a host name, *.domain or *", h)
 				continue
 			}
-			k := key{CanonicalHost(h), r.PathPrefix}
+			k := key{CanonicalHost(h), r.matchKey()}
 			if prev, ok := claimed[k]; ok {
-				v.failf(hp, "host %q with path_prefix %q is already routed by %s", h, r.PathPrefix, prev)
+				if r.PathPrefix != "" && !r.extraConditions() {
+					v.failf(hp, "host %q with path_prefix %q is already routed by %s", h, r.PathPrefix, prev)
+				} else {
+					v.failf(hp, "host %q with the same conditions is already routed by %s", h, prev)
+				}
 			}
 			claimed[k] = p
 		}

@@ -2,6 +2,7 @@ package metrics
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+	"strings"
 
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/internal/config"
@@ -78,6 +79,19 @@ var (
 	descInline = prometheus.NewDesc(Namespace+"_agent_inline_bodies_total",
 		"RequestHeaders events that carried the first chunk of a buffered request body (feature inline_body), each saving an agent round trip.", nil, nil)
 
+	// Routes: local rate limits and retry policies (routing.go).
+	descRateLimited = prometheus.NewDesc(Namespace+"_rate_limited_total",
+		"Requests answered 429 by a local rate limit, per limit (scope route or listener, and its name).", []string{"scope", "name"}, nil)
+	descRouteRetries = prometheus.NewDesc(Namespace+"_route_retries_total",
+		"Retries made under routes' retry policies.", nil, nil)
+	descRetryBudget = prometheus.NewDesc(Namespace+"_route_retry_budget_exhausted_total",
+		"Retries a route's retry budget refused (too many retries in progress on the route).", nil, nil)
+	descGlobalLimited = prometheus.NewDesc(Namespace+"_global_rate_limited_total",
+		"Requests the rate limit service said were over a limit (429).", nil, nil)
+	descGlobalErrors = prometheus.NewDesc(Namespace+"_global_rate_limit_errors_total",
+		"Calls to the rate limit service that failed (error, timeout, UNKNOWN); rate_limit_service.failure_mode applied.", nil, nil)
+	routeDescs = []*prometheus.Desc{descRateLimited, descRouteRetries, descRetryBudget, descGlobalLimited, descGlobalErrors}
+
 	// descLate shares its family with the per-event agent errors counter.
 	descLate = prometheus.NewDesc(Namespace+"_agent_errors_total", agentErrorsHelp, []string{"agent", "kind"}, nil)
 )
@@ -94,6 +108,9 @@ func (c *scrapeCollector) Describe(ch chan<- *prometheus.Desc) {
 		ch <- d
 	}
 	for _, d := range tlsTunnelDescs {
+		ch <- d
+	}
+	for _, d := range routeDescs {
 		ch <- d
 	}
 	for _, d := range exchangeDescs {
@@ -160,6 +177,14 @@ func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descBodyTooSlow, prometheus.CounterValue, float64(st.RequestBodyTooSlow))
 		ch <- prometheus.MustNewConstMetric(descLimits, prometheus.CounterValue, float64(st.LimitsExceeded))
 		ch <- prometheus.MustNewConstMetric(descInline, prometheus.CounterValue, float64(st.InlineBodies))
+		for k, n := range st.RateLimitedBy {
+			scope, name, _ := strings.Cut(k, "/")
+			ch <- prometheus.MustNewConstMetric(descRateLimited, prometheus.CounterValue, float64(n), scope, name)
+		}
+		ch <- prometheus.MustNewConstMetric(descRouteRetries, prometheus.CounterValue, float64(st.RouteRetries))
+		ch <- prometheus.MustNewConstMetric(descRetryBudget, prometheus.CounterValue, float64(st.RetryBudgetExhausted))
+		ch <- prometheus.MustNewConstMetric(descGlobalLimited, prometheus.CounterValue, float64(st.GlobalRateLimited))
+		ch <- prometheus.MustNewConstMetric(descGlobalErrors, prometheus.CounterValue, float64(st.GlobalRateLimitErrors))
 		collectTLSTunnels(ch, &st)
 		collectConnections(ch, &st)
 	}

@@ -109,8 +109,10 @@ func (ex *Exchange) buildClientView() {
 	ex.names = names
 	m.Headers = hdrs
 	m.Method = h.Method
-	m.URI = h.Target
-	m.RequestTarget = m.URI
+	// uri is the target the upstream gets (a route's rewrite applied) in
+	// both views; request_target is the client's.
+	m.URI = ex.fwdTarget()
+	m.RequestTarget = h.Target
 	if len(h.RawTarget) > 0 {
 		m.RequestTarget = h.RawTarget
 	}
