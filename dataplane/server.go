@@ -57,6 +57,10 @@ type Config struct {
 	File *config.Config
 	// Observer receives per-request events for metrics (default: none).
 	Observer Observer
+	// Listen, if set, is asked first for each listener's socket by
+	// ListenAndServe (a socket inherited from a service manager); a nil
+	// listener and nil error leave the server to bind the address itself.
+	Listen func(name, address string) (net.Listener, error)
 }
 
 // Server is the reverse proxy. Create it with New; it serves the
@@ -65,7 +69,20 @@ type Config struct {
 type Server struct {
 	log  zerolog.Logger
 	core *exchange.Core
-	lsts []*http1.Listener
+	// lsts are the listeners in configuration order; a Swap replaces
+	// the slice (under mu) when listeners are added or removed.
+	lsts   []*http1.Listener
+	listen func(name, address string) (net.Listener, error) // Config.Listen
+	// live holds what listeners.go keeps of each listener (under mu).
+	live map[*http1.Listener]*liveListener
+	// managed: ListenAndServe serves the listeners, so a Swap applies
+	// the configuration's listeners; failc carries the first failure of
+	// one, shut is closed by Shutdown, retiring counts the listeners a
+	// Swap removed that are still draining.
+	managed  bool
+	failc    chan error
+	shut     chan struct{}
+	retiring sync.WaitGroup
 
 	h1      http1.Counters
 	h2      http2.Counters
@@ -79,9 +96,8 @@ type Server struct {
 	ups    atomic.Pointer[[]*upstream.Upstream]
 	closed bool
 	serves sync.WaitGroup
-	// addrs are the bound listener addresses; listening is set once they
-	// accept and cleared when Shutdown starts (readiness).
-	addrs     []net.Addr
+	// listening is set once the listeners accept and cleared when
+	// Shutdown starts (readiness).
 	listening atomic.Bool
 }
 
@@ -96,7 +112,8 @@ func New(cfg Config, agents map[string]agentmux.Agent, log zerolog.Logger) (*Ser
 	if err := cfg.File.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Server{log: log, agents: agents, core: exchange.NewCore(cfg.Observer, log)}
+	s := &Server{log: log, agents: agents, core: exchange.NewCore(cfg.Observer, log), listen: cfg.Listen,
+		live: map[*http1.Listener]*liveListener{}, failc: make(chan error, 1), shut: make(chan struct{})}
 	t, ups, err := s.buildTable(cfg.File, agents, nil, nil)
 	if err != nil {
 		return nil, err
@@ -108,28 +125,14 @@ func New(cfg Config, agents map[string]agentmux.Agent, log zerolog.Logger) (*Ser
 	nofile := fdLimit()
 	budget := connectionBudget(cfg.File, nofile)
 	for _, lc := range cfg.File.Listeners {
-		explicit := lc.MaxConnections != 0
-		if clampConnections(&lc, budget, nofile, log) {
-			s.clamped.Add(1)
-		}
-		if clampTunnels(&lc, budget, nofile, explicit, log) {
-			s.clamped.Add(1)
-		}
-		l, err := http1.NewListener(lc, s.core, log, &s.h1)
+		l, err := s.newListener(lc, budget, nofile)
 		if err != nil {
 			s.closeListeners()
-			return nil, fmt.Errorf("dataplane: listener %s: %w", lc.Name, err)
+			return nil, err
 		}
-		if lc := l.Config(); lc.Serves(config.ProtoH2) || lc.Serves(config.ProtoH2C) {
-			h2, err := http2.NewServer(lc, l.Facts(), s.core, log, &s.h2)
-			if err != nil {
-				l.Close()
-				s.closeListeners()
-				return nil, fmt.Errorf("dataplane: listener %s: %w", lc.Name, err)
-			}
-			l.SetHTTP2(h2)
-		}
+		lc := l.Config()
 		s.lsts = append(s.lsts, l)
+		s.live[l] = &liveListener{file: cfg.File.Listeners[len(s.lsts)-1], done: make(chan struct{})}
 		if interval == 0 || lc.DisconnectCheck < interval {
 			interval = lc.DisconnectCheck
 		}
@@ -178,20 +181,20 @@ func (s *Server) closeListeners() {
 // Serve serves HTTP on ln with the settings of the first configured
 // listener. It returns when ln fails or the server shuts down.
 func (s *Server) Serve(ln net.Listener) error {
-	s.markListening(ln)
+	s.mu.Lock()
+	s.live[s.lsts[0]].ln = ln
+	s.mu.Unlock()
+	s.markListening()
 	return s.serve(s.lsts[0], ln)
 }
 
 // markListening records bound listeners: the kernel queues connections
 // from here on, so the server counts as listening.
-func (s *Server) markListening(lns ...net.Listener) {
+func (s *Server) markListening() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
 		return
-	}
-	for _, ln := range lns {
-		s.addrs = append(s.addrs, ln.Addr())
 	}
 	s.listening.Store(true)
 }
@@ -205,7 +208,13 @@ func (s *Server) Listening() bool { return s.listening.Load() }
 func (s *Server) Addrs() []net.Addr {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return append([]net.Addr(nil), s.addrs...)
+	out := make([]net.Addr, 0, len(s.lsts))
+	for _, l := range s.lsts {
+		if ln := s.live[l].ln; ln != nil {
+			out = append(out, ln.Addr())
+		}
+	}
+	return out
 }
 
 func (s *Server) serve(l *http1.Listener, ln net.Listener) error {
@@ -222,11 +231,15 @@ func (s *Server) serve(l *http1.Listener, ln net.Listener) error {
 }
 
 // ListenAndServe listens on every configured listener and serves until
-// Shutdown (nil) or a listener fails (its error).
+// Shutdown (nil) or a listener fails (its error). Listeners a Swap adds
+// are served too, and those it removes stop.
 func (s *Server) ListenAndServe() error {
-	lns := make([]net.Listener, 0, len(s.lsts))
-	for _, l := range s.lsts {
-		ln, err := listen(l.Config().Address)
+	s.mu.Lock()
+	lsts := s.lsts
+	s.mu.Unlock()
+	lns := make([]net.Listener, 0, len(lsts))
+	for _, l := range lsts {
+		ln, err := s.bind(l.Config())
 		if err != nil {
 			for _, o := range lns {
 				_ = o.Close()
@@ -235,21 +248,40 @@ func (s *Server) ListenAndServe() error {
 		}
 		lns = append(lns, ln)
 	}
-	s.markListening(lns...)
-	errs := make(chan error, len(lns))
-	for i, l := range s.lsts {
-		go func() { errs <- s.serve(l, lns[i]) }()
+	s.mu.Lock()
+	s.managed = true
+	for i, l := range lsts {
+		s.live[l].ln = lns[i]
 	}
-	var first error
-	for range lns {
-		if err := <-errs; err != nil && first == nil {
-			first = err
-			for _, o := range lns {
-				_ = o.Close()
+	s.mu.Unlock()
+	s.markListening()
+	for _, l := range lsts {
+		s.start(l, nil)
+	}
+	select {
+	case err := <-s.failc:
+		s.mu.Lock()
+		for _, l := range s.lsts {
+			if ln := s.live[l].ln; ln != nil {
+				_ = ln.Close()
 			}
 		}
+		s.mu.Unlock()
+		return err
+	case <-s.shut:
+		s.serves.Wait()
+		return nil
 	}
-	return first
+}
+
+// bind returns the socket of listener lc: Config.Listen's, or bound here.
+func (s *Server) bind(lc *config.Listener) (net.Listener, error) {
+	if s.listen != nil {
+		if ln, err := s.listen(lc.Name, lc.Address); ln != nil || err != nil {
+			return ln, err
+		}
+	}
+	return listen(lc.Address)
 }
 
 func listen(addr string) (net.Listener, error) {
@@ -269,6 +301,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	s.closed = true
 	s.listening.Store(false)
+	close(s.shut)
 	s.mu.Unlock()
 	var first error
 	for _, l := range s.lsts {
@@ -277,7 +310,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		}
 	}
 	done := make(chan struct{})
-	go func() { s.serves.Wait(); close(done) }()
+	go func() { s.serves.Wait(); s.retiring.Wait(); close(done) }()
 	select {
 	case <-done:
 	case <-ctx.Done():
@@ -336,8 +369,9 @@ func (s *Server) waitLingering(ctx context.Context) {
 // Swap atomically replaces the routes, upstreams and agent policies with
 // those of cfg and the agent instances with agents. Requests already
 // running finish on the old table; agents of the old set that are not in
-// the new one are closed once no request uses them. Listener settings are
-// not changed by a swap.
+// the new one are closed once no request uses them. Under ListenAndServe,
+// listeners are added, removed and replaced as listeners.go describes;
+// the others, and their connections, are untouched.
 func (s *Server) Swap(cfg *config.Config, agents map[string]agentmux.Agent) error {
 	if cfg == nil {
 		return fmt.Errorf("%w: no configuration", ErrDataplaneConfig)
@@ -352,8 +386,13 @@ func (s *Server) Swap(cfg *config.Config, agents map[string]agentmux.Agent) erro
 	}
 	old := s.core.Table()
 	oldUps := *s.ups.Load()
+	plan, err := s.planListeners(cfg)
+	if err != nil {
+		return err
+	}
 	t, ups, err := s.buildTable(cfg, agents, old, oldUps)
 	if err != nil {
+		plan.abort()
 		return err
 	}
 	for _, up := range ups {
@@ -361,6 +400,7 @@ func (s *Server) Swap(cfg *config.Config, agents map[string]agentmux.Agent) erro
 	}
 	s.core.Publish(t)
 	s.ups.Store(&ups)
+	s.commitListeners(plan)
 	for _, l := range s.lsts {
 		l.ReloadTLS(cfg)
 	}
@@ -401,8 +441,11 @@ func (s *Server) Stats() Stats {
 	st.UpstreamDiscardedUnsolicited = s.up.Unsolicited.Load()
 	st.UpstreamDiscardedClosed = s.up.Closed.Load()
 	st.EndpointRetries = s.up.EndpointRetries.Load()
-	st.Connections = make([]ConnStats, len(s.lsts))
-	for i, l := range s.lsts {
+	s.mu.Lock()
+	lsts := s.lsts
+	s.mu.Unlock()
+	st.Connections = make([]ConnStats, len(lsts))
+	for i, l := range lsts {
 		st.Connections[i] = l.ConnStats()
 	}
 	return st

@@ -1,6 +1,8 @@
 package dataplane_test
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -183,7 +185,7 @@ func TestTLSListenerSNIAndMetadata(t *testing.T) {
 	if st := p.srv.Stats().TLS; st.Handshakes < 6 || st.Reloads != 1 {
 		t.Errorf("TLS stats %+v", st)
 	}
-	// Plain HTTP on the TLS port is a failed handshake, not a request.
+	// Plain HTTP on the TLS port is answered 400, not served.
 	c, err := net.Dial("tcp", p.addr)
 	if err != nil {
 		t.Fatal(err)
@@ -192,14 +194,84 @@ func TestTLSListenerSNIAndMetadata(t *testing.T) {
 	_ = c.SetReadDeadline(time.Now().Add(hangGuard))
 	reply, _ := io.ReadAll(c)
 	c.Close()
-	if strings.Contains(string(reply), "hello from upstream") {
-		t.Error("plain HTTP served on a TLS listener")
+	if strings.Contains(string(reply), "hello from upstream") || !strings.HasPrefix(string(reply), "HTTP/1.1 400 ") {
+		t.Errorf("plain HTTP on a TLS listener: %q", reply)
 	}
-	testutil.WaitFor(t, "handshake error counted", func() bool { return p.srv.Stats().TLS.HandshakeErrors >= 1 })
-	// The connection is closed: the failed handshake was not taken for an
+	testutil.WaitFor(t, "plain HTTP counted", func() bool { return p.srv.Stats().TLS.PlainHTTP >= 1 })
+	// The answer is the listener's, before any request: not an
 	// unparsable request.
 	if n := p.srv.Stats().Rejected["parse"]; n != 0 {
-		t.Errorf("a failed handshake counted as %d parse rejections", n)
+		t.Errorf("plain HTTP counted as %d parse rejections", n)
+	}
+}
+
+// TestTLSListenerAnswersPlainHTTP: a plain HTTP request on a TLS
+// listener gets nginx's 400 with Connection: close (it used to be closed
+// unanswered), even while the client is still sending its body; bytes
+// that are neither TLS nor HTTP stay a failed handshake, and TLS clients
+// are served as before.
+func TestTLSListenerAnswersPlainHTTP(t *testing.T) {
+	pki := testutil.NewPKI(t, "edge")
+	a := pki.Server(t, "a", "a.example")
+	up := newUpstream(t, nil)
+	cfg := configText(t, tlsConfigTmpl, map[string]any{"Upstream": up.addr(), "CertA": a.CertFile, "KeyA": a.KeyFile})
+	p := startProxy(t, cfg, nil, nil)
+
+	raw := func(req []byte) *http.Response {
+		t.Helper()
+		c, err := net.Dial("tcp", p.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(hangGuard))
+		go func() { _, _ = c.Write(req) }() // the body may outlast the answer
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatalf("no HTTP answer to %.20q: %v", req, err)
+		}
+		body, err := io.ReadAll(resp.Body)
+		if err != nil {
+			t.Fatalf("answer's body: %v", err)
+		}
+		if string(body) != "The plain HTTP request was sent to HTTPS port\n" {
+			t.Errorf("body %q", body)
+		}
+		return resp
+	}
+	post := append([]byte("POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: 262144\r\n\r\n"), bytes.Repeat([]byte("a"), 256<<10)...)
+	for i, req := range [][]byte{[]byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n"), []byte("HEAD / HTTP/1.0\r\n\r\n"), post} {
+		resp := raw(req)
+		if resp.StatusCode != 400 || !resp.Close {
+			t.Errorf("request %d: status %d, close %v", i, resp.StatusCode, resp.Close)
+		}
+	}
+	testutil.WaitFor(t, "plain HTTP counted", func() bool { return p.srv.Stats().TLS.PlainHTTP == 3 })
+
+	// Neither TLS nor HTTP: closed unanswered, a failed handshake.
+	c, err := net.Dial("tcp", p.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetDeadline(time.Now().Add(hangGuard))
+	_, _ = c.Write([]byte("\x00\x01\x02\x03\x04\x05\x06"))
+	if reply, _ := io.ReadAll(c); len(reply) != 0 {
+		t.Errorf("garbage answered with %q", reply)
+	}
+	c.Close()
+	testutil.WaitFor(t, "handshake error counted", func() bool { return p.srv.Stats().TLS.HandshakeErrors == 1 })
+
+	resp, err := httpsClient(pki.Pool, "a.example").Get("https://" + p.addr + "/x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("TLS client: status %d", resp.StatusCode)
+	}
+	if st := p.srv.Stats().TLS; st.PlainHTTP != 3 || st.HandshakeErrors != 1 || st.Handshakes < 1 {
+		t.Errorf("TLS stats %+v", st)
 	}
 }
 

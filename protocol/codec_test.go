@@ -275,7 +275,7 @@ func TestRoundTripRequestHeaders(t *testing.T) {
 		TLSClientSubject: bs("CN=client,O=Example"), TLSClientSAN: bs("DNS:client.internal,URI:spiffe://example.org/c"),
 		ServerIP: bs("10.0.0.2"), ServerPort: 1, ListenerID: bs("public"),
 		UpstreamHost: bs("app.internal:9000"), ForwardedFor: bs("203.0.113.9, 192.0.2.7"),
-		ForwardedProto: bs("https"), ForwardedHost: bs("example.com"),
+		ForwardedProto: bs("https"), ForwardedHost: bs("example.com"), Path: bs("/api/v1"),
 	}
 	tests := []struct {
 		name string

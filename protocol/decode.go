@@ -121,6 +121,8 @@ func (s *scanner) metadata(md *Metadata) error {
 			md.ListenerID, err = s.strVal("listener_id")
 		case "upstream_host":
 			md.UpstreamHost, err = s.strVal("upstream_host")
+		case "path":
+			md.Path, err = s.strVal("path")
 		case "forwarded_for":
 			md.ForwardedFor, err = s.strVal("forwarded_for")
 		case "forwarded_proto":

@@ -84,6 +84,7 @@ func appendMetadata(dst []byte, md *Metadata) []byte {
 	dst = appendOptString(dst, n, `"forwarded_for":`, md.ForwardedFor)
 	dst = appendOptString(dst, n, `"forwarded_proto":`, md.ForwardedProto)
 	dst = appendOptString(dst, n, `"forwarded_host":`, md.ForwardedHost)
+	dst = appendOptString(dst, n, `"path":`, md.Path)
 	return append(dst, '}')
 }
 

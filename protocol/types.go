@@ -195,6 +195,12 @@ type Metadata struct {
 	ForwardedFor   []byte
 	ForwardedProto []byte
 	ForwardedHost  []byte
+	// Path is the request's path decoded and normalised as the proxy
+	// routed it: percent-escapes decoded, dot segments resolved, repeated
+	// slashes merged, no query. Policies on paths match it, not URI, which
+	// carries the target as forwarded ("/a/../private" routes, and is
+	// served by most servers, as "/private"). Sent to every agent.
+	Path []byte
 }
 
 // RequestHeaders (0x10) opens a request.

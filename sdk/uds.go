@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"time"
@@ -30,6 +31,11 @@ var (
 	ErrSDKNotSocket = unixsock.ErrNotSocket
 	// ErrSDKHandshake: the proxy's first frame was not an acceptable handshake.
 	ErrSDKHandshake = errors.New("sdk: handshake failed")
+	// ErrSDKSocketDir: the socket path's directory does not exist or is
+	// not a directory. It is never created: its owner, group and mode
+	// decide which processes may connect, a choice the SDK cannot make
+	// (systemd's RuntimeDirectory=, a Kubernetes emptyDir make it).
+	ErrSDKSocketDir = errors.New("sdk: socket directory missing")
 )
 
 // Options tune how an agent serves. The zero value is usable.
@@ -127,9 +133,18 @@ func (o *Options) defaults() Options {
 
 // ListenUDS listens on a Unix socket at path with mode 0660. A stale socket
 // file left by a dead agent is replaced; a live one (something accepts on
-// it) or a non-socket file is an error, never deleted.
+// it) or a non-socket file is an error, never deleted. A missing
+// directory is ErrSDKSocketDir, naming it; it is not created.
 func ListenUDS(path string, opts *Options) (net.Listener, error) {
 	o := opts.defaults()
+	dir := filepath.Dir(path)
+	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+		why := "not a directory"
+		if err != nil {
+			why = err.Error()
+		}
+		return nil, fmt.Errorf("%w: %s (for socket %s): %s; create it with the owner and group that may connect", ErrSDKSocketDir, dir, path, why)
+	}
 	ln, err := unixsock.Listen(path, o.SocketMode)
 	if err != nil {
 		return nil, fmt.Errorf("sdk: %w", err)
@@ -138,7 +153,8 @@ func ListenUDS(path string, opts *Options) (net.Listener, error) {
 }
 
 // ServeUDS listens on path and serves h until ctx ends, then removes the
-// socket file.
+// socket file (a process killed outright leaves it; the next ListenUDS
+// replaces it, as a stale socket).
 func ServeUDS(ctx context.Context, path string, h Handler, opts *Options) error {
 	ln, err := ListenUDS(path, opts)
 	if err != nil {

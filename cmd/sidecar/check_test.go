@@ -204,3 +204,27 @@ routes:
 		}
 	}
 }
+
+// TestCheckConfigRoutingExample: examples/routing.yaml passes
+// check-config without a warning, and a route another one shadows is
+// warned about with both lines.
+func TestCheckConfigRoutingExample(t *testing.T) {
+	code, stdout, stderr := runMain("check-config", "../../examples/routing.yaml")
+	if code != 0 || !strings.HasPrefix(stdout, "OK: ") || stderr != "" {
+		t.Fatalf("exit %d\nstdout: %s\nstderr: %s", code, stdout, stderr)
+	}
+	path := writeFile(t, "sidecar.yaml", base+`routes:
+  - name: api
+    upstream: app
+    path_prefix: /api/
+  - name: api-get
+    upstream: app
+    path_prefix: /api/
+    methods: [GET]
+`)
+	code, stdout, stderr = runMain("check-config", path)
+	want := "warning: " + path + `: config: line 7: routes[1]: route "api-get" is unreachable: every request it matches is matched first by routes[0] ("api", line 4)`
+	if code != 0 || !strings.Contains(stderr, want) {
+		t.Fatalf("exit %d\nstdout: %s\nstderr: %s\nwant %s", code, stdout, stderr, want)
+	}
+}

@@ -17,8 +17,8 @@ It declares supports_client_request when the proxy offers the
 client_request feature, so it is shown each request as the client sent it
 (the client's header block, request_target, and what the upstream receives
 in metadata: upstream_host, forwarded_for, forwarded_proto,
-forwarded_host); its policy reads the path (uri, the normalised target the
-upstream gets) and the client's User-Agent, which both views carry alike.
+forwarded_host); its policy reads the path (metadata.path, the decoded and normalised path
+the sidecar routed) and the client's User-Agent, which both views carry alike.
 
 Each event is handled in its own asyncio task, so requests are served
 concurrently; CancelRequest cancels the task of its request and CancelAll
@@ -277,6 +277,10 @@ class Agent:
     def on_request_headers(self, m):
         rid = m["request_id"]
         path, query = split_uri(m.get("uri") or "/")
+        # metadata.path is the path as the sidecar routed it (decoded, dot
+        # segments resolved, repeated slashes merged); older sidecars do
+        # not send it, and split_uri does the same cleaning.
+        path = (m.get("metadata") or {}).get("path") or path
         if under_prefix(path, BLOCK_PREFIX):
             return DECISION, decision(rid, {"block": {
                 "status": 403, "body": BLOCK_BODY,

@@ -508,8 +508,11 @@ type RequestMetadata struct {
 	ForwardedFor   []byte `protobuf:"bytes,24,opt,name=forwarded_for,json=forwardedFor,proto3" json:"forwarded_for,omitempty"`
 	ForwardedProto []byte `protobuf:"bytes,25,opt,name=forwarded_proto,json=forwardedProto,proto3" json:"forwarded_proto,omitempty"`
 	ForwardedHost  []byte `protobuf:"bytes,26,opt,name=forwarded_host,json=forwardedHost,proto3" json:"forwarded_host,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The path decoded and normalised as the proxy routed it (no query):
+	// what path policies match, not uri. Sent to every agent.
+	Path          []byte `protobuf:"bytes,27,opt,name=path,proto3" json:"path,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RequestMetadata) Reset() {
@@ -685,6 +688,13 @@ func (x *RequestMetadata) GetForwardedProto() []byte {
 func (x *RequestMetadata) GetForwardedHost() []byte {
 	if x != nil {
 		return x.ForwardedHost
+	}
+	return nil
+}
+
+func (x *RequestMetadata) GetPath() []byte {
+	if x != nil {
+		return x.Path
 	}
 	return nil
 }
@@ -2254,7 +2264,7 @@ const file_agent_proto_rawDesc = "" +
 	"\apayload\"2\n" +
 	"\x06Header\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\fR\x04name\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\fR\x05value\"\xe4\x05\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value\"\xf8\x05\n" +
 	"\x0fRequestMetadata\x12%\n" +
 	"\x0ecorrelation_id\x18\x01 \x01(\fR\rcorrelationId\x12\x1b\n" +
 	"\tclient_ip\x18\x02 \x01(\fR\bclientIp\x12\x1f\n" +
@@ -2284,7 +2294,8 @@ const file_agent_proto_rawDesc = "" +
 	"\rupstream_host\x18\x17 \x01(\fR\fupstreamHost\x12#\n" +
 	"\rforwarded_for\x18\x18 \x01(\fR\fforwardedFor\x12'\n" +
 	"\x0fforwarded_proto\x18\x19 \x01(\fR\x0eforwardedProto\x12%\n" +
-	"\x0eforwarded_host\x18\x1a \x01(\fR\rforwardedHost\"\xd6\x02\n" +
+	"\x0eforwarded_host\x18\x1a \x01(\fR\rforwardedHost\x12\x12\n" +
+	"\x04path\x18\x1b \x01(\fR\x04path\"\xd6\x02\n" +
 	"\x0eRequestHeaders\x12\x16\n" +
 	"\x06method\x18\x01 \x01(\fR\x06method\x12\x10\n" +
 	"\x03uri\x18\x02 \x01(\fR\x03uri\x123\n" +

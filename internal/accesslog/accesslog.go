@@ -10,7 +10,7 @@
 // A line:
 //
 //	{"level":"info","req":42,"corr":"0f3c…","route":"api","method":"POST",
-//	 "host":"app.example","path":"/upload","client":"10.0.0.7","status":403,
+//	 "protocol":"HTTP/1.1","host":"app.example","path":"/upload","client":"10.0.0.7","status":403,
 //	 "outcome":"blocked","agent":"waf","reason":"blocked by waf",
 //	 "agent_request_headers_us":85,"agent_request_body_us":240,
 //	 "bytes_in":4096,"bytes_out":9,"duration_us":512,
@@ -180,6 +180,9 @@ func (l *Logger) RecordRequest(s *observe.RequestSummary) {
 	}
 	if f&fMethod != 0 {
 		e.Bytes("method", s.Method)
+	}
+	if f&fProtocol != 0 && len(s.Proto) > 0 {
+		e.Bytes("protocol", s.Proto)
 	}
 	if f&fHost != 0 {
 		e.Bytes("host", clip(s.Host))

@@ -34,7 +34,7 @@ func TestFieldsConfigured(t *testing.T) {
 			[]string{"level", "message", "request_bytes_inspected", "request_bytes_mutated", "response_bytes_inspected", "response_bytes_mutated", "start"}},
 		{[]string{"protocol", "status"}, []string{"level", "message", "protocol", "status"}},
 		{nil, []string{"agent", "agent_request_body_us", "agent_request_headers_us", "bytes_in", "bytes_out", "client", "corr",
-			"duration_us", "host", "level", "message", "method", "outcome", "path", "reason", "req", "route", "status", "time"}},
+			"duration_us", "host", "level", "message", "method", "outcome", "path", "protocol", "reason", "req", "route", "status", "time"}},
 	} {
 		var buf bytes.Buffer
 		l, err := New(&buf, Config{Fields: c.fields})

@@ -73,6 +73,15 @@ const (
 	// (envoy.service.ext_proc.v3.ExternalProcessor), one gRPC stream per
 	// HTTP request; its options are checked by package transports.
 	TransportExtProc = "ext_proc"
+	// TransportExtAuthz runs an Envoy external authorization server
+	// (envoy.service.auth.v3.Authorization), one Check call per HTTP
+	// request; its options are checked by package transports.
+	TransportExtAuthz = "ext_authz"
+	// TransportHTTPAuth runs an HTTP forward-auth endpoint (nginx
+	// auth_request, Traefik ForwardAuth), one subrequest per HTTP
+	// request to the URL in address; its options are checked by package
+	// transports.
+	TransportHTTPAuth = "http_auth"
 )
 
 // Payload encodings of an agent's connections (uds and reverse).
@@ -143,6 +152,9 @@ type Config struct {
 	Tracing   Tracing    `yaml:"tracing"`
 	Admin     Admin      `yaml:"admin"`
 	AccessLog AccessLog  `yaml:"access_log"`
+	// RateLimitService is the Envoy rate limit service of routes'
+	// global_rate_limit (absent: none).
+	RateLimitService *RateLimitService `yaml:"rate_limit_service"`
 
 	// lines maps a key path ("routes[0].agents[1]") to its line in the
 	// file, so that validation errors point at it.
@@ -211,6 +223,10 @@ type Listener struct {
 	Protocols []string `yaml:"protocols"`
 	// HTTP2 bounds the listener's HTTP/2 connections.
 	HTTP2 ListenerHTTP2 `yaml:"http2"`
+	// RateLimit is a local rate limit over every request of the
+	// listener, checked before routing (absent: none; stage must be
+	// before_agents).
+	RateLimit *RateLimit `yaml:"rate_limit"`
 }
 
 // Listener protocols (Listener.Protocols) and upstream protocols
@@ -311,10 +327,11 @@ type Agent struct {
 	// Name identifies the agent; it may appear in the
 	// X-Sidecar-Fail-Open header, so it is limited to [A-Za-z0-9._-].
 	Name string `yaml:"name"`
-	// Transport is uds, grpc, reverse or ext_proc.
+	// Transport is uds, grpc, reverse, ext_proc, ext_authz or http_auth.
 	Transport string `yaml:"transport"`
-	// Address is the socket path (uds), host:port (grpc) or the listen
-	// address for registrations (reverse).
+	// Address is the socket path (uds), host:port (grpc, ext_proc,
+	// ext_authz), the listen address for registrations (reverse) or the
+	// authorization URL (http_auth).
 	Address string `yaml:"address"`
 	// Conns is how many connections to keep to the agent (default 1).
 	Conns int `yaml:"conns"`
@@ -471,6 +488,47 @@ type Route struct {
 	HostHeader string `yaml:"host_header"`
 	// Agents run in order; the first non-allow decision wins.
 	Agents []RouteAgent `yaml:"agents"`
+
+	// Path matches the normalized path exactly (instead of path_prefix).
+	Path string `yaml:"path"`
+	// PathRegex matches the normalized path with an RE2 expression,
+	// anchored at both ends (instead of path_prefix).
+	PathRegex string `yaml:"path_regex"`
+	// Methods the route matches (any when empty).
+	Methods []string `yaml:"methods"`
+	// Headers are conditions on the request's header fields; all must
+	// hold.
+	Headers []StringMatch `yaml:"headers"`
+	// Query are conditions on the request's query parameters, compared
+	// as sent (percent-encoded); all must hold.
+	Query []StringMatch `yaml:"query"`
+	// Rewrite changes the path the upstream gets.
+	Rewrite *Rewrite `yaml:"rewrite"`
+	// RequestHeaders change the request's headers before the agents see
+	// the forwarded request.
+	RequestHeaders HeaderOps `yaml:"request_headers"`
+	// ResponseHeaders change the upstream's response (and the route's
+	// direct response or redirect) before the response-phase agents.
+	ResponseHeaders HeaderOps `yaml:"response_headers"`
+	// DirectResponse answers the route's requests without an upstream.
+	DirectResponse *DirectResponse `yaml:"direct_response"`
+	// Redirect answers the route's requests with a redirect.
+	Redirect *Redirect `yaml:"redirect"`
+	// Timeout bounds the time from sending the request upstream to its
+	// response head, over every try and backoff (0: none beyond each
+	// try's); past it the client gets 504.
+	Timeout time.Duration `yaml:"timeout"`
+	// UpstreamTimeout replaces the upstream's response_timeout for this
+	// route (0: the upstream's).
+	UpstreamTimeout time.Duration `yaml:"upstream_timeout"`
+	// Retry is the route's retry policy (absent: no retries beyond the
+	// upstream's own on stale connections and other endpoints).
+	Retry *Retry `yaml:"retry"`
+	// RateLimit is the route's local rate limit (absent: none).
+	RateLimit *RateLimit `yaml:"rate_limit"`
+	// GlobalRateLimit asks the rate_limit_service about the route's
+	// requests (absent: never).
+	GlobalRateLimit *GlobalRateLimit `yaml:"global_rate_limit"`
 }
 
 // Logging configures the zerolog logger.
@@ -573,9 +631,15 @@ func (c *Config) Upstream(name string) *Upstream {
 // processor's deployment keeps the status its clients and alerts know;
 // every other transport 503. A timeout answers 504 whatever the
 // transport, as Envoy's message timeout does.
+//
+// An ext_authz agent answers 403, Envoy's ext_authz status_on_error
+// default; an http_auth agent 500, as nginx's auth_request and Traefik's
+// ForwardAuth answer when the authorization service cannot be asked.
 const (
-	FailureStatusDefault        = 503
-	FailureStatusExtProcDefault = 500
+	FailureStatusDefault         = 503
+	FailureStatusExtProcDefault  = 500
+	FailureStatusExtAuthzDefault = 403
+	FailureStatusHTTPAuthDefault = 500
 )
 
 // FailStatus is the status a fail-closed failure of a answers, a timeout
@@ -586,6 +650,10 @@ func (a *Agent) FailStatus() int {
 		return a.FailureStatus
 	case a.Transport == TransportExtProc:
 		return FailureStatusExtProcDefault
+	case a.Transport == TransportExtAuthz:
+		return FailureStatusExtAuthzDefault
+	case a.Transport == TransportHTTPAuth:
+		return FailureStatusHTTPAuthDefault
 	}
 	return FailureStatusDefault
 }
@@ -658,6 +726,9 @@ func (c *Config) SetDefaults() {
 		setInt(&l.HTTP2.MaxConcurrentStreams, 100)
 		setSize(&l.HTTP2.MaxHeaderListSize, l.ReadBufferSize)
 		setSize(&l.HTTP2.MaxReadFrameSize, 16<<10)
+		if l.RateLimit != nil {
+			l.RateLimit.setDefaults()
+		}
 	}
 	for i := range c.Upstreams {
 		u := &c.Upstreams[i]
@@ -704,11 +775,18 @@ func (c *Config) SetDefaults() {
 		if r.Name == "" {
 			r.Name = fmt.Sprintf("route%d", i)
 		}
-		if r.PathPrefix == "" {
+		if r.PathPrefix == "" && r.Path == "" && r.PathRegex == "" {
 			r.PathPrefix = "/"
 		}
+		r.setRoutingDefaults()
 		if r.HostHeader == "" {
 			r.HostHeader = HostPreserve
+		}
+	}
+	if s := c.RateLimitService; s != nil {
+		setDur(&s.Timeout, 20*time.Millisecond)
+		if s.FailureMode == "" {
+			s.FailureMode = RateLimitFailAllow
 		}
 	}
 	c.setOpsDefaults()

@@ -90,6 +90,7 @@ var DefaultAccessLogFields = []string{
 	"time", "req", "corr", "route", "method", "host", "path", "client",
 	"status", "outcome", "agent", "reason", "agent_time",
 	"bytes_in", "bytes_out", "duration_us", "fail_open", "inspection_skipped", "aborted",
+	"protocol",
 }
 
 func (c *Config) setOpsDefaults() {

@@ -212,8 +212,8 @@ func (v *validator) agentPolicy(p string, a *Agent) {
 		v.failf(dp+".max_key_bytes", "%s is not in 64..%s", dc.MaxKeyBytes, Size(MaxCacheKeyBytes))
 	}
 	if len(a.Addresses) > 0 {
-		if a.Transport != TransportUDS && a.Transport != TransportGRPC {
-			v.failf(p+".addresses", "addresses is for uds and grpc agents (a reverse agent's members register themselves)")
+		if a.Transport != TransportUDS && a.Transport != TransportGRPC && a.Transport != TransportExtAuthz {
+			v.failf(p+".addresses", "addresses is for uds, grpc and ext_authz agents (a reverse agent's members register themselves)")
 		}
 		if len(a.Addresses)+1 > MaxAgentMembers {
 			v.failf(p+".addresses", "%d members (at most %d with address)", len(a.Addresses)+1, MaxAgentMembers)
@@ -228,7 +228,7 @@ func (v *validator) agentPolicy(p string, a *Agent) {
 				v.failf(ap, "%q is listed twice", addr)
 			case a.Transport == TransportUDS && len(strings.TrimPrefix(addr, "unix:")) > 107:
 				v.failf(ap, "socket path longer than 107 bytes")
-			case a.Transport == TransportGRPC:
+			case a.Transport == TransportGRPC || a.Transport == TransportExtAuthz:
 				v.address(ap, addr, false)
 			}
 			seenAddr[addr] = true

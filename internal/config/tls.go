@@ -260,9 +260,11 @@ func (v *validator) tlsParams(p, minVersion string, suites []string) {
 }
 
 // ListenersNeedRestart reports whether a and b differ in more than what a
-// reload applies to running listeners: the contents of their TLS blocks
-// (certificates, client CAs, versions, suites) are re-read on reload;
-// turning TLS on or off is not.
+// running listener re-reads on reload: the contents of their TLS blocks
+// (certificates, client CAs, versions, suites), and their rate_limit
+// (held by the routing table, not the listener); turning TLS on or off
+// is more. A listener that differs so is replaced by a reload (the
+// dataplane's Swap), not restarted.
 func ListenersNeedRestart(a, b []Listener) bool {
 	if len(a) != len(b) {
 		return true
@@ -273,6 +275,7 @@ func ListenersNeedRestart(a, b []Listener) bool {
 			return true
 		}
 		x.TLS, y.TLS = nil, nil
+		x.RateLimit, y.RateLimit = nil, nil
 		if !reflect.DeepEqual(x, y) {
 			return true
 		}

@@ -3,6 +3,7 @@ package config
 import (
 	"fmt"
 	"net"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -16,6 +17,7 @@ func (c *Config) Validate() error {
 	v.listeners()
 	v.upstreams()
 	v.agents()
+	v.rateLimitService()
 	v.routes()
 	v.logging()
 	v.tracing()
@@ -90,6 +92,12 @@ func (v *validator) listeners() {
 		}
 		if l.BodyMinRate != nil && *l.BodyMinRate < 0 {
 			v.failf(p+".body_min_rate", "must not be negative (0: none)")
+		}
+		if l.RateLimit != nil {
+			v.rateLimit(p+".rate_limit", l.RateLimit)
+			if l.RateLimit.Stage != RateBeforeAgents {
+				v.failf(p+".rate_limit.stage", "a listener's limit is checked before routing: before_agents only")
+			}
 		}
 		v.listenerProtocols(p, l)
 	}
@@ -167,19 +175,21 @@ func (v *validator) agents() {
 		p := fmt.Sprintf("agents[%d]", i)
 		v.name(p+".name", a.Name, names, "agent")
 		switch a.Transport {
-		case TransportUDS, TransportGRPC, TransportReverse, TransportExtProc:
+		case TransportUDS, TransportGRPC, TransportReverse, TransportExtProc, TransportExtAuthz, TransportHTTPAuth:
 		case "":
-			v.failf(p+".transport", "transport is required (uds, grpc, reverse or ext_proc)")
+			v.failf(p+".transport", "transport is required (uds, grpc, reverse, ext_proc, ext_authz or http_auth)")
 		default:
-			v.failf(p+".transport", "unknown transport %q (want uds, grpc, reverse or ext_proc)", a.Transport)
+			v.failf(p+".transport", "unknown transport %q (want uds, grpc, reverse, ext_proc, ext_authz or http_auth)", a.Transport)
 		}
 		switch {
 		case a.Address == "":
 			v.failf(p+".address", "address is required")
 		case a.Transport == TransportUDS && len(a.Address) > 107:
 			v.failf(p+".address", "socket path longer than 107 bytes")
-		case a.Transport == TransportGRPC || a.Transport == TransportReverse || a.Transport == TransportExtProc:
+		case a.Transport == TransportGRPC || a.Transport == TransportReverse || a.Transport == TransportExtProc || a.Transport == TransportExtAuthz:
 			v.address(p+".address", a.Address, a.Transport == TransportReverse)
+		case a.Transport == TransportHTTPAuth:
+			v.authURL(p+".address", a.Address)
 		}
 		if a.Conns < 1 || a.Conns > 64 {
 			v.failf(p+".conns", "%d is not in 1..64", a.Conns)
@@ -222,21 +232,23 @@ func (v *validator) routes() {
 		return
 	}
 	names := map[string]string{}
-	type key struct{ host, prefix string }
+	type key struct{ host, match string }
 	claimed := map[key]string{}
 	for i := range v.c.Routes {
 		r := &v.c.Routes[i]
 		p := fmt.Sprintf("routes[%d]", i)
 		v.name(p+".name", r.Name, names, "route")
 		switch {
+		case r.Upstream == "" && r.localAnswer():
 		case r.Upstream == "":
 			v.failf(p+".upstream", "upstream is required")
 		case v.c.Upstream(r.Upstream) == nil:
 			v.failf(p+".upstream", "unknown upstream %q", r.Upstream)
 		}
-		if !strings.HasPrefix(r.PathPrefix, "/") {
+		if r.PathPrefix != "" && !strings.HasPrefix(r.PathPrefix, "/") {
 			v.failf(p+".path_prefix", "%q must start with /", r.PathPrefix)
 		}
+		v.routing(p, r)
 		switch r.HostHeader {
 		case HostPreserve, HostUpstream:
 		default:
@@ -254,9 +266,13 @@ func (v *validator) routes() {
 				v.failf(hp, "%q is not a host name, *.domain or *", h)
 				continue
 			}
-			k := key{CanonicalHost(h), r.PathPrefix}
+			k := key{CanonicalHost(h), r.matchKey()}
 			if prev, ok := claimed[k]; ok {
-				v.failf(hp, "host %q with path_prefix %q is already routed by %s", h, r.PathPrefix, prev)
+				if r.PathPrefix != "" && !r.extraConditions() {
+					v.failf(hp, "host %q with path_prefix %q is already routed by %s", h, r.PathPrefix, prev)
+				} else {
+					v.failf(hp, "host %q with the same conditions is already routed by %s", h, prev)
+				}
 			}
 			claimed[k] = p
 		}
@@ -312,6 +328,22 @@ func (v *validator) name(path, name string, seen map[string]string, what string)
 			v.failf(path, "duplicate %s name %q (also %s)", what, name, prev)
 		}
 		seen[name] = strings.TrimSuffix(path, ".name")
+	}
+}
+
+// authURL checks an http_auth agent's address: an absolute http or
+// https URL with a host, without credentials or a fragment.
+func (v *validator) authURL(path, addr string) {
+	u, err := url.Parse(addr)
+	switch {
+	case err != nil || (u.Scheme != "http" && u.Scheme != "https"):
+		v.failf(path, "%q is not an http:// or https:// URL", addr)
+	case u.Host == "" || u.Hostname() == "":
+		v.failf(path, "%q has no host", addr)
+	case u.User != nil:
+		v.failf(path, "credentials in the URL are not accepted (they would be logged)")
+	case u.Fragment != "":
+		v.failf(path, "%q has a fragment", addr)
 	}
 }
 

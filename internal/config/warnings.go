@@ -91,6 +91,7 @@ func (c *Config) Warnings() []Warning {
 				"agent %q is on no route: it is connected to but never consulted; add it to a route's agents or remove it", a.Name))
 		}
 	}
+	out = append(out, c.routeWarnings()...)
 	return out
 }
 

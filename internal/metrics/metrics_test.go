@@ -339,7 +339,11 @@ func TestScrapeTimeAgents(t *testing.T) {
 		defer mu.Unlock()
 		return append([]agentmux.AgentStatus(nil), st...)
 	})
-	m.SetStats(func() observe.Stats { return observe.Stats{InFlight: 5, ResponseAborted: 2, InlineBodies: 4} })
+	m.SetStats(func() observe.Stats {
+		return observe.Stats{InFlight: 5, ResponseAborted: 2, InlineBodies: 4,
+			RateLimitedBy: map[string]uint64{"route/api": 7, "listener/pub": 2}, RouteRetries: 3, RetryBudgetExhausted: 1,
+			GlobalRateLimited: 6, GlobalRateLimitErrors: 2}
+	})
 	v := values(t, m.Registry())
 	expect(t, v, `sidecar_agent_connections{agent="waf",transport="uds"}`, 2)
 	expect(t, v, `sidecar_agent_connections{agent="auth",transport="grpc"}`, 0)
@@ -359,6 +363,12 @@ func TestScrapeTimeAgents(t *testing.T) {
 	expect(t, v, `sidecar_requests_in_flight`, 5)
 	expect(t, v, `sidecar_responses_aborted_total`, 2)
 	expect(t, v, `sidecar_agent_inline_bodies_total`, 4)
+	expect(t, v, `sidecar_rate_limited_total{name="api",scope="route"}`, 7)
+	expect(t, v, `sidecar_rate_limited_total{name="pub",scope="listener"}`, 2)
+	expect(t, v, `sidecar_route_retries_total`, 3)
+	expect(t, v, `sidecar_route_retry_budget_exhausted_total`, 1)
+	expect(t, v, `sidecar_global_rate_limited_total`, 6)
+	expect(t, v, `sidecar_global_rate_limit_errors_total`, 2)
 
 	mu.Lock()
 	st[1].Connections, st[1].Ready = 1, true

@@ -2,6 +2,7 @@ package metrics
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+	"strings"
 
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/internal/config"
@@ -39,6 +40,11 @@ var (
 			"ignored, unsupported responses, wrong-phase and unsolicited responses, streams closed "+
 			"mid-request and bodies over buffer_limit.",
 		[]string{"agent", "event"}, nil)
+	descAuthzEvents = prometheus.NewDesc(Namespace+"_authz_events_total",
+		"Events of the ext_authz and http_auth transports by agent: checks (calls made), "+
+			"ok and denied verdicts, error responses, unsupported responses, response fields ignored, "+
+			"probes refused (ext_authz) and denied bodies truncated (http_auth).",
+		[]string{"agent", "transport", "event"}, nil)
 	descRejected = prometheus.NewDesc(Namespace+"_requests_rejected_total",
 		"Request heads the sidecar answered itself with 400, 408, 414 or 431, by reason (target, host, framing, obs_fold, parse, uri_too_long, headers_too_large, timeout).", []string{"reason"}, nil)
 	descAbsolute = prometheus.NewDesc(Namespace+"_requests_absolute_form_total",
@@ -73,6 +79,19 @@ var (
 	descInline = prometheus.NewDesc(Namespace+"_agent_inline_bodies_total",
 		"RequestHeaders events that carried the first chunk of a buffered request body (feature inline_body), each saving an agent round trip.", nil, nil)
 
+	// Routes: local rate limits and retry policies (routing.go).
+	descRateLimited = prometheus.NewDesc(Namespace+"_rate_limited_total",
+		"Requests answered 429 by a local rate limit, per limit (scope route or listener, and its name).", []string{"scope", "name"}, nil)
+	descRouteRetries = prometheus.NewDesc(Namespace+"_route_retries_total",
+		"Retries made under routes' retry policies.", nil, nil)
+	descRetryBudget = prometheus.NewDesc(Namespace+"_route_retry_budget_exhausted_total",
+		"Retries a route's retry budget refused (too many retries in progress on the route).", nil, nil)
+	descGlobalLimited = prometheus.NewDesc(Namespace+"_global_rate_limited_total",
+		"Requests the rate limit service said were over a limit (429).", nil, nil)
+	descGlobalErrors = prometheus.NewDesc(Namespace+"_global_rate_limit_errors_total",
+		"Calls to the rate limit service that failed (error, timeout, UNKNOWN); rate_limit_service.failure_mode applied.", nil, nil)
+	routeDescs = []*prometheus.Desc{descRateLimited, descRouteRetries, descRetryBudget, descGlobalLimited, descGlobalErrors}
+
 	// descLate shares its family with the per-event agent errors counter.
 	descLate = prometheus.NewDesc(Namespace+"_agent_errors_total", agentErrorsHelp, []string{"agent", "kind"}, nil)
 )
@@ -83,7 +102,7 @@ type scrapeCollector struct{ m *Metrics }
 
 func (c *scrapeCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descAgentConns, descAgentInFlight, descAgentReady, descAgentCompleted,
-		descInFlight, descAborted, descRevAccepted, descRevRejected, descRevConns, descRevDelayed, descRevUnheld, descExtProcEvents,
+		descInFlight, descAborted, descRevAccepted, descRevRejected, descRevConns, descRevDelayed, descRevUnheld, descExtProcEvents, descAuthzEvents,
 		descRejected, descAbsolute, descAcceptErrors, descClamped, descUpRetries, descUpFlushes, descLimits, descSendWaits, descCtlDropped, descInline,
 		descWrites, descFramesWritten} {
 		ch <- d
@@ -92,6 +111,9 @@ func (c *scrapeCollector) Describe(ch chan<- *prometheus.Desc) {
 		ch <- d
 	}
 	for _, d := range http2Descs {
+		ch <- d
+	}
+	for _, d := range routeDescs {
 		ch <- d
 	}
 	for _, d := range exchangeDescs {
@@ -125,6 +147,11 @@ func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
 					ch <- prometheus.MustNewConstMetric(descExtProcEvents, prometheus.CounterValue, float64(n), st.Name, event)
 				}
 			}
+			if st.Transport == config.TransportExtAuthz || st.Transport == config.TransportHTTPAuth {
+				for event, n := range st.Events {
+					ch <- prometheus.MustNewConstMetric(descAuthzEvents, prometheus.CounterValue, float64(n), st.Name, st.Transport, event)
+				}
+			}
 			if l := st.Listener; l != nil && !listeners[l.Address] {
 				if listeners == nil {
 					listeners = map[string]bool{}
@@ -153,6 +180,14 @@ func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descBodyTooSlow, prometheus.CounterValue, float64(st.RequestBodyTooSlow))
 		ch <- prometheus.MustNewConstMetric(descLimits, prometheus.CounterValue, float64(st.LimitsExceeded))
 		ch <- prometheus.MustNewConstMetric(descInline, prometheus.CounterValue, float64(st.InlineBodies))
+		for k, n := range st.RateLimitedBy {
+			scope, name, _ := strings.Cut(k, "/")
+			ch <- prometheus.MustNewConstMetric(descRateLimited, prometheus.CounterValue, float64(n), scope, name)
+		}
+		ch <- prometheus.MustNewConstMetric(descRouteRetries, prometheus.CounterValue, float64(st.RouteRetries))
+		ch <- prometheus.MustNewConstMetric(descRetryBudget, prometheus.CounterValue, float64(st.RetryBudgetExhausted))
+		ch <- prometheus.MustNewConstMetric(descGlobalLimited, prometheus.CounterValue, float64(st.GlobalRateLimited))
+		ch <- prometheus.MustNewConstMetric(descGlobalErrors, prometheus.CounterValue, float64(st.GlobalRateLimitErrors))
 		collectTLSTunnels(ch, &st)
 		collectHTTP2(ch, &st)
 		collectConnections(ch, &st)

@@ -10,7 +10,7 @@ import (
 // counters at scrape time.
 var (
 	descTLSHandshakes = prometheus.NewDesc(Namespace+"_tls_handshakes_total",
-		"TLS handshakes on the listeners by result (ok, error; refused client certificates are errors).", []string{"result"}, nil)
+		"TLS handshakes on the listeners by result (ok, error; refused client certificates are errors; plain_http: a plain HTTP request, answered 400).", []string{"result"}, nil)
 	descTLSReloads = prometheus.NewDesc(Namespace+"_tls_certificate_reloads_total",
 		"Listener certificate sets loaded (at start, reload or file change) by result (ok, error: the previous certificates stay).", []string{"result"}, nil)
 	descTunnelsOpened = prometheus.NewDesc(Namespace+"_tunnels_opened_total",
@@ -32,6 +32,7 @@ func collectTLSTunnels(ch chan<- prometheus.Metric, st *observe.Stats) {
 	t, u := st.TLS, st.Tunnels
 	ch <- prometheus.MustNewConstMetric(descTLSHandshakes, prometheus.CounterValue, float64(t.Handshakes), "ok")
 	ch <- prometheus.MustNewConstMetric(descTLSHandshakes, prometheus.CounterValue, float64(t.HandshakeErrors), "error")
+	ch <- prometheus.MustNewConstMetric(descTLSHandshakes, prometheus.CounterValue, float64(t.PlainHTTP), "plain_http")
 	ch <- prometheus.MustNewConstMetric(descTLSReloads, prometheus.CounterValue, float64(t.Reloads), "ok")
 	ch <- prometheus.MustNewConstMetric(descTLSReloads, prometheus.CounterValue, float64(t.ReloadErrors), "error")
 	ch <- prometheus.MustNewConstMetric(descTunnelsOpened, prometheus.CounterValue, float64(u.Opened))

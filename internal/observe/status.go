@@ -40,6 +40,22 @@ type Stats struct {
 	TraceGenerated     uint64 `json:"trace_generated"`    // traceparent headers made for requests without a valid one
 	LimitsExceeded     uint64 `json:"limits_exceeded"`    // agent replies over their header limits (failure policy applied)
 	InlineBodies       uint64 `json:"inline_bodies"`      // RequestHeaders events that carried chunk 0 of the request body (inline_body)
+	// RateLimited counts requests answered 429 by a local rate limit.
+	RateLimited uint64 `json:"rate_limited"`
+	// RateLimitedBy splits the current limits' refusals by limit:
+	// "route/NAME" or "listener/NAME" (a limit whose settings a reload
+	// changed starts again from 0).
+	RateLimitedBy map[string]uint64 `json:"rate_limited_by,omitempty"`
+	// RouteRetries counts retries made under routes' retry policies.
+	RouteRetries uint64 `json:"route_retries"`
+	// RetryBudgetExhausted counts retries a route's retry budget refused.
+	RetryBudgetExhausted uint64 `json:"retry_budget_exhausted"`
+	// GlobalRateLimited counts requests the rate limit service said were
+	// over a limit (429).
+	GlobalRateLimited uint64 `json:"global_rate_limited"`
+	// GlobalRateLimitErrors counts calls to the rate limit service that
+	// failed (the failure mode applied).
+	GlobalRateLimitErrors uint64 `json:"global_rate_limit_errors"`
 	// TLS counts the listeners' handshakes and certificate reloads.
 	TLS TLSStats `json:"tls"`
 	// Tunnels counts the Upgrade (WebSocket) tunnels and their bytes.
@@ -114,6 +130,7 @@ type TLSStats struct {
 	HandshakeErrors uint64 `json:"handshake_errors"` // failed client handshakes (refused client certificates included)
 	Reloads         uint64 `json:"reloads"`          // certificate sets (re)loaded after a change or a reload
 	ReloadErrors    uint64 `json:"reload_errors"`    // rotations that failed (the old certificates stay)
+	PlainHTTP       uint64 `json:"plain_http"`       // plain HTTP requests answered 400 instead of a handshake (not in HandshakeErrors)
 }
 
 // TunnelStats count the Upgrade tunnels.

@@ -94,6 +94,7 @@ func RequestHeadersToPB(dst *pb.RequestHeaders, m *protocol.RequestHeaders) {
 	md.ForwardedFor = src.ForwardedFor
 	md.ForwardedProto = src.ForwardedProto
 	md.ForwardedHost = src.ForwardedHost
+	md.Path = src.Path
 	dst.RequestTarget = m.RequestTarget
 	if m.HasInlineBody {
 		if dst.InlineBody == nil {
@@ -140,6 +141,7 @@ func RequestHeadersFromPB(dst *protocol.RequestHeaders, id uint64, src *pb.Reque
 			ForwardedFor:   md.ForwardedFor,
 			ForwardedProto: md.ForwardedProto,
 			ForwardedHost:  md.ForwardedHost,
+			Path:           md.Path,
 		}
 	}
 	dst.RequestTarget = src.GetRequestTarget()

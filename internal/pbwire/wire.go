@@ -274,7 +274,7 @@ func sizeMetadata(md *protocol.Metadata) int {
 		sizeBytesField(20, md.ServerIP) + sizeVarintField(21, clientPort(md.ServerPort)) +
 		sizeBytesField(22, md.ListenerID) + sizeBytesField(23, md.UpstreamHost) +
 		sizeBytesField(24, md.ForwardedFor) + sizeBytesField(25, md.ForwardedProto) +
-		sizeBytesField(26, md.ForwardedHost)
+		sizeBytesField(26, md.ForwardedHost) + sizeBytesField(27, md.Path)
 }
 
 func appendMetadata(dst []byte, md *protocol.Metadata) []byte {
@@ -298,7 +298,8 @@ func appendMetadata(dst []byte, md *protocol.Metadata) []byte {
 	dst = appendBytesField(dst, 23, md.UpstreamHost)
 	dst = appendBytesField(dst, 24, md.ForwardedFor)
 	dst = appendBytesField(dst, 25, md.ForwardedProto)
-	return appendBytesField(dst, 26, md.ForwardedHost)
+	dst = appendBytesField(dst, 26, md.ForwardedHost)
+	return appendBytesField(dst, 27, md.Path)
 }
 
 func sizeRequestHeaders(m *protocol.RequestHeaders) int {
@@ -1066,6 +1067,8 @@ func decodeMetadata(b []byte, md *protocol.Metadata) error {
 			md.ForwardedProto = f.b
 		case 26:
 			md.ForwardedHost = f.b
+		case 27:
+			md.Path = f.b
 		}
 	}
 	return f.err

@@ -41,7 +41,7 @@ func Preflight(cfg *config.Config) error {
 		a := &cfg.Agents[i]
 		p := fmt.Sprintf("agents[%d]", i)
 		switch a.Transport {
-		case config.TransportGRPC, config.TransportExtProc:
+		case config.TransportGRPC, config.TransportExtProc, config.TransportExtAuthz, config.TransportHTTPAuth:
 			if err := fileOptions(cfg, p, a.Options, "tls_ca_file", "tls_cert_file", "tls_key_file"); err != nil {
 				return err
 			}

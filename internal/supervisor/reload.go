@@ -88,10 +88,8 @@ func (s *Supervisor) Reload() (err error) {
 // restartOnly lists the sections that differ between a and b but are
 // only applied at start.
 func restartOnly(a, b *config.Config) []string {
+	// Data listeners follow the file on a reload (dataplane.Server.Swap).
 	var out []string
-	if config.ListenersNeedRestart(a.Listeners, b.Listeners) {
-		out = append(out, "listeners")
-	}
 	if !reflect.DeepEqual(a.Admin, b.Admin) {
 		out = append(out, "admin")
 	}

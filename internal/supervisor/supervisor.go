@@ -114,6 +114,10 @@ type Supervisor struct {
 	cfg      *config.Config
 	closed   bool
 	required atomic.Pointer[[]string] // fail-closed agents, for readiness
+
+	// fds are the sockets inherited from a service manager (nil when
+	// Options.Listener is given).
+	fds *inherited
 }
 
 // Start starts everything cfg describes and returns once the data
@@ -188,7 +192,16 @@ func Start(ctx context.Context, cfg *config.Config, o Options) (*Supervisor, err
 			Msg("agent not connected yet; its failure mode applies until it is")
 	}
 
-	srv, err := dataplane.New(dataplane.Config{File: cfg, Observer: dataplane.Observers(obs...)}, b.Agents(), s.log)
+	dcfg := dataplane.Config{File: cfg, Observer: dataplane.Observers(obs...)}
+	if o.Listener == nil {
+		fds, err := newInherited(s.log)
+		if err != nil {
+			return nil, err
+		}
+		s.fds = fds
+		dcfg.Listen = fds.take
+	}
+	srv, err := dataplane.New(dcfg, b.Agents(), s.log)
 	if err != nil {
 		return nil, err
 	}
@@ -226,6 +239,10 @@ func Start(ctx context.Context, cfg *config.Config, o Options) (*Supervisor, err
 		ev = ev.Str("admin", s.admin.Addr().String())
 	}
 	ev.Msg("sidecar serving")
+	if s.fds != nil {
+		s.fds.warnUnused()
+	}
+	s.notify("READY=1")
 	ok = true
 	return s, nil
 }
@@ -429,6 +446,7 @@ func (s *Supervisor) Shutdown(ctx context.Context) error {
 	s.mu.Lock()
 	s.closed = true
 	s.mu.Unlock()
+	s.notify("STOPPING=1")
 	if s.admin != nil {
 		s.admin.SetDraining()
 	}
@@ -454,6 +472,9 @@ func (s *Supervisor) abort() {
 	}
 	if s.agents != nil {
 		s.agents.Close()
+	}
+	if s.fds != nil {
+		s.fds.close()
 	}
 	if s.access != nil {
 		_ = s.access.Close()

@@ -17,7 +17,7 @@ import (
 // Warnings returns what is probably wrong in a loaded configuration
 // without making it invalid: the configuration's own warnings
 // (config.Config.Warnings), body policies an ext_proc agent's processing
-// mode makes moot, a uds agent's address that exists but is not a
+// mode makes moot or an ext_authz or http_auth agent cannot use, a uds agent's address that exists but is not a
 // socket, and body limits whose worst case does not fit the memory limit
 // of the process's cgroup. check-config prints them; run logs them at
 // start and at every reload.
@@ -29,6 +29,7 @@ func Warnings(cfg *config.Config) []config.Warning {
 func warnings(cfg *config.Config, root string) []config.Warning {
 	out := cfg.Warnings()
 	out = append(out, extProcBodies(cfg)...)
+	out = append(out, authzBodies(cfg)...)
 	for i := range cfg.Agents {
 		a := &cfg.Agents[i]
 		if a.Transport != config.TransportUDS {
@@ -108,6 +109,63 @@ func extProcBodies(cfg *config.Config) []config.Warning {
 				out = append(out, cfg.WarnAt(key,
 					"%s on route %q has no effect: ext_proc agent %q's processing_mode sends it no %s (%s_mode NONE, no override allowed); set %s_mode in options.processing_mode",
 					d.mode, r.Name, a.Name, strings.ReplaceAll(d.name, "_", " "), d.name, d.name))
+			}
+		}
+	}
+	return out
+}
+
+// authzBodies warns about a body policy of an ext_authz or http_auth
+// agent that takes no such body: they are asked once, at the request
+// headers (an ext_authz agent with with_request_body also at the end of
+// the request body), never about the response.
+func authzBodies(cfg *config.Config) []config.Warning {
+	var out []config.Warning
+	takes := func(a *config.Agent, dir string) bool {
+		if a.Transport != config.TransportExtAuthz || dir != "request_body" {
+			return false
+		}
+		c, err := transports.ExtAuthzConfig(a, zerolog.Nop())
+		return err == nil && c.WithRequestBody
+	}
+	warn := func(key string, a *config.Agent, dir, mode string) {
+		why := "it is asked once, at the request headers"
+		if a.Transport == config.TransportExtAuthz && dir == "request_body" {
+			why += ` (options.with_request_body: "true" sends it the request body)`
+		}
+		out = append(out, cfg.WarnAt(key, "%s has no effect: %s agent %q takes no %s: %s",
+			mode, a.Transport, a.Name, strings.ReplaceAll(dir, "_", " "), why))
+	}
+	active := func(mode string) bool { return mode == config.BodyBuffered || mode == config.BodyStreaming }
+	for i := range cfg.Agents {
+		a := &cfg.Agents[i]
+		if a.Transport != config.TransportExtAuthz && a.Transport != config.TransportHTTPAuth {
+			continue
+		}
+		for _, d := range []struct {
+			dir  string
+			mode string
+		}{{"request_body", a.RequestBody.Mode}, {"response_body", a.ResponseBody.Mode}} {
+			if active(d.mode) && !takes(a, d.dir) {
+				warn(fmt.Sprintf("agents[%d].%s.mode", i, d.dir), a, d.dir, d.mode)
+			}
+		}
+	}
+	for i := range cfg.Routes {
+		r := &cfg.Routes[i]
+		for j := range r.Agents {
+			ra := &r.Agents[j]
+			a := cfg.Agent(ra.Name)
+			if a == nil || (a.Transport != config.TransportExtAuthz && a.Transport != config.TransportHTTPAuth) {
+				continue
+			}
+			for _, d := range []struct {
+				dir string
+				o   *config.BodyPolicy
+			}{{"request_body", ra.RequestBody}, {"response_body", ra.ResponseBody}} {
+				if d.o != nil && active(d.o.Mode) && !takes(a, d.dir) {
+					warn(fmt.Sprintf("routes[%d].agents[%d].%s.mode", i, j, d.dir), a, d.dir, d.o.Mode)
+				}
 			}
 		}
 	}

@@ -98,7 +98,7 @@ func InstanceKey(a config.Agent) Key {
 	switch a.Transport {
 	case config.TransportUDS:
 		k.Address = udsPath(a.Address)
-	case config.TransportGRPC, config.TransportExtProc:
+	case config.TransportGRPC, config.TransportExtProc, config.TransportExtAuthz, config.TransportHTTPAuth:
 		k.Connect, k.Handshake = a.Timeouts.Connect+a.Timeouts.Handshake, 0
 		k.Frame, k.MaxPending, k.PayloadEncoding = 0, 0, ""
 	case config.TransportReverse:

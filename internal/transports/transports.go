@@ -26,8 +26,10 @@ import (
 
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/internal/config"
+	"github.com/zentinelproxy/sidecar/internal/extauthz"
 	"github.com/zentinelproxy/sidecar/internal/extproc"
 	"github.com/zentinelproxy/sidecar/internal/grpcclient"
+	"github.com/zentinelproxy/sidecar/internal/httpauth"
 	"github.com/zentinelproxy/sidecar/internal/udsclient"
 )
 
@@ -39,11 +41,14 @@ type Factory func(a *config.Agent, log zerolog.Logger) (agentmux.Agent, error)
 type Factories map[string]Factory
 
 // Dialing returns the factories of the transports whose instances dial
-// their agent: uds, grpc and ext_proc. Reverse agents dial the sidecar:
+// their agent: uds, grpc, ext_proc, ext_authz and http_auth. Reverse agents dial the sidecar:
 // their factory, in the same table in Agents.Build, hands out the pools of
 // the reverse listener at their address, which Agents owns.
 func Dialing() Factories {
-	return Factories{config.TransportUDS: NewUDS, config.TransportGRPC: NewGRPC, config.TransportExtProc: NewExtProc}
+	return Factories{
+		config.TransportUDS: NewUDS, config.TransportGRPC: NewGRPC, config.TransportExtProc: NewExtProc,
+		config.TransportExtAuthz: NewExtAuthz, config.TransportHTTPAuth: NewHTTPAuth,
+	}
 }
 
 // UDSConfig maps a configured agent of transport uds to the client's
@@ -149,6 +154,30 @@ func check(cfg *config.Config) error {
 				}
 				return agentError(cfg, i, key, err)
 			}
+		case config.TransportExtAuthz:
+			c, err := ExtAuthzConfig(a, zerolog.Nop())
+			if err != nil {
+				key := "options"
+				var oe *extauthz.OptionError
+				if errors.As(err, &oe) {
+					key += "." + oe.Key
+				}
+				return agentError(cfg, i, key, err)
+			}
+			if c.WithRequestBody {
+				if err := checkAuthzBody(cfg, a); err != nil {
+					return err
+				}
+			}
+		case config.TransportHTTPAuth:
+			if _, err := HTTPAuthConfig(a, zerolog.Nop()); err != nil {
+				key := "options"
+				var oe *httpauth.OptionError
+				if errors.As(err, &oe) {
+					key += "." + oe.Key
+				}
+				return agentError(cfg, i, key, err)
+			}
 		}
 	}
 	if specs := ReverseSpecs(cfg); len(specs) > 0 {
@@ -160,6 +189,52 @@ func check(cfg *config.Config) error {
 				}
 			}
 			return fmt.Errorf("config: agents: %w", err)
+		}
+	}
+	return nil
+}
+
+// checkAuthzBody checks the request body policy of an ext_authz agent
+// with with_request_body, and of every route that uses it: the body is
+// buffered (auto is, for this agent) so that the upstream gets none of
+// it before the verdict, and one over the limit is refused (413, Envoy's
+// answer) or checked on its first limit bytes (prefix, Envoy's
+// allow_partial_message), never passed unchecked (skip) or streamed
+// (stream); a route may not raise the limit (the Check's message is
+// sized for the agent's).
+func checkAuthzBody(cfg *config.Config, a *config.Agent) error {
+	i := slices.IndexFunc(cfg.Agents, func(x config.Agent) bool { return x.Name == a.Name })
+	bad := func(p config.BodyPolicy) (string, string) {
+		switch {
+		case p.Mode != config.BodyAuto && p.Mode != config.BodyBuffered:
+			return "mode", fmt.Sprintf("mode %s: with_request_body needs the body buffered (auto or buffered), so that the upstream gets none of it before the verdict", p.Mode)
+		case p.OverLimit != config.OverLimitReject && p.OverLimit != config.OverLimitPrefix:
+			return "over_limit", fmt.Sprintf("over_limit %s: with_request_body refuses a body over the limit (reject, 413) or checks its first limit bytes (prefix); %s would let the body reach the upstream unchecked", p.OverLimit, p.OverLimit)
+		}
+		return "", ""
+	}
+	if key, why := bad(a.RequestBody); key != "" {
+		return agentError(cfg, i, "request_body."+key, errors.New(why))
+	}
+	for ri := range cfg.Routes {
+		r := &cfg.Routes[ri]
+		for j := range r.Agents {
+			ra := &r.Agents[j]
+			if ra.Name != a.Name || ra.RequestBody == nil {
+				continue
+			}
+			p := cfg.Policy(ra).RequestBody
+			path := fmt.Sprintf("routes[%d].agents[%d].request_body", ri, j)
+			key, why := bad(p)
+			if key == "" && p.Limit > a.RequestBody.Limit {
+				key, why = "limit", fmt.Sprintf("limit %s is above agent %s's request_body.limit %s (the Check is sized for it)", p.Limit, a.Name, a.RequestBody.Limit)
+			}
+			if key != "" {
+				if cfg.Line(path+"."+key) > 0 {
+					path += "." + key
+				}
+				return cfg.ErrorAt(path, errors.New(why))
+			}
 		}
 	}
 	return nil
@@ -204,4 +279,65 @@ func NewExtProc(a *config.Agent, log zerolog.Logger) (agentmux.Agent, error) {
 		return nil, err
 	}
 	return extproc.NewClient(c)
+}
+
+// ExtAuthzConfig maps a configured agent of transport ext_authz to the
+// client's configuration, options included (extauthz.Options), and
+// validates it.
+func ExtAuthzConfig(a *config.Agent, log zerolog.Logger) (extauthz.Config, error) {
+	c := extauthz.DefaultConfig(a.Name, a.Address)
+	c.Conns = a.Conns
+	c.MaxInFlight = a.MaxInFlight
+	c.MaxQueue = a.MaxQueue
+	c.DialTimeout = a.Timeouts.Connect + a.Timeouts.Handshake
+	c.MessageTimeout = a.Timeouts.Message
+	c.Logger = log
+	if err := c.ApplyOptions(a.Options); err != nil {
+		return c, err
+	}
+	if c.WithRequestBody {
+		// The Check carries up to the agent's body limit besides the
+		// attributes.
+		c.MaxMessageSize = max(c.MaxMessageSize, int(a.RequestBody.Limit)+1<<20)
+	}
+	return c, c.Validate()
+}
+
+// NewExtAuthz is the factory of transport ext_authz: an extauthz.Client
+// that makes one Check call per request to an Envoy external
+// authorization server (one per member with addresses).
+func NewExtAuthz(a *config.Agent, log zerolog.Logger) (agentmux.Agent, error) {
+	return withMembers(a, log, func(m *config.Agent, log zerolog.Logger) (agentmux.Agent, error) {
+		c, err := ExtAuthzConfig(m, log)
+		if err != nil {
+			return nil, err
+		}
+		return extauthz.NewClient(c)
+	})
+}
+
+// HTTPAuthConfig maps a configured agent of transport http_auth to the
+// client's configuration, options included (httpauth.Options), and
+// validates it.
+func HTTPAuthConfig(a *config.Agent, log zerolog.Logger) (httpauth.Config, error) {
+	c := httpauth.DefaultConfig(a.Name, a.Address)
+	c.MaxInFlight = a.MaxInFlight
+	c.MaxQueue = a.MaxQueue
+	c.DialTimeout = a.Timeouts.Connect + a.Timeouts.Handshake
+	c.MessageTimeout = a.Timeouts.Message
+	c.Logger = log
+	if err := c.ApplyOptions(a.Options); err != nil {
+		return c, err
+	}
+	return c, c.Validate()
+}
+
+// NewHTTPAuth is the factory of transport http_auth: an httpauth.Client
+// that makes one subrequest per request to a forward-auth URL.
+func NewHTTPAuth(a *config.Agent, log zerolog.Logger) (agentmux.Agent, error) {
+	c, err := HTTPAuthConfig(a, log)
+	if err != nil {
+		return nil, err
+	}
+	return httpauth.NewClient(c)
 }

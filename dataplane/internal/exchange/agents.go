@@ -509,7 +509,7 @@ func (ex *Exchange) buildRequestView() {
 	ex.names = names
 	m.Headers = hdrs
 	m.Method = h.Method
-	m.URI = h.Target
+	m.URI = ex.fwdTarget() // a route's rewrite applied
 	m.RequestTarget = nil
 	m.HasBody = ex.hasReqBody
 	md := &m.Metadata

@@ -109,8 +109,10 @@ func (ex *Exchange) buildClientView() {
 	ex.names = names
 	m.Headers = hdrs
 	m.Method = h.Method
-	m.URI = h.Target
-	m.RequestTarget = m.URI
+	// uri is the target the upstream gets (a route's rewrite applied) in
+	// both views; request_target is the client's.
+	m.URI = ex.fwdTarget()
+	m.RequestTarget = h.Target
 	if len(h.RawTarget) > 0 {
 		m.RequestTarget = h.RawTarget
 	}
@@ -172,6 +174,7 @@ func (ex *Exchange) commonMetadata(md *protocol.Metadata) {
 	md.UpstreamID = ex.rt.up.NameBytes()
 	md.Timestamp = timestamp(ex.start)
 	md.ServerIP, md.ServerPort, md.ListenerID = c.ServerIP, c.ServerPort, ex.lst.Name
+	md.Path = ex.head.Path
 	if f := c.TLS; f != nil {
 		md.TLSVersion, md.TLSCipher, md.TLSServerName = f.Version, f.Cipher, f.ServerName
 		md.TLSClientSubject, md.TLSClientSAN = f.ClientSubject, f.ClientSAN

@@ -7,6 +7,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/zentinelproxy/sidecar/dataplane/internal/ratelog"
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/internal/config"
 	"github.com/zentinelproxy/sidecar/internal/observe"
@@ -22,6 +23,8 @@ type Core struct {
 	stats counters
 	watch *watcher
 	spans *spanExporter // trace span export (otlp.go); nil when off
+	// logRLS rate-limits the log lines of rate limit service failures.
+	logRLS ratelog.Limit
 }
 
 // NewCore makes a core that reports to obs (nil: nobody) and logs to
@@ -63,6 +66,9 @@ func (c *Core) Table() *Table { return c.tbl.Load() }
 func (c *Core) Stop(ctx context.Context) error {
 	if c.watch != nil {
 		c.watch.close()
+	}
+	if t := c.tbl.Load(); t != nil {
+		t.rls.close()
 	}
 	if c.spans != nil {
 		return c.spans.shutdown(ctx)
@@ -150,6 +156,8 @@ type counters struct {
 	bodyTooSlow                                               atomic.Uint64
 	traceInvalid, tracestateInvalid, traceGenerated           atomic.Uint64
 	limits, inlined                                           atomic.Uint64
+	rateLimited, retries, retryBudget                         atomic.Uint64
+	globalLimited, globalErrors                               atomic.Uint64
 	rejected                                                  [observe.NumRejects]atomic.Uint64
 	inflight                                                  atomic.Int64
 }
@@ -176,6 +184,14 @@ func (c *Core) Stats(st *observe.Stats) {
 	st.TraceGenerated = s.traceGenerated.Load()
 	st.LimitsExceeded = s.limits.Load()
 	st.InlineBodies = s.inlined.Load()
+	st.RateLimited = s.rateLimited.Load()
+	if t := c.tbl.Load(); t != nil {
+		st.RateLimitedBy = t.rateLimitedBy()
+	}
+	st.RouteRetries = s.retries.Load()
+	st.RetryBudgetExhausted = s.retryBudget.Load()
+	st.GlobalRateLimited = s.globalLimited.Load()
+	st.GlobalRateLimitErrors = s.globalErrors.Load()
 	st.Rejected = make(map[string]uint64, observe.NumRejects)
 	for i := range s.rejected {
 		st.Rejected[observe.RejectReasons[i]] = s.rejected[i].Load()

@@ -76,6 +76,7 @@ type Exchange struct {
 	upState     // forward.go: the upstream's response in use
 	outcomes    // this file: how the request ended
 
+	rs          routeState    // routing.go: the route's actions
 	inl         inlineState   // inline.go
 	trace       traceState    // trace.go
 	shadowConvs []*shadowConv // shadow.go
@@ -126,6 +127,7 @@ func (ex *Exchange) release() {
 	ex.upState = upState{}
 	ex.outcomes = outcomes{}
 	ex.inl = inlineState{}
+	ex.rs.reset()
 	ex.trace = traceState{}
 	ex.head = Head{Fields: ex.head.Fields[:0]}
 	ex.tbl, ex.rt, ex.conn, ex.lst = nil, nil, nil, nil
@@ -177,7 +179,12 @@ func (ex *Exchange) Serve() {
 	}
 	// ex.host is the canonical host (prepareRequest); the Host header
 	// carries the same, with the client's port.
-	rt := ex.tbl.match(ex.host, h.Path)
+	if ex.tbl.lstLimits != nil {
+		if rl := ex.tbl.lstLimits[string(ex.lst.Name)]; rl != nil && ex.rateLimited(rl) {
+			return
+		}
+	}
+	rt := ex.tbl.match(ex, ex.host, h.Path)
 	if rt == nil {
 		ex.local(404, "no route", "no route")
 		return
@@ -188,7 +195,30 @@ func (ex *Exchange) Serve() {
 		return
 	}
 	ex.rt = rt
+	x := &rt.ext
+	if x.limit != nil && !x.limit.after && ex.rateLimited(x.limit) {
+		return
+	}
+	if x.global != nil && !x.global.after && ex.globalLimited(x.global) {
+		return
+	}
+	switch {
+	case x.direct != nil:
+		ex.directResponse()
+		return
+	case x.redirect != nil:
+		ex.redirectResponse()
+		return
+	}
+	if x.retry != nil {
+		x.retry.active.Add(1)
+		ex.rs.budgeted = true
+	}
 	ex.upHost = rt.upstreamHost(ex.hostFull)
+	ex.rewrite()
+	if len(x.reqOps) > 0 {
+		ex.applyRouteReqOps()
+	}
 	ex.nslots = len(rt.agents)
 	for i := range rt.agents {
 		ex.slots[i].ra = &rt.agents[i]
@@ -197,7 +227,16 @@ func (ex *Exchange) Serve() {
 		ex.local(413, "request body too large", "body over max_request_body")
 		return
 	}
-	if !ex.bufferAhead() || !ex.requestHeaders() || !ex.requestBody() || !ex.forward() {
+	if !ex.bufferAhead() || !ex.requestHeaders() {
+		return
+	}
+	if x.limit != nil && x.limit.after && ex.rateLimited(x.limit) {
+		return
+	}
+	if x.global != nil && x.global.after && ex.globalLimited(x.global) {
+		return
+	}
+	if !ex.requestBody() || !ex.forward() {
 		return
 	}
 	if ex.upgrade || ex.res.Head().Status == 101 {
@@ -263,6 +302,9 @@ func (ex *Exchange) Finish() {
 		c.spans.record(ex, route, status, d)
 	}
 	c.stats.inflight.Add(-1)
+	if ex.rs.budgeted {
+		ex.rt.ext.retry.active.Add(-1)
+	}
 	t := ex.tbl
 	ex.release()
 	t.release()
@@ -289,6 +331,9 @@ func (ex *Exchange) Abandon() {
 		ex.releaseUpstream()
 	}()
 	c.stats.inflight.Add(-1)
+	if ex.rs.budgeted {
+		ex.rt.ext.retry.active.Add(-1)
+	}
 	ex.tbl.release()
 }
 
@@ -313,6 +358,7 @@ func (ex *Exchange) summarize(route, status int, d time.Duration, gone bool) *ob
 		InspectionSkipped: ex.skipped[0] || ex.skipped[1],
 		Aborted:           ex.respAbort,
 		Method:            ex.head.Method,
+		Proto:             ex.head.Proto,
 		Host:              ex.hostFull,
 		Path:              ex.head.Path,
 		Protocol:          ex.head.Proto,

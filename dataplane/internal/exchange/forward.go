@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 	"syscall"
+	"time"
 
 	"github.com/zentinelproxy/sidecar/dataplane/internal/clock"
 	"github.com/zentinelproxy/sidecar/protocol"
@@ -26,7 +27,7 @@ type upState struct {
 func (ex *Exchange) forward() bool {
 	ex.finishIdle(protocol.PhaseRequest)
 	r := &ex.upReq
-	r.Method, r.Target, r.Host, r.Fields = ex.head.Method, ex.head.Target, ex.upHost, ex.hdr
+	r.Method, r.Target, r.Host, r.Fields = ex.head.Method, ex.fwdTarget(), ex.upHost, ex.hdr
 	ex.upstreamBody(r)
 	r.Idempotent = ex.idempotent()
 	r.Head = string(ex.head.Method) == "HEAD"
@@ -36,7 +37,28 @@ func (ex *Exchange) forward() bool {
 		ex.trace.upStart = int64(clock.Mono())
 	}
 	ex.reqSent = true
-	res, err := ex.rt.up.RoundTrip(r)
+	x := &ex.rt.ext
+	var deadline time.Duration
+	if x.timeout > 0 {
+		deadline = clock.Mono() + x.timeout
+	}
+	var res UpstreamResponse
+	var err error
+	for try := 0; ; try++ {
+		t, expired := ex.tryTimeout(deadline)
+		if expired {
+			res, err = nil, errRouteTimeout
+			break
+		}
+		r.ResponseTimeout = t
+		res, err = ex.rt.up.RoundTrip(r)
+		if try > 0 {
+			x.retry.retryDone() // the budget covers a retry's backoff and try
+		}
+		if x.retry == nil || try >= x.retry.num || !ex.retryable(res, err, try+1, deadline) {
+			break
+		}
+	}
 	if err == nil {
 		ex.res = res
 		if ex.trace.sampled {
@@ -145,4 +167,36 @@ func IsTimeout(err error) bool {
 func staleConn(err error) bool {
 	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
 		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+}
+
+// retryable decides whether a try that ended in res or err is retried as
+// retry n (1-based) under the route's policy and budget; when it is, the
+// try's response is released and the backoff waited.
+func (ex *Exchange) retryable(res UpstreamResponse, err error, n int, deadline time.Duration) bool {
+	p := ex.rt.ext.retry
+	cond, idem := condition(res, err)
+	if cond&p.on == 0 || ex.answered || ex.respAbort || ex.canceled() {
+		return false
+	}
+	r := &ex.upReq
+	if r.Body != nil && r.Body.Consumed() || idem && !r.Idempotent {
+		return false // the request cannot be sent again
+	}
+	wait := p.backoff(n)
+	if deadline > 0 && clock.Mono()+wait >= deadline {
+		return false
+	}
+	if !p.budget() {
+		ex.core.stats.retryBudget.Add(1)
+		return false
+	}
+	// The budget taken is given back when the retry's try returns.
+	if res != nil {
+		res.Release(false)
+	}
+	ex.core.stats.retries.Add(1)
+	// A client that goes away during the wait: the retry's try finds the
+	// request canceled and ends at once.
+	ex.retryWait(wait)
+	return true
 }

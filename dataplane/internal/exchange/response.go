@@ -183,6 +183,9 @@ func (ex *Exchange) fromUpstream(h *ResponseHead) {
 	}
 	r.Fields = list
 	ex.scratch = names[:0]
+	if len(ex.rt.ext.respOps) > 0 {
+		ex.applyRouteRespOps()
+	}
 }
 
 // block stages agent i's block response. A block once the response has

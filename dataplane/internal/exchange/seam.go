@@ -217,6 +217,10 @@ type UpstreamRequest struct {
 	Duplex bool
 	// Guard ties the connection in use to the request's cancel.
 	Guard Guard
+	// ResponseTimeout bounds the wait for the response head once the
+	// request is sent (0: the upstream's response_timeout); a route's
+	// upstream_timeout, per_try_timeout or timeout sets it.
+	ResponseTimeout time.Duration
 }
 
 // BodyProducer produces a request body as the upstream writes it: the

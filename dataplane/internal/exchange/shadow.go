@@ -507,7 +507,7 @@ func (ev *shadowEvent) copyFrom(m *protocol.RequestHeaders) {
 		len(md.UpstreamID) + len(md.Traceparent) + len(md.Timestamp) + len(md.TLSVersion) + len(md.TLSCipher) +
 		len(md.TLSServerName) + len(md.TLSClientSubject) + len(md.TLSClientSAN) +
 		len(md.ServerIP) + len(md.ListenerID) + len(md.UpstreamHost) + len(md.ForwardedFor) +
-		len(md.ForwardedProto) + len(md.ForwardedHost)
+		len(md.ForwardedProto) + len(md.ForwardedHost) + len(md.Path)
 	if cap(a) < n {
 		a = make([]byte, 0, n)
 	}
@@ -543,6 +543,7 @@ func (ev *shadowEvent) copyFrom(m *protocol.RequestHeaders) {
 			ForwardedFor:     cp(md.ForwardedFor),
 			ForwardedProto:   cp(md.ForwardedProto),
 			ForwardedHost:    cp(md.ForwardedHost),
+			Path:             cp(md.Path),
 		},
 	}
 	ev.arena, ev.hdrs = a, hdrs

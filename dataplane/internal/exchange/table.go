@@ -28,6 +28,12 @@ type Table struct {
 	any   []*route
 	// maxWild is the most dots of a wildcard suffix, bounding lookups.
 	maxWild int
+	// lstLimits are the listeners' rate limits, by listener name (nil:
+	// none).
+	lstLimits map[string]*routeLimit
+	// rls is the rate limit service of routes' global_rate_limit (nil:
+	// none; globalrl.go).
+	rls *rlService
 
 	// routeIDs and agentIDs number names for the Observer. Each table
 	// inherits them from the one it replaces, so an index keeps meaning
@@ -114,6 +120,9 @@ type route struct {
 
 	// shadowBody is the body policy of each of shadows on this route.
 	shadowBody [][2]bodyPolicy
+
+	// ext is the route's other conditions and its actions (routing.go).
+	ext routeExt
 }
 
 // Body modes resolved from config (auto is resolved per request from the
@@ -200,6 +209,20 @@ func BuildTable(cfg *config.Config, agents map[string]agentmux.Agent, ups []Upst
 		t.agents = append(t.agents, e)
 		byName[a.Name] = e
 	}
+	for i := range cfg.Listeners {
+		l := &cfg.Listeners[i]
+		if l.RateLimit == nil {
+			continue
+		}
+		if t.lstLimits == nil {
+			t.lstLimits = make(map[string]*routeLimit)
+		}
+		if old := prev.listenerLimit(l.Name); old != nil && old.cfg == *l.RateLimit {
+			t.lstLimits[l.Name] = old // its buckets survive a reload
+		} else {
+			t.lstLimits[l.Name] = newRouteLimit(l.Name, l.RateLimit)
+		}
+	}
 	byUp := make(map[string]Upstream, len(ups))
 	for _, up := range ups {
 		byUp[up.Name()] = up
@@ -208,8 +231,11 @@ func BuildTable(cfg *config.Config, agents map[string]agentmux.Agent, ups []Upst
 	for i := range cfg.Routes {
 		rc := &cfg.Routes[i]
 		r := &route{name: rc.Name, nameB: []byte(rc.Name), idx: t.routeIDs.id(rc.Name), prefix: []byte(rc.PathPrefix), up: byUp[rc.Upstream]}
-		if r.up == nil {
+		if r.up == nil && (rc.Upstream != "" || rc.DirectResponse == nil && rc.Redirect == nil) {
 			return nil, fmt.Errorf("%w: route %q: unknown upstream %q", ErrConfig, rc.Name, rc.Upstream)
+		}
+		if err := compileRoute(rc, r, prev); err != nil {
+			return nil, err
 		}
 		switch rc.HostHeader {
 		case config.HostPreserve, "":
@@ -265,8 +291,18 @@ func BuildTable(cfg *config.Config, agents map[string]agentmux.Agent, ups []Upst
 			}
 		}
 	}
+	// The match order of one host's routes (routing.go): exact paths,
+	// regular expressions, prefixes longest first; the file's order
+	// among equals.
 	byPrefix := func(rs []*route) {
-		sort.SliceStable(rs, func(i, j int) bool { return len(rs[i].prefix) > len(rs[j].prefix) })
+		sort.SliceStable(rs, func(i, j int) bool {
+			ki, li := rs[i].rank()
+			kj, lj := rs[j].rank()
+			if ki != kj {
+				return ki < kj
+			}
+			return li < lj
+		})
 	}
 	for _, rs := range t.exact {
 		byPrefix(rs)
@@ -275,13 +311,27 @@ func BuildTable(cfg *config.Config, agents map[string]agentmux.Agent, ups []Upst
 		byPrefix(rs)
 	}
 	byPrefix(t.any)
+	// Last, once nothing can fail: the service's connection is kept
+	// from prev when its settings did not change.
+	if s := cfg.RateLimitService; s != nil {
+		if prev != nil && prev.rls != nil && prev.rls.cfg == *s {
+			t.rls = prev.rls
+		} else {
+			rls, err := newRLService(s)
+			if err != nil {
+				return nil, fmt.Errorf("%w: rate_limit_service: %v", ErrConfig, err)
+			}
+			t.rls = rls
+		}
+	}
 	return t, nil
 }
 
-// match finds the route for a lower-case host (no port) and a path.
-func (t *Table) match(host, path []byte) *route {
+// match finds the route for ex, whose host is lower case (no port), and
+// its path.
+func (t *Table) match(ex *Exchange, host, path []byte) *route {
 	if rs, ok := t.exact[string(host)]; ok {
-		if r := byPrefix(rs, path); r != nil {
+		if r := firstMatch(rs, ex, path); r != nil {
 			return r
 		}
 	}
@@ -293,18 +343,19 @@ func (t *Table) match(host, path []byte) *route {
 				continue
 			}
 			if rs, ok := t.wild[string(host[i:])]; ok {
-				if r := byPrefix(rs, path); r != nil {
+				if r := firstMatch(rs, ex, path); r != nil {
 					return r
 				}
 			}
 		}
 	}
-	return byPrefix(t.any, path)
+	return firstMatch(t.any, ex, path)
 }
 
-func byPrefix(rs []*route, path []byte) *route {
+// firstMatch is the first of rs, in match order, whose conditions hold.
+func firstMatch(rs []*route, ex *Exchange, path []byte) *route {
 	for _, r := range rs {
-		if len(path) >= len(r.prefix) && string(path[:len(r.prefix)]) == string(r.prefix) {
+		if r.matches(ex, path) {
 			return r
 		}
 	}
@@ -331,6 +382,9 @@ func (t *Table) Retire(next *Table, onDrain func()) {
 		}
 	}
 	t.retire(func() {
+		if t.rls != next.rls {
+			t.rls.close()
+		}
 		for _, e := range t.agents {
 			if e.shadow != nil && !keep[e.shadow] {
 				e.shadow.stop()
@@ -369,4 +423,34 @@ func (t *Table) agentNames() []string {
 		n[i] = a.name
 	}
 	return n
+}
+
+// rateLimitedBy is the refusals of the table's local limits, by limit
+// (nil: no limit).
+func (t *Table) rateLimitedBy() map[string]uint64 {
+	var m map[string]uint64
+	add := func(k string, rl *routeLimit) {
+		if m == nil {
+			m = make(map[string]uint64)
+		}
+		m[k] = rl.limited.Load()
+	}
+	for name, rl := range t.lstLimits {
+		add("listener/"+name, rl)
+	}
+	for _, r := range t.routes {
+		if r.ext.limit != nil {
+			add("route/"+r.name, r.ext.limit)
+		}
+	}
+	return m
+}
+
+// listenerLimit is the rate limit of the listener called name (nil: none,
+// or no table).
+func (t *Table) listenerLimit(name string) *routeLimit {
+	if t == nil {
+		return nil
+	}
+	return t.lstLimits[name]
 }

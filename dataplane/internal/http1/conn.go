@@ -389,6 +389,9 @@ type eofListener struct {
 	log    zerolog.Logger
 	stats  *Counters
 	closed atomic.Bool
+	// detached: Close leaves the socket open for another listener
+	// (Listener.Detach).
+	detached atomic.Bool
 	// exhausted rate-limits the exhaustion warning.
 	exhausted ratelog.Every
 }
@@ -404,6 +407,11 @@ func (l *eofListener) Accept() (net.Conn, error) {
 	var delay time.Duration
 	for {
 		c, err := l.Listener.Accept()
+		if err != nil && l.detached.Load() {
+			// Woken by Detach's deadline: this listener is done with the
+			// socket, which stays open.
+			return nil, net.ErrClosed
+		}
 		if err == nil {
 			if l.conns != nil && !l.conns.admit() {
 				l.refuse(c)
@@ -440,7 +448,25 @@ func (l *eofListener) Accept() (net.Conn, error) {
 // Close stops the listener; an Accept backing off returns at its next try.
 func (l *eofListener) Close() error {
 	l.closed.Store(true)
+	if l.detached.Load() {
+		return nil
+	}
 	return l.Listener.Close()
+}
+
+// deadliner is a listening socket whose Accept a deadline can wake
+// (*net.TCPListener, *net.UnixListener).
+type deadliner interface{ SetDeadline(time.Time) error }
+
+// detach stops accepting without closing the socket: a past deadline
+// wakes the Accept in progress, which returns net.ErrClosed.
+func (l *eofListener) detach() bool {
+	d, ok := l.Listener.(deadliner)
+	if !ok {
+		return false
+	}
+	l.detached.Store(true)
+	return d.SetDeadline(time.Unix(1, 0)) == nil
 }
 
 func (l *eofListener) logExhausted(err error, delay time.Duration) {

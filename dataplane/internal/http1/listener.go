@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"sync/atomic"
+	"time"
 
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
@@ -42,6 +43,10 @@ type Listener struct {
 	tls   *listenerTLS // nil: plain HTTP
 	tun   tunnelSet    // open Upgrade tunnels (upgrade.go)
 	conns *connSet     // client connections (conn.go)
+	// el is the socket being served (Serve), for Detach; detach is set
+	// by Detach (a Serve that starts after it returns at once).
+	el     atomic.Pointer[eofListener]
+	detach atomic.Bool
 	// facts is what the exchange knows of the listener.
 	facts exchange.Listener
 	// h2 serves its HTTP/2 connections (sniff.go); nil: HTTP/1 only.
@@ -103,11 +108,32 @@ func fastConcurrency(maxConns int) int {
 
 // Serve serves ln until it fails or the listener shuts down.
 func (l *Listener) Serve(ln net.Listener) error {
+	if d, ok := ln.(deadliner); ok {
+		_ = d.SetDeadline(time.Time{}) // a socket handed over by Detach
+	}
 	el := &eofListener{Listener: ln, hdrBuf: int(l.cfg.ReadBufferSize), tls: l.tls, conns: l.conns, log: l.log, stats: l.stats}
+	l.el.Store(el)
+	if l.detach.Load() {
+		return nil
+	}
 	if l.h2 != nil {
 		return l.srv.Serve(l.sniffer(el))
 	}
 	return l.srv.Serve(el)
+}
+
+// Detach makes Serve return without closing its socket, so that another
+// Listener can serve it (a listener's settings changed by a reload, at
+// the same address): connections arriving meanwhile wait in the
+// socket's backlog. Shutdown then drains the listener's connections and
+// leaves the socket open. It reports false when the socket cannot be
+// woken that way (not a *net.TCPListener or *net.UnixListener).
+func (l *Listener) Detach() bool {
+	l.detach.Store(true)
+	if el := l.el.Load(); el != nil {
+		return el.detach()
+	}
+	return true
 }
 
 // Shutdown stops accepting and waits for the requests being served to

@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"strings"
@@ -41,6 +42,7 @@ var ErrTLSConfig = errors.New("dataplane: TLS configuration")
 
 type tlsCounters struct {
 	handshakes, handshakeErrors, reloads, reloadErrors atomic.Uint64
+	plainHTTP                                          atomic.Uint64
 }
 
 func (c *tlsCounters) snapshot() observe.TLSStats {
@@ -49,6 +51,7 @@ func (c *tlsCounters) snapshot() observe.TLSStats {
 		HandshakeErrors: c.handshakeErrors.Load(),
 		Reloads:         c.reloads.Load(),
 		ReloadErrors:    c.reloadErrors.Load(),
+		PlainHTTP:       c.plainHTTP.Load(),
 	}
 }
 
@@ -294,6 +297,9 @@ func (c *eofConn) handshake() error {
 	c.hsDone = true
 	lt := c.lt
 	if err := c.tls.Handshake(); err != nil {
+		if c.answerPlainHTTP(err) {
+			return err
+		}
 		lt.stats.handshakeErrors.Add(1)
 		if ok, suppressed := lt.hsLog.Allow(); ok {
 			e := lt.log.Warn().Str("listener", lt.name).Str("client", c.raw.RemoteAddr().String()).Err(err)
@@ -318,6 +324,65 @@ func (c *eofConn) handshake() error {
 	}
 	c.facts = f
 	return nil
+}
+
+// plainHTTPAnswer is the answer to plain HTTP sent to a TLS listener
+// (nginx's words).
+const plainHTTPAnswer = "HTTP/1.1 400 Bad Request\r\n" +
+	"Content-Type: text/plain; charset=utf-8\r\n" +
+	"Content-Length: 46\r\n" +
+	"Connection: close\r\n\r\n" +
+	"The plain HTTP request was sent to HTTPS port\n"
+
+// plainHTTPWriteTimeout bounds the write of plainHTTPAnswer (it fits any
+// socket buffer: only a client that never reads can reach it).
+const plainHTTPWriteTimeout = 5 * time.Second
+
+// answerPlainHTTP answers 400 on the TCP socket when the handshake failed
+// because the client spoke plain HTTP, and marks the connection for a
+// lingering close (the rest of its request may be arriving). It reports
+// whether it did.
+//
+// crypto/tls tells that case apart on its own: the first 5 bytes it reads
+// as a record header are not a handshake record and name no plausible
+// version (a TLS record starts with 0x16 0x03), and it fails with a
+// RecordHeaderError carrying the connection, unanswered. So the check
+// costs a TLS client nothing: no peek, no extra system call; only a
+// failed handshake looks at its bytes.
+func (c *eofConn) answerPlainHTTP(err error) bool {
+	var rhe tls.RecordHeaderError
+	if !errors.As(err, &rhe) || rhe.Conn == nil || !looksLikeMethod(rhe.RecordHeader[:]) {
+		return false
+	}
+	lt := c.lt
+	lt.stats.plainHTTP.Add(1)
+	if ok, suppressed := lt.hsLog.Allow(); ok {
+		e := lt.log.Info().Str("listener", lt.name).Str("client", c.raw.RemoteAddr().String())
+		if suppressed > 0 {
+			e = e.Uint64("suppressed", suppressed)
+		}
+		e.Msg("plain HTTP on a TLS listener: answered 400")
+	}
+	_ = c.raw.SetWriteDeadline(time.Now().Add(plainHTTPWriteTimeout))
+	if _, werr := io.WriteString(c.raw, plainHTTPAnswer); werr == nil {
+		c.markLinger()
+	}
+	return true
+}
+
+// looksLikeMethod reports whether b, the first bytes of a connection,
+// begin an HTTP/1 request line: a method of capital letters ("GET /",
+// "POST ", "PRI *", "OPTIO"), which no TLS record begins with.
+func looksLikeMethod(b []byte) bool {
+	for i, ch := range b {
+		if ch == ' ' {
+			return i >= 3
+		}
+		if ch < 'A' || ch > 'Z' {
+			return false
+		}
+	}
+	return len(b) > 0
 }
 
 // handshakeFailed reports a TLS connection whose handshake did not

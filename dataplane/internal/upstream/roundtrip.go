@@ -58,6 +58,10 @@ type acquireError struct{ err error }
 func (e *acquireError) Error() string { return e.err.Error() }
 func (e *acquireError) Unwrap() error { return e.err }
 func (e *acquireError) Timeout() bool { return isTimeout(e.err) }
+
+// ConnectFailure reports a connection that could not be made (not a
+// full pool): nothing was sent, a route may retry on it.
+func (e *acquireError) ConnectFailure() bool { return !errors.Is(e.err, fasthttp.ErrNoFreeConns) }
 func (e *acquireError) Is(target error) bool {
 	return target == exchange.ErrUpstreamBusy && errors.Is(e.err, fasthttp.ErrNoFreeConns)
 }
@@ -441,7 +445,11 @@ func (c *call) writeBody(bw *bufio.Writer, conn net.Conn) error {
 // body is left on the connection as a stream.
 func (c *call) readHead(conn net.Conn) error {
 	hc := c.ep.hc
-	extendRead(conn, c.up.cfg.ResponseTimeout)
+	d := c.up.cfg.ResponseTimeout
+	if c.req.ResponseTimeout > 0 {
+		d = c.req.ResponseTimeout
+	}
+	extendRead(conn, d)
 	c.wrap = eofConn{Conn: conn}
 	br := hc.AcquireReader(&c.wrap)
 	resp := &c.resp

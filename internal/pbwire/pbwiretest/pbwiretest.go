@@ -113,7 +113,7 @@ func Messages() []Case {
 			Metadata: protocol.Metadata{
 				ClientIP: b("192.0.2.7"), ClientPort: 51234, Protocol: b("HTTP/1.1"), ServerName: b("example.com"),
 				ServerIP: b("10.0.0.2"), ServerPort: 8080, ListenerID: b("public"), UpstreamHost: b("app.internal:9000"),
-				ForwardedFor: b("192.0.2.7"), ForwardedProto: b("http"), ForwardedHost: b("example.com"),
+				ForwardedFor: b("192.0.2.7"), ForwardedProto: b("http"), ForwardedHost: b("example.com"), Path: b("/upload"),
 			},
 		}},
 	}

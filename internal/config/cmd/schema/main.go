@@ -58,7 +58,7 @@ func configDir() string {
 // Values some string keys take (JSON Schema enums), by Go type and field.
 // The constants keep them tied to package config.
 var enums = map[string][]any{
-	"Agent.Transport":        {config.TransportUDS, config.TransportGRPC, config.TransportReverse, config.TransportExtProc},
+	"Agent.Transport":        {config.TransportUDS, config.TransportGRPC, config.TransportReverse, config.TransportExtProc, config.TransportExtAuthz, config.TransportHTTPAuth},
 	"Agent.FailureMode":      {config.FailClosed, config.FailOpen},
 	"RouteAgent.FailureMode": {config.FailClosed, config.FailOpen},
 	"Agent.PayloadEncoding":  {config.EncodingAuto, config.EncodingJSON},

@@ -1,0 +1,165 @@
+package dataplane_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/zentinelproxy/sidecar/internal/config"
+)
+
+// rlServer is an Envoy rate limit service: each descriptor (its entries
+// joined) may be hit limit times; it records what it was asked.
+type rlServer struct {
+	rlsv3.UnimplementedRateLimitServiceServer
+	limit int
+	delay time.Duration
+	mu    sync.Mutex
+	hits  map[string]int
+	seen  []string
+}
+
+func (s *rlServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	if s.delay > 0 {
+		select {
+		case <-time.After(s.delay):
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK}
+	var descs []string
+	for _, d := range req.GetDescriptors() {
+		var parts []string
+		for _, e := range d.GetEntries() {
+			parts = append(parts, e.GetKey()+"="+e.GetValue())
+		}
+		key := strings.Join(parts, ",")
+		descs = append(descs, key)
+		s.hits[key]++
+		st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK,
+			CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: uint32(s.limit), Unit: rlsv3.RateLimitResponse_RateLimit_MINUTE}}
+		if s.hits[key] > s.limit {
+			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+			st.DurationUntilReset = durationpb.New(42*time.Second + 300*time.Millisecond)
+			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+		}
+		resp.Statuses = append(resp.Statuses, st)
+	}
+	sort.Strings(descs)
+	s.seen = append(s.seen, req.GetDomain()+" "+strings.Join(descs, " | "))
+	if resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT {
+		resp.ResponseHeadersToAdd = []*corev3.HeaderValue{{Key: "X-Limited-By", Value: "rls"}, {Key: "Content-Length", Value: "1"}}
+	} else {
+		resp.RequestHeadersToAdd = []*corev3.HeaderValue{{Key: "X-Rls", Value: "ok"}}
+	}
+	return resp, nil
+}
+
+func serveRLS(t *testing.T, s *rlServer) string {
+	t.Helper()
+	s.hits = map[string]int{}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer()
+	rlsv3.RegisterRateLimitServiceServer(g, s)
+	go g.Serve(ln)
+	t.Cleanup(g.Stop)
+	return ln.Addr().String()
+}
+
+func globalProxy(t *testing.T, rls, service string) (*proxy, *upstream) {
+	t.Helper()
+	u := newUpstream(t, nil)
+	cfg, err := config.Parse([]byte(fmt.Sprintf(`
+listeners: [{address: "127.0.0.1:0"}]
+upstreams: [{name: app, address: %q}]
+rate_limit_service: {address: %q, domain: edge%s}
+routes:
+  - name: api
+    upstream: app
+    global_rate_limit:
+      descriptors:
+        - entries: [{remote_address: true}]
+        - entries: [{generic_key: api}, {request_header: X-Api-Key, descriptor_key: key}]
+        - entries: [{route_name: true}]
+`, u.addr(), rls, service)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return startProxy(t, cfg, nil, nil), u
+}
+
+// TestGlobalRateLimit: the descriptors reach the service as Envoy's
+// actions build them (a descriptor whose header is absent left out);
+// OVER_LIMIT answers 429 with Retry-After, RateLimit fields and the
+// service's headers (those the header rules allow); OK adds the
+// service's request headers.
+func TestGlobalRateLimit(t *testing.T) {
+	s := &rlServer{limit: 2}
+	p, u := globalProxy(t, serveRLS(t, s), "")
+	var statuses []int
+	for i := 0; i < 3; i++ {
+		resp, _ := p.do(t, "GET", "/", nil, "X-Api-Key", "k1")
+		statuses = append(statuses, resp.StatusCode)
+		if resp.StatusCode == 429 {
+			if resp.Header.Get("Retry-After") != "43" || resp.Header.Get("RateLimit") != `"global";r=0;t=43` ||
+				resp.Header.Get("RateLimit-Policy") != `"global";q=2;w=60` || resp.Header.Get("X-Limited-By") != "rls" {
+				t.Errorf("429 headers %v", resp.Header)
+			}
+		}
+	}
+	if fmt.Sprint(statuses) != "[200 200 429]" || u.count() != 2 || u.last(t).Header.Get("X-Rls") != "ok" {
+		t.Fatalf("statuses %v, upstream saw %d (X-Rls %q)", statuses, u.count(), u.last(t).Header.Get("X-Rls"))
+	}
+	p.do(t, "GET", "/", nil) // no X-Api-Key: that descriptor is left out
+	s.mu.Lock()
+	first, last := s.seen[0], s.seen[len(s.seen)-1]
+	s.mu.Unlock()
+	if first != "edge generic_key=api,key=k1 | remote_address=127.0.0.1 | route_name=api" || last != "edge remote_address=127.0.0.1 | route_name=api" {
+		t.Errorf("descriptors %q, then %q", first, last)
+	}
+	if st := p.srv.Stats(); st.GlobalRateLimited != 2 || st.GlobalRateLimitErrors != 0 {
+		t.Errorf("global_rate_limited %d, errors %d", st.GlobalRateLimited, st.GlobalRateLimitErrors)
+	}
+}
+
+// TestGlobalRateLimitFailure: a service that does not answer within its
+// timeout lets requests through by default and answers 500 with
+// failure_mode deny; both counted.
+func TestGlobalRateLimitFailure(t *testing.T) {
+	addr := serveRLS(t, &rlServer{limit: 100, delay: hangGuard})
+	p, u := globalProxy(t, addr, ", timeout: 20ms")
+	if resp, _ := p.do(t, "GET", "/", nil); resp.StatusCode != 200 || u.count() != 1 {
+		t.Errorf("allow: %d, upstream saw %d", resp.StatusCode, u.count())
+	}
+	if st := p.srv.Stats(); st.GlobalRateLimitErrors != 1 {
+		t.Errorf("errors %d", st.GlobalRateLimitErrors)
+	}
+	p2, u2 := globalProxy(t, addr, ", timeout: 20ms, failure_mode: deny")
+	if resp, _ := p2.do(t, "GET", "/", nil); resp.StatusCode != 500 || u2.count() != 0 {
+		t.Errorf("deny: %d, upstream saw %d", resp.StatusCode, u2.count())
+	}
+	// A service nobody listens on: refused at once.
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	gone := ln.Addr().String()
+	ln.Close()
+	p3, _ := globalProxy(t, gone, "")
+	if resp, _ := p3.do(t, "GET", "/", nil); resp.StatusCode != 200 {
+		t.Errorf("unreachable service, allow: %d", resp.StatusCode)
+	}
+}

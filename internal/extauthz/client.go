@@ -1,0 +1,299 @@
+// Package extauthz runs Envoy external authorization servers
+// (envoy.service.auth.v3.Authorization, such as OPA's Envoy plugin) as
+// agents: the proxy is the ext_authz client, one unary Check call per
+// HTTP request, over a pool of HTTP/2 connections.
+//
+// The transport is an authcall.Link: the dataplane drives the same
+// exchanges as for every agent, the request headers event becomes a
+// CheckRequest and the CheckResponse a protocol.Decision (allow with
+// header operations, or a block), so that Decision.Normalize and the
+// dataplane's rules and limits apply to the server's mutations exactly as
+// to any agent's. Where a server can tell, the mapping is Envoy's
+// ext_authz filter's, each rule citing the Envoy behaviour it follows;
+// see docs/transports.md for the field-by-field mapping and what is
+// refused. A connection carries requests only once its server has
+// answered a probe Check as an authorization server (Client.probe).
+package extauthz
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
+	"github.com/rs/zerolog"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/status"
+
+	"github.com/zentinelproxy/sidecar/internal/agentmux"
+	"github.com/zentinelproxy/sidecar/internal/authcall"
+	"github.com/zentinelproxy/sidecar/internal/grpcclient"
+	"github.com/zentinelproxy/sidecar/protocol"
+)
+
+// event indexes the transport's own counters.
+type event int
+
+const (
+	evChecks event = iota
+	evOK
+	evDenied
+	evErrorResponse
+	evUnsupported
+	evIgnored
+	evProbeRefused
+	numEvents
+)
+
+// EventNames are the labels of the transport's counters, by event
+// (exported as sidecar_authz_events_total).
+var EventNames = [numEvents]string{
+	"checks", "ok", "denied", "error_responses", "unsupported_responses",
+	"fields_ignored", "probes_refused",
+}
+
+// ErrNotAuthz: the server at the agent's address does not implement
+// envoy.service.auth.v3.Authorization.
+var ErrNotAuthz = errors.New("extauthz: the server does not implement envoy.service.auth.v3.Authorization")
+
+var _ agentmux.Reporter = (*Client)(nil)
+
+// Client keeps Conns HTTP/2 connections to one authorization server and
+// implements agentmux.Agent: each connection is an agentmux.Session over
+// an authcall.Link that makes one Check call per request.
+type Client struct {
+	*agentmux.Pool
+	cfg    Config
+	caps   protocol.Capabilities
+	conns  []*grpc.ClientConn
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	log    zerolog.Logger
+
+	counts [numEvents]atomic.Uint64
+}
+
+func (c *Client) count(e event) { c.counts[e].Add(1) }
+
+// Counts returns the transport's counters by EventNames.
+func (c *Client) Counts() map[string]uint64 {
+	out := make(map[string]uint64, numEvents)
+	for i := range c.counts {
+		out[EventNames[i]] = c.counts[i].Load()
+	}
+	return out
+}
+
+// Snapshot implements agentmux.Reporter: the pool's connections and
+// counters, and the transport's events (Counts).
+func (c *Client) Snapshot() agentmux.AgentStatus {
+	st := c.Pool.Snapshot()
+	st.Events = c.Counts()
+	return st
+}
+
+// Capabilities are an ext_authz server's: the request headers (a Check
+// decides the request before it goes upstream), and with
+// WithRequestBody the request body, buffered (the whole body of a
+// single chunk inline, saving a round trip).
+func (c *Config) Capabilities() protocol.Capabilities {
+	return protocol.Capabilities{HandlesRequestHeaders: true, SupportsCancellation: true,
+		HandlesRequestBody: c.WithRequestBody, SupportsInlineBody: c.WithRequestBody}
+}
+
+// NewClient validates cfg, reads its TLS files and starts connecting;
+// Begin fails with agentmux.ErrAgentUnavailable until a connection is up.
+func NewClient(cfg Config) (*Client, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	opts, err := grpcclient.DialOptions(&cfg.TLS, cfg.MaxMessageSize, cfg.DialTimeout,
+		backoff.DefaultConfig.BaseDelay, backoff.DefaultConfig.MaxDelay, "zentinel-sidecar/0.1 ext_authz")
+	if err != nil {
+		return nil, fmt.Errorf("%w: agent %q: %v", ErrExtAuthzConfig, cfg.Name, err)
+	}
+	opts = append(opts, grpc.WithDefaultCallOptions(grpc.ForceCodecV2(newCodec(&cfg))))
+	ctx, cancel := context.WithCancel(context.Background())
+	c := &Client{
+		Pool:   agentmux.NewPool(cfg.Name, "ext_authz"),
+		cfg:    cfg,
+		caps:   cfg.Capabilities(),
+		ctx:    ctx,
+		cancel: cancel,
+		log:    cfg.Logger.With().Str("address", cfg.Address).Logger(),
+	}
+	if c.conns, err = grpcclient.NewClientConns(cfg.Address, cfg.Conns, opts); err != nil {
+		cancel()
+		return nil, fmt.Errorf("%w: agent %q: address %q: %v", ErrExtAuthzConfig, cfg.Name, cfg.Address, err)
+	}
+	for i := range c.conns {
+		c.wg.Add(1)
+		go c.maintain(i)
+	}
+	return c, nil
+}
+
+// checker is one connection's authcall.Checker.
+type checker struct {
+	c  *Client
+	cc *grpc.ClientConn
+}
+
+// checkMethod is Authorization/Check's full name.
+const checkMethod = "/envoy.service.auth.v3.Authorization/Check"
+
+// Check implements authcall.Checker: one Check call, its request encoded
+// by the connection's codec straight from m (checkWire).
+func (k checker) Check(ctx context.Context, m *protocol.RequestHeaders, body []byte, d *protocol.Decision) error {
+	c := k.c
+	c.count(evChecks)
+	w := checkWire{cfg: &c.cfg, m: m, body: body, now: time.Now()}
+	r := new(authv3.CheckResponse)
+	if err := k.cc.Invoke(ctx, checkMethod, &w, r); err != nil {
+		return rpcError(err)
+	}
+	return c.mapResponse(m, r, d)
+}
+
+// Probe retries, as ext_proc's: a connection whose server refused the
+// probe is probed again after probeRetryMin, doubling up to
+// probeRetryMax, while it stays up.
+const (
+	probeRetryMin = time.Second
+	probeRetryMax = 30 * time.Second
+)
+
+// probe asks the server whether it implements Authorization: a Check of
+// an empty CheckRequest. Any answer, whatever its verdict, and any error
+// status but Unimplemented, is a server of the service (a policy may
+// deny or reject a request without attributes); Unimplemented is not.
+func (c *Client) probe(cli authv3.AuthorizationClient) error {
+	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.DialTimeout)
+	defer cancel()
+	_, err := cli.Check(ctx, &authv3.CheckRequest{Attributes: &authv3.AttributeContext{}})
+	switch status.Code(err) {
+	case codes.OK:
+		return nil
+	case codes.Unimplemented:
+		return fmt.Errorf("%w: %v", ErrNotAuthz, rpcError(err))
+	case codes.Unavailable, codes.Canceled, codes.DeadlineExceeded:
+		if c.ctx.Err() == nil && !errors.Is(err, io.EOF) {
+			return fmt.Errorf("probe: %v", rpcError(err))
+		}
+	}
+	return nil
+}
+
+// maintain keeps connection slot's session in the pool while the
+// connection is usable (the same life as an ext_proc connection's).
+func (c *Client) maintain(slot int) {
+	defer c.wg.Done()
+	cc := c.conns[slot]
+	cli := authv3.NewAuthorizationClient(cc)
+	log := c.log.With().Int("conn", slot).Logger()
+	var sess *agentmux.Session
+	drop := func(why string) {
+		if sess == nil {
+			return
+		}
+		c.Remove(sess)
+		sess.Fail(fmt.Errorf("authorization server connection %s", why))
+		_ = sess.Close()
+		sess = nil
+		if c.ctx.Err() == nil {
+			log.Warn().Str("state", why).Msg("authorization server connection lost")
+		}
+	}
+	defer drop("closed")
+	cc.Connect()
+	retry := probeRetryMin
+	refused := false
+	for {
+		st := cc.GetState()
+		var recheck time.Duration
+		switch st {
+		case connectivity.Ready:
+			if sess != nil {
+				break
+			}
+			if err := c.probe(cli); err != nil {
+				c.SetLastError(fmt.Errorf("authorization server %s: %v", c.cfg.Address, err))
+				if errors.Is(err, ErrNotAuthz) {
+					c.count(evProbeRefused)
+					if !refused {
+						log.Error().Err(err).Msg("authorization server refused: not an ext_authz server")
+					}
+					refused = true
+				}
+				recheck = retry
+				retry = min(2*retry, probeRetryMax)
+				break
+			}
+			refused, retry = false, probeRetryMin
+			l := authcall.NewLink(c.cfg.Name, checker{c: c, cc: cc}, c.cfg.WithRequestBody)
+			sess = agentmux.NewSession(l, c.caps, agentmux.SessionConfig{
+				Name:           c.cfg.Name,
+				MaxInFlight:    c.cfg.MaxInFlight,
+				MaxQueue:       c.cfg.MaxQueue,
+				MessageTimeout: c.cfg.MessageTimeout,
+			})
+			l.SetSession(sess)
+			c.SetLastError(nil)
+			c.Add(sess)
+		case connectivity.Idle:
+			cc.Connect()
+		case connectivity.TransientFailure, connectivity.Shutdown:
+			c.SetLastError(fmt.Errorf("connection to authorization server %s: %s", c.cfg.Address, st))
+			drop(st.String())
+			refused, retry = false, probeRetryMin
+		}
+		if !c.waitState(cc, st, recheck) {
+			return
+		}
+	}
+}
+
+// waitState waits for cc to leave state st, or d (0: no limit) to pass;
+// false when the client is closing.
+func (c *Client) waitState(cc *grpc.ClientConn, st connectivity.State, d time.Duration) bool {
+	if d == 0 {
+		return cc.WaitForStateChange(c.ctx, st)
+	}
+	ctx, cancel := context.WithTimeout(c.ctx, d)
+	defer cancel()
+	cc.WaitForStateChange(ctx, st)
+	return c.ctx.Err() == nil
+}
+
+// Close ends every call and closes the connections.
+func (c *Client) Close() error {
+	err := c.Pool.Close()
+	c.cancel()
+	c.wg.Wait()
+	for _, cc := range c.conns {
+		_ = cc.Close()
+	}
+	return err
+}
+
+// rpcError shortens a gRPC status error for logs and replies, keeping
+// context.DeadlineExceeded recognisable.
+func rpcError(err error) error {
+	s, ok := status.FromError(err)
+	if !ok {
+		return err
+	}
+	msg := clip(s.Message())
+	if s.Code() == codes.DeadlineExceeded {
+		return fmt.Errorf("%w: %s", context.DeadlineExceeded, msg)
+	}
+	return fmt.Errorf("%s: %s", s.Code(), msg)
+}
