@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"strconv"
 	"sync"
@@ -110,6 +111,39 @@ func sendEndless(c net.Conn, chunked bool) (done chan struct{}) {
 	return done
 }
 
+// A net/http upstream that answers without reading the request body: it
+// reads at most 256 KiB of it, closes its side for writing, and closes
+// the connection 500 ms later, resetting it (the body is still coming).
+// Its answer reaches the client. (The upstream of setup reads every body
+// before its handler runs, so it cannot answer early; and the client here
+// is a plain connection, which reads the answer whatever happens to the
+// rest of its body, where net/http's client may report the failed write
+// instead.)
+func TestUpstreamAnswersEarly(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Connection", "close")
+		w.WriteHeader(413)
+		w.Write([]byte("too big for me"))
+	}))
+	t.Cleanup(up.Close)
+	p := startProxy(t, configText(t, oneAgentConfig, map[string]any{"Upstream": up.Listener.Addr().String(), "Chain": ""}), nil, nil)
+	c, err := net.Dial("tcp", p.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := sendEndless(c, true)
+	defer func() { c.Close(); <-done }()
+	c.SetReadDeadline(time.Now().Add(hangGuard))
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	if resp.StatusCode != 413 || string(body) != "too big for me" || err != nil {
+		t.Fatalf("got %d %q %v", resp.StatusCode, body, err)
+	}
+}
+
 // An upstream that answers before it has read the request body and then
 // stops reading, without closing: its complete answer reaches the client
 // while the body is still being sent and the upstream still holds its
@@ -129,13 +163,19 @@ func TestUpstreamAnswersEarlyAndHolds(t *testing.T) {
 			done := sendEndless(c, chunked)
 			defer func() { c.Close(); <-done }()
 			c.SetReadDeadline(time.Now().Add(hangGuard))
-			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			cr := bufio.NewReader(c)
+			resp, err := http.ReadResponse(cr, nil)
 			if err != nil {
 				t.Fatalf("no answer while the upstream held its connection open: %v", err)
 			}
 			body, err := io.ReadAll(resp.Body)
 			if resp.StatusCode != 413 || string(body) != "too big for me" || err != nil {
 				t.Fatalf("got %d %q %v", resp.StatusCode, body, err)
+			}
+			// The rest of the client's body is not taken as a request:
+			// the proxy closes the client's connection.
+			if n, err := io.Copy(io.Discard, cr); n > 0 || errors.Is(err, os.ErrDeadlineExceeded) {
+				t.Fatalf("after the answer: %d more bytes, %v", n, err)
 			}
 			// Only now may the upstream go on: the proxy has closed its
 			// connection (the rest of the request is not sent on it).
