@@ -203,7 +203,7 @@ func TestUpstreamAnswersEarlyAndHolds(t *testing.T) {
 // streams its answer is not cut short: the body is sent whole, even when
 // the upstream lets the proxy's writes wait meanwhile.
 func TestUpstreamStreamsAnswerWhileReading(t *testing.T) {
-	const size = 24 << 20
+	const size = 8 << 20
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -229,6 +229,7 @@ func TestUpstreamStreamsAnswerWhileReading(t *testing.T) {
 				break
 			}
 		}
+		c.(*net.TCPConn).SetReadBuffer(64 << 10) // the proxy's writes fill it sooner
 		io.WriteString(c, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n")
 		// Not reading for a while lets the proxy's writes fill the
 		// socket and wait with the head already there.
@@ -238,7 +239,9 @@ func TestUpstreamStreamsAnswerWhileReading(t *testing.T) {
 		got <- n
 	}()
 	p := startProxy(t, configText(t, oneAgentConfig, map[string]any{"Upstream": ln.Addr().String(), "Chain": ""}), nil, nil)
-	req, _ := http.NewRequest("POST", p.url("/"), io.LimitReader(&pattern{}, size))
+	piece := make([]byte, 32<<10)
+	(&pattern{}).Read(piece)
+	req, _ := http.NewRequest("POST", p.url("/"), io.LimitReader(repeatReader(piece), size))
 	req.ContentLength = size
 	resp, err := p.client.Do(req)
 	if err != nil {
@@ -283,3 +286,14 @@ func TestAllocsProxiedPost(t *testing.T) {
 // request body without an agent: one write to the upstream, and several.
 func BenchmarkProxyNoAgentPost1K(b *testing.B)   { benchProxy(b, false, make([]byte, 1<<10)) }
 func BenchmarkProxyNoAgentPost256K(b *testing.B) { benchProxy(b, false, make([]byte, 256<<10)) }
+
+// repeatReader reads b over and over.
+type repeatReader []byte
+
+func (r repeatReader) Read(p []byte) (int, error) {
+	n := 0
+	for n < len(p) {
+		n += copy(p[n:], r)
+	}
+	return n, nil
+}
