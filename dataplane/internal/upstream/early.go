@@ -21,13 +21,15 @@ import (
 // buffer and wait for room that never comes until the upstream closes the
 // connection (Go's net/http waits 500 ms, others longer) or the write
 // times out (idle_timeout, 60 s by default), and the answer waits with
-// them. As nginx and HAProxy do, and as RFC 9112 (section 9.3) asks of a
+// them. As nginx and HAProxy do, and as RFC 9112 (section 9.5) asks of a
 // client that sends a body, a write that finds the socket full looks for
-// the answer: a complete final response already received is relayed at
-// once, the rest of the body is not sent, and the connection is closed
-// afterwards. A response that is not complete yet (a head that streams
-// its body, a body not all received) leaves the body to be sent, as
-// before: an upstream may answer while it still reads.
+// the answer: a complete final response already received that refuses the
+// body (an error, or Connection: close) is relayed at once, the rest of
+// the body is not sent, and the connection is closed afterwards. A
+// response that is not complete yet (a head that streams its body, a body
+// not all received), or a success on a connection the upstream keeps,
+// leaves the body to be sent, as before: an upstream may answer while it
+// still reads.
 //
 // A write that finds room costs nothing more: the look is made only when
 // the socket's buffer is full (EAGAIN), one recvfrom(2) with MSG_PEEK.
@@ -167,10 +169,12 @@ type headScanner struct {
 
 var headEnd = []byte("\r\n\r\n")
 
-// completeAnswer reports whether b starts with a complete final response:
-// interim (1xx) heads, a final head, and all of its body when its length
-// is known (Content-Length, or none). A chunked body or one delimited by
-// the close of the connection counts as not complete; so does a 101.
+// completeAnswer reports whether b starts with a complete final response
+// that ends the request: interim (1xx) heads, a final head that is an
+// error (4xx, 5xx) or closes the connection (RFC 9112, 9.5: the server does
+// not wish to receive the body), and all of its body when its length is
+// known (Content-Length, or none). A chunked body or one delimited by the
+// close of the connection counts as not complete; so does a 101.
 func completeAnswer(b []byte, head bool) bool {
 	s := scanners.Get().(*headScanner)
 	defer scanners.Put(s)
@@ -197,6 +201,12 @@ func completeAnswer(b []byte, head bool) bool {
 			continue
 		}
 		if st < 200 {
+			return false
+		}
+		if st < 400 && !s.h.ConnectionClose() {
+			// A success or a redirect on a connection the upstream keeps
+			// may still want the body (it has to read it anyway to read
+			// the next request): the body goes on.
 			return false
 		}
 		cl := s.h.ContentLength()
