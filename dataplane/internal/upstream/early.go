@@ -21,11 +21,11 @@ import (
 // buffer and wait for room that never comes until the upstream closes the
 // connection (Go's net/http waits 500 ms, others longer) or the write
 // times out (idle_timeout, 60 s by default), and the answer waits with
-// them. As nginx and HAProxy do, and as RFC 9112 (section 9.5) asks of a
-// client that sends a body, a write that finds the socket full looks for
-// the answer: a complete final response already received that refuses the
-// body (an error, or Connection: close) is relayed at once, the rest of
-// the body is not sent, and the connection is closed afterwards. A
+// them. As RFC 9112 (section 9.5) asks of a client that sends a body, a
+// write that finds the socket full looks for the answer: a complete final
+// response already received that refuses the body (an error, or
+// Connection: close) is relayed at once, the rest of the body is not
+// sent, and the connection is closed afterwards. A
 // response that is not complete yet (a head that streams its body, a body
 // not all received), or a success on a connection the upstream keeps,
 // leaves the body to be sent, as before: an upstream may answer while it
