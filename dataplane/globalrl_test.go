@@ -111,7 +111,9 @@ routes:
 // service's request headers.
 func TestGlobalRateLimit(t *testing.T) {
 	s := &rlServer{limit: 2}
-	p, u := globalProxy(t, serveRLS(t, s), "")
+	// A timeout no loaded test machine reaches: the default (20ms) is
+	// TestGlobalRateLimitFailure's business.
+	p, u := globalProxy(t, serveRLS(t, s), ", timeout: 10s")
 	var statuses []int
 	for i := 0; i < 3; i++ {
 		resp, _ := p.do(t, "GET", "/", nil, "X-Api-Key", "k1")

@@ -194,18 +194,6 @@ func TestChunkedUpstreamResponse(t *testing.T) {
 	testutil.WaitFor(t, "aborted counter", func() bool { return p.srv.Stats().ResponseAborted == 1 })
 }
 
-func TestUpstreamAnswersEarly(t *testing.T) {
-	p, _ := setup(t, func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Connection", "close")
-		w.WriteHeader(413)
-		w.Write([]byte("too big for me"))
-	}, nil, nil, nil, nil)
-	resp, body := p.do(t, "POST", "/", io.LimitReader(&pattern{}, 8<<20))
-	if resp.StatusCode != 413 || body != "too big for me" {
-		t.Fatalf("got %d %q", resp.StatusCode, body)
-	}
-}
-
 func TestStaleKeepAliveIsRetried(t *testing.T) {
 	// The upstream closes idle connections after 30ms, well before the
 	// proxy's keep-alive: every request after a pause finds its pooled

@@ -82,6 +82,8 @@ var errCanceled = errors.New("request canceled")
 // UpstreamResponse and the Source of the response body.
 type call struct {
 	resp fasthttp.Response
+	// tryWriteFn is tryWrite, bound once.
+	tryWriteFn func(uintptr) bool
 	callState
 }
 
@@ -104,9 +106,20 @@ type callState struct {
 	close      bool
 	untilClose bool // the body ends with the connection
 	chunked    bool // the request body is framed chunked
+
+	// The body's writes on a plain socket (writeWatching, early.go).
+	wsock *rawio.Conn
+	wrc   syscall.RawConn
+	wbuf  []byte
+	wn    int
+	werr  syscall.Errno
 }
 
-var calls = sync.Pool{New: func() any { return new(call) }}
+var calls = sync.Pool{New: func() any {
+	c := new(call)
+	c.tryWriteFn = c.tryWrite
+	return c
+}}
 
 // RoundTrip implements exchange.Upstream.
 //
@@ -172,7 +185,8 @@ func (c *call) forward() error {
 			var ue *upstreamError
 			if errors.As(err, &ue) && !isTimeout(err) && c.readHead(conn) == nil {
 				// The upstream answered before taking the whole body
-				// (an early 413, a redirect): relay its answer.
+				// (an early 413, a redirect): relay its answer. The
+				// write failed, or found it waiting (early.go).
 				c.cc = cc
 				c.close = true
 				c.answered(ep)
@@ -188,6 +202,10 @@ func (c *call) forward() error {
 		}
 		c.guard.Detach()
 		c.conn = nil
+		if c.br != nil {
+			hc.ReleaseReader(c.br) // early.go may have started to read
+			c.br = nil
+		}
 		hc.CloseConn(cc)
 		ep.end()
 		c.ep = nil
@@ -294,14 +312,22 @@ func isTimeout(err error) bool {
 }
 
 // sentConn is the upstream connection as the request writer sees it: it
-// remembers whether any write moved bytes out.
+// remembers whether any write moved bytes out. With watch, writes that
+// find the socket full look for an early answer (early.go).
 type sentConn struct {
 	net.Conn
 	wrote bool
+	watch *call
 }
 
 func (c *sentConn) Write(p []byte) (int, error) {
-	n, err := c.Conn.Write(p)
+	var n int
+	var err error
+	if c.watch != nil {
+		n, err = c.watch.writeWatching(p)
+	} else {
+		n, err = c.Conn.Write(p)
+	}
 	if n > 0 {
 		c.wrote = true
 	}
@@ -330,6 +356,9 @@ func (c *call) send(conn net.Conn, hold bool) error {
 	hc := c.ep.hc
 	extendWrite(conn, c.up.cfg.IdleTimeout)
 	c.sent = sentConn{Conn: conn}
+	if c.req.Body != nil && c.watchWrites(conn) {
+		c.sent.watch = c
+	}
 	bw := hc.AcquireWriter(&c.sent)
 	err := c.writeHead(bw)
 	if err != nil {
@@ -450,8 +479,11 @@ func (c *call) readHead(conn net.Conn) error {
 		d = c.req.ResponseTimeout
 	}
 	extendRead(conn, d)
-	c.wrap = eofConn{Conn: conn}
-	br := hc.AcquireReader(&c.wrap)
+	br := c.br // what early.go read of the answer, if it looked
+	if br == nil {
+		c.wrap = eofConn{Conn: conn}
+		br = hc.AcquireReader(&c.wrap)
+	}
 	resp := &c.resp
 	resp.Reset()
 	resp.StreamBody = true
@@ -459,6 +491,7 @@ func (c *call) readHead(conn net.Conn) error {
 	resp.Header.SetNoDefaultContentType(true)
 	if err := resp.ReadLimitBody(br, 0); err != nil {
 		hc.ReleaseReader(br)
+		c.br = nil
 		return &upstreamError{err: err}
 	}
 	c.br = br
