@@ -199,6 +199,10 @@ func (s *Server) commitListeners(p *listenerPlan) {
 		handed := p.handed[l]
 		if handed {
 			l.Detach() // its Serve returns; the socket stays open
+		} else if ll.ln != nil {
+			// Closed here, not by retire's Shutdown on its goroutine: once
+			// the reload returns, the removed listener accepts nothing.
+			_ = ll.ln.Close()
 		}
 		s.log.Info().Str("listener", l.Config().Name).Str("address", ll.file.Address).Bool("socket_handed_over", handed).Msg("reload: listener removed; its connections finish")
 		s.retire(l, ll)
