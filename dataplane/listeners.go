@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/zentinelproxy/sidecar/dataplane/internal/http1"
+	"github.com/zentinelproxy/sidecar/dataplane/internal/http2"
 	"github.com/zentinelproxy/sidecar/internal/config"
 )
 
@@ -154,6 +155,14 @@ func (s *Server) newListener(lc config.Listener, budget int, nofile uint64) (*ht
 	l, err := http1.NewListener(lc, s.core, s.log, &s.h1)
 	if err != nil {
 		return nil, fmt.Errorf("dataplane: listener %s: %w", lc.Name, err)
+	}
+	if lc := l.Config(); lc.Serves(config.ProtoH2) || lc.Serves(config.ProtoH2C) {
+		h2, err := http2.NewServer(lc, l.Facts(), s.core, s.log, &s.h2)
+		if err != nil {
+			l.Close()
+			return nil, fmt.Errorf("dataplane: listener %s: %w", lc.Name, err)
+		}
+		l.SetHTTP2(h2)
 	}
 	return l, nil
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/zentinelproxy/sidecar/dataplane/internal/exchange"
 	"github.com/zentinelproxy/sidecar/dataplane/internal/http1"
+	"github.com/zentinelproxy/sidecar/dataplane/internal/http2"
 	"github.com/zentinelproxy/sidecar/dataplane/internal/upstream"
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/internal/config"
@@ -84,6 +85,7 @@ type Server struct {
 	retiring sync.WaitGroup
 
 	h1      http1.Counters
+	h2      http2.Counters
 	up      upstream.Counters
 	clamped atomic.Uint64 // listeners whose limits were lowered to the descriptor budget
 
@@ -123,18 +125,12 @@ func New(cfg Config, agents map[string]agentmux.Agent, log zerolog.Logger) (*Ser
 	nofile := fdLimit()
 	budget := connectionBudget(cfg.File, nofile)
 	for _, lc := range cfg.File.Listeners {
-		explicit := lc.MaxConnections != 0
-		if clampConnections(&lc, budget, nofile, log) {
-			s.clamped.Add(1)
-		}
-		if clampTunnels(&lc, budget, nofile, explicit, log) {
-			s.clamped.Add(1)
-		}
-		l, err := http1.NewListener(lc, s.core, log, &s.h1)
+		l, err := s.newListener(lc, budget, nofile)
 		if err != nil {
 			s.closeListeners()
-			return nil, fmt.Errorf("dataplane: listener %s: %w", lc.Name, err)
+			return nil, err
 		}
+		lc := l.Config()
 		s.lsts = append(s.lsts, l)
 		s.live[l] = &liveListener{file: cfg.File.Listeners[len(s.lsts)-1], done: make(chan struct{})}
 		if interval == 0 || lc.DisconnectCheck < interval {
@@ -438,6 +434,7 @@ func (s *Server) Stats() Stats {
 	var st observe.Stats
 	s.core.Stats(&st)
 	s.h1.Fill(&st)
+	s.h2.Fill(&st)
 	st.ListenersClamped = s.clamped.Load()
 	st.UpstreamStale = s.up.Stale.Load()
 	st.UpstreamRetries = s.up.Retries.Load()

@@ -303,6 +303,10 @@ Try (in another terminal):
   # The upstream never sees the request.
   curl -i http://{{.Sidecar}}/admin
 
+  # The same over HTTP/2 (cleartext, prior knowledge): the agent sees the
+  # same request, its protocol HTTP/2.0.
+  curl -i --http2-prior-knowledge http://{{.Sidecar}}/admin
+
   # Redirected by the agent: 302 to /new/page.
   curl -i http://{{.Sidecar}}/old/page
 

@@ -245,6 +245,9 @@ func (l *Logger) RecordRequest(s *observe.RequestSummary) {
 	if f&fRespMutated != 0 {
 		e.Int64("response_bytes_mutated", s.Mutated[1])
 	}
+	if f&fProtocol != 0 && len(s.Protocol) > 0 {
+		e.Bytes("protocol", s.Protocol)
+	}
 	e.Msg("access")
 	l.logged.Add(1)
 }

@@ -23,6 +23,7 @@ func TestFieldsConfigured(t *testing.T) {
 	s.Start = time.Date(2026, 5, 9, 7, 30, 0, 0, time.UTC)
 	s.Inspected = [2]int64{4096, 0}
 	s.Mutated = [2]int64{10, 0}
+	s.Protocol = []byte("HTTP/2.0")
 	for _, c := range []struct {
 		fields []string
 		want   []string
@@ -31,6 +32,7 @@ func TestFieldsConfigured(t *testing.T) {
 		{[]string{"agent_time", "time"}, []string{"agent_request_body_us", "agent_request_headers_us", "level", "message", "time"}},
 		{[]string{"start", "request_bytes_inspected", "request_bytes_mutated", "response_bytes_inspected", "response_bytes_mutated"},
 			[]string{"level", "message", "request_bytes_inspected", "request_bytes_mutated", "response_bytes_inspected", "response_bytes_mutated", "start"}},
+		{[]string{"protocol", "status"}, []string{"level", "message", "protocol", "status"}},
 		{nil, []string{"agent", "agent_request_body_us", "agent_request_headers_us", "bytes_in", "bytes_out", "client", "corr",
 			"duration_us", "host", "level", "message", "method", "outcome", "path", "protocol", "reason", "req", "route", "status", "time"}},
 	} {
@@ -51,6 +53,9 @@ func TestFieldsConfigured(t *testing.T) {
 		slices.Sort(keys)
 		if !slices.Equal(keys, c.want) {
 			t.Errorf("fields %v: line has %v, want %v", c.fields, keys, c.want)
+		}
+		if slices.Contains(c.fields, "protocol") && got[0]["protocol"] != "HTTP/2.0" {
+			t.Errorf("protocol %v", got[0]["protocol"])
 		}
 		if slices.Contains(c.fields, "start") && got[0]["start"] != "2026-05-09T07:30:00Z" {
 			t.Errorf("start %v", got[0]["start"])

@@ -217,10 +217,50 @@ type Listener struct {
 	// MaxLingeringBytes bounds the bytes a lingering close discards
 	// (default 1MiB).
 	MaxLingeringBytes Size `yaml:"max_lingering_bytes"`
+	// Protocols are the HTTP versions the listener serves: http1, h2
+	// (HTTP/2 over TLS, chosen by ALPN) and h2c (cleartext HTTP/2 with
+	// prior knowledge). Default: [http1, h2] with tls, [http1] without.
+	Protocols []string `yaml:"protocols"`
+	// HTTP2 bounds the listener's HTTP/2 connections.
+	HTTP2 ListenerHTTP2 `yaml:"http2"`
 	// RateLimit is a local rate limit over every request of the
 	// listener, checked before routing (absent: none; stage must be
 	// before_agents).
 	RateLimit *RateLimit `yaml:"rate_limit"`
+}
+
+// Listener protocols (Listener.Protocols) and upstream protocols
+// (Upstream.Protocol).
+const (
+	ProtoHTTP1 = "http1"
+	ProtoH2    = "h2"
+	ProtoH2C   = "h2c"
+)
+
+// Serves reports whether the listener serves protocol p.
+func (l *Listener) Serves(p string) bool {
+	for _, q := range l.Protocols {
+		if q == p {
+			return true
+		}
+	}
+	return false
+}
+
+// ListenerHTTP2 are the limits of a listener's HTTP/2 connections. An
+// HTTP/2 connection with no stream open is closed (GOAWAY) after the
+// listener's idle_timeout.
+type ListenerHTTP2 struct {
+	// MaxConcurrentStreams caps the streams a client may have open on
+	// one connection; more are refused (REFUSED_STREAM) (default 100).
+	MaxConcurrentStreams int `yaml:"max_concurrent_streams"`
+	// MaxHeaderListSize caps a request's header list (names, values and
+	// 32 bytes per field, RFC 9113 §6.5.2): larger ones are answered 431
+	// (default: the listener's read_buffer_size, the HTTP/1 bound).
+	MaxHeaderListSize Size `yaml:"max_header_list_size"`
+	// MaxReadFrameSize is the largest frame the listener accepts
+	// (default 16KiB, the protocol's minimum; at most 16MiB-1).
+	MaxReadFrameSize Size `yaml:"max_read_frame_size"`
 }
 
 // DefaultBodyMinRate is body_min_rate when absent: a body must average
@@ -276,6 +316,10 @@ type Upstream struct {
 	WriteBufferSize Size `yaml:"write_buffer_size"`
 	// TLS connects to the upstream over TLS (absent: plain HTTP).
 	TLS *UpstreamTLS `yaml:"tls"`
+	// Protocol is the HTTP version spoken to the upstream: http1
+	// (default), h2 (HTTP/2 over TLS; tls required) or h2c (cleartext
+	// HTTP/2 with prior knowledge).
+	Protocol string `yaml:"protocol"`
 }
 
 // Agent is one policy agent and its defaults for every route using it.
@@ -673,6 +717,15 @@ func (c *Config) SetDefaults() {
 		setInt(&l.MaxTunnels, 1024)
 		setDur(&l.LingeringTimeout, 5*time.Second)
 		setSize(&l.MaxLingeringBytes, 1<<20)
+		if l.Protocols == nil {
+			l.Protocols = []string{ProtoHTTP1}
+			if l.TLS != nil {
+				l.Protocols = append(l.Protocols, ProtoH2)
+			}
+		}
+		setInt(&l.HTTP2.MaxConcurrentStreams, 100)
+		setSize(&l.HTTP2.MaxHeaderListSize, l.ReadBufferSize)
+		setSize(&l.HTTP2.MaxReadFrameSize, 16<<10)
 		if l.RateLimit != nil {
 			l.RateLimit.setDefaults()
 		}
@@ -687,6 +740,9 @@ func (c *Config) SetDefaults() {
 		setDur(&u.KeepAlive, 15*time.Second)
 		setSize(&u.ReadBufferSize, 16<<10)
 		setSize(&u.WriteBufferSize, 16<<10)
+		if u.Protocol == "" {
+			u.Protocol = ProtoHTTP1
+		}
 		u.setEndpointDefaults()
 	}
 	for i := range c.Agents {

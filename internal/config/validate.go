@@ -99,6 +99,39 @@ func (v *validator) listeners() {
 				v.failf(p+".rate_limit.stage", "a listener's limit is checked before routing: before_agents only")
 			}
 		}
+		v.listenerProtocols(p, l)
+	}
+}
+
+// listenerProtocols checks a listener's protocols and HTTP/2 limits.
+func (v *validator) listenerProtocols(p string, l *Listener) {
+	if len(l.Protocols) == 0 {
+		v.failf(p+".protocols", "at least one protocol is required (http1, h2, h2c)")
+	}
+	seen := map[string]bool{}
+	for i, proto := range l.Protocols {
+		pp := fmt.Sprintf("%s.protocols[%d]", p, i)
+		switch {
+		case proto != ProtoHTTP1 && proto != ProtoH2 && proto != ProtoH2C:
+			v.failf(pp, "unknown protocol %q (want http1, h2 or h2c)", proto)
+		case seen[proto]:
+			v.failf(pp, "%q is listed twice", proto)
+		case proto == ProtoH2 && l.TLS == nil:
+			v.failf(pp, "h2 needs tls (cleartext HTTP/2 is h2c)")
+		case proto == ProtoH2C && l.TLS != nil:
+			v.failf(pp, "h2c is cleartext; over tls HTTP/2 is h2")
+		}
+		seen[proto] = true
+	}
+	h := &l.HTTP2
+	if h.MaxConcurrentStreams < 1 || h.MaxConcurrentStreams > 1<<20 {
+		v.failf(p+".http2.max_concurrent_streams", "%d is not in 1..1048576", h.MaxConcurrentStreams)
+	}
+	if h.MaxHeaderListSize < 1<<10 || h.MaxHeaderListSize > MaxBufferSize {
+		v.failf(p+".http2.max_header_list_size", "%s is not in 1KiB..1MiB", h.MaxHeaderListSize)
+	}
+	if h.MaxReadFrameSize < 16<<10 || h.MaxReadFrameSize > 1<<24-1 {
+		v.failf(p+".http2.max_read_frame_size", "%s is not in 16KiB..16MiB-1", h.MaxReadFrameSize)
 	}
 }
 
@@ -118,6 +151,19 @@ func (v *validator) upstreams() {
 		v.bufSize(p+".write_buffer_size", u.WriteBufferSize)
 		if u.MaxConns < 1 {
 			v.failf(p+".max_conns", "must be at least 1")
+		}
+		switch u.Protocol {
+		case ProtoHTTP1:
+		case ProtoH2:
+			if u.TLS == nil {
+				v.failf(p+".protocol", "h2 needs tls (cleartext HTTP/2 is h2c)")
+			}
+		case ProtoH2C:
+			if u.TLS != nil {
+				v.failf(p+".protocol", "h2c is cleartext; over tls HTTP/2 is h2")
+			}
+		default:
+			v.failf(p+".protocol", "unknown protocol %q (want http1, h2 or h2c)", u.Protocol)
 		}
 	}
 }

@@ -110,6 +110,9 @@ func (c *scrapeCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range tlsTunnelDescs {
 		ch <- d
 	}
+	for _, d := range http2Descs {
+		ch <- d
+	}
 	for _, d := range routeDescs {
 		ch <- d
 	}
@@ -186,6 +189,7 @@ func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descGlobalLimited, prometheus.CounterValue, float64(st.GlobalRateLimited))
 		ch <- prometheus.MustNewConstMetric(descGlobalErrors, prometheus.CounterValue, float64(st.GlobalRateLimitErrors))
 		collectTLSTunnels(ch, &st)
+		collectHTTP2(ch, &st)
 		collectConnections(ch, &st)
 	}
 }

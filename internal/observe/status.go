@@ -66,6 +66,38 @@ type Stats struct {
 	// Rejected counts request heads answered 400/408/414/431 by reason
 	// (RejectReasons).
 	Rejected map[string]uint64 `json:"rejected"`
+	// HTTP2 counts the HTTP/2 connections and streams of every listener.
+	HTTP2 HTTP2Stats `json:"http2"`
+	// RequestsByProtocol counts requests by the client's protocol:
+	// http1 (HTTP/1.x), h2 (HTTP/2 over TLS), h2c (cleartext HTTP/2).
+	RequestsByProtocol map[string]uint64 `json:"requests_by_protocol"`
+}
+
+// HTTP2Stats counts the HTTP/2 front end's connections and streams.
+type HTTP2Stats struct {
+	Connections     uint64 `json:"connections"`      // HTTP/2 connections served
+	ConnectionsOpen int64  `json:"connections_open"` // HTTP/2 connections open now
+	Streams         uint64 `json:"streams"`          // request streams served
+	StreamsOpen     int64  `json:"streams_open"`     // request streams being served now
+	// RefusedStreams counts streams refused past max_concurrent_streams.
+	RefusedStreams uint64 `json:"refused_streams"`
+	// RapidResets counts connections closed for resetting too many
+	// streams before their response (CVE-2023-44487).
+	RapidResets uint64 `json:"rapid_resets"`
+	// HeaderListTooLarge counts requests answered 431 past
+	// max_header_list_size.
+	HeaderListTooLarge uint64 `json:"header_list_too_large"`
+	// ProtocolErrors counts the other protocol errors the server
+	// answered with a stream or connection error.
+	ProtocolErrors uint64 `json:"protocol_errors"`
+	// GRPCAnswers counts the sidecar's own answers (blocks, failures)
+	// sent to gRPC requests as a gRPC status.
+	GRPCAnswers uint64 `json:"grpc_answers"`
+	// ShutdownGoAways counts connections sent a GOAWAY by a shutdown.
+	ShutdownGoAways uint64 `json:"shutdown_goaways"`
+	// IdleClosed counts connections closed after idle_timeout with no
+	// stream open.
+	IdleClosed uint64 `json:"idle_closed"`
 }
 
 // ConnStats count one listener's client connections.

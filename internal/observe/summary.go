@@ -110,6 +110,9 @@ type RequestSummary struct {
 	Host     []byte
 	Path     []byte
 	ClientIP []byte
+	// Protocol is the client's protocol as it named it ("HTTP/1.1",
+	// "HTTP/2.0").
+	Protocol []byte
 	// Status is the final status sent (0 when the client went away first).
 	Status  int
 	Outcome RequestOutcome

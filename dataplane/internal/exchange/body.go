@@ -58,6 +58,7 @@ type bodyState struct {
 	inReq   []byte // buffered request body as read
 	inResp  []byte // buffered response body as read
 	buf     []byte // chunk buffer
+	dup     []byte // the request body's chunk buffer of a duplex request
 	mut     []byte // a chunk an agent replaced
 	// total is each body's length when known, else -1.
 	total      [2]int64
@@ -73,6 +74,7 @@ func (b *bodyState) reset() {
 		inReq:   trim(b.inReq, 1<<20),
 		inResp:  trim(b.inResp, 1<<20),
 		buf:     trim(b.buf, 256<<10),
+		dup:     trim(b.dup, 256<<10),
 		mut:     trim(b.mut, 1<<20),
 	}
 }
@@ -692,7 +694,17 @@ func (p *bodyProducer) Next() ([]byte, bool, error) {
 		return ex.reqOut, true, nil
 	}
 	pipe := ex.plan == planPipe
-	buf := ex.chunkBuf(protocol.PhaseRequest)
+	var buf []byte
+	if ex.upReq.Duplex {
+		// Produced while the response is read (UpstreamRequest.Duplex):
+		// not in the response's chunk buffer.
+		if cap(ex.dup) < passChunk {
+			ex.dup = make([]byte, passChunk)
+		}
+		buf = ex.dup[:passChunk]
+	} else {
+		buf = ex.chunkBuf(protocol.PhaseRequest)
+	}
 	n, last, err := ex.reqSrc.read(buf, ex.fill(protocol.PhaseRequest))
 	if err != nil {
 		return nil, false, &clientError{err: err}

@@ -76,6 +76,12 @@ func (ex *Exchange) cancel() {
 	}
 }
 
+// Cancel ends the request for a client that went away, from any
+// goroutine: for a front end whose engine tells it at once (an HTTP/2
+// stream's reset ends its context) rather than through Front.Gone's
+// periodic check. The front end must not call it after Finish.
+func (ex *Exchange) Cancel() { ex.cancel() }
+
 // canceled reports whether cancel ran.
 func (ex *Exchange) canceled() bool {
 	ex.mu.Lock()

@@ -361,6 +361,7 @@ func (ex *Exchange) summarize(route, status int, d time.Duration, gone bool) *ob
 		Proto:             ex.head.Proto,
 		Host:              ex.hostFull,
 		Path:              ex.head.Path,
+		Protocol:          ex.head.Proto,
 	}
 	if ex.rt != nil {
 		sm.RouteName = ex.rt.name

@@ -32,6 +32,7 @@ func (ex *Exchange) forward() bool {
 	r.Idempotent = ex.idempotent()
 	r.Head = string(ex.head.Method) == "HEAD"
 	r.Guard = (*guard)(ex)
+	r.Duplex = r.Body != nil && ex.plan == planPass && len(ex.shadowConvs) == 0 && ex.lst.Duplex
 	if ex.trace.sampled {
 		ex.trace.upStart = int64(clock.Mono())
 	}
@@ -79,6 +80,22 @@ func (ex *Exchange) forward() bool {
 	}
 	return ex.upstreamFailed(err)
 }
+
+// Trailers are the trailer fields of the upstream's response, once its
+// body ended (nil: none, or an upstream that has none). Valid until
+// Finish.
+func (ex *Exchange) Trailers() []Field {
+	if ts, ok := ex.res.(TrailerSource); ok && ex.upBodyDone {
+		return ts.Trailers()
+	}
+	return nil
+}
+
+// Answered reports that the staged response is the sidecar's own (an
+// agent's block or redirect, a fail-closed or upstream failure, a refused
+// request), not the upstream's: a front end may have to put it in its
+// client's terms (a gRPC status).
+func (ex *Exchange) Answered() bool { return ex.answered || ex.rejected }
 
 // releaseUpstream ends the upstream response: its connection goes back
 // to the pool when the body was read to its end (and the upstream can

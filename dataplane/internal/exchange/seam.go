@@ -73,6 +73,12 @@ type Listener struct {
 	// MinBodyRate is the slowest a request body may arrive, in bytes per
 	// second (0: any).
 	MinBodyRate int64
+	// Duplex says the front end relays a request body and its response
+	// body at once (an HTTP/2 stream): a request whose body no agent
+	// inspects may then go on reading the response while the upstream is
+	// still sending the body (UpstreamRequest.Duplex). An HTTP/1 front end
+	// reads the whole request before the next one, and leaves it unset.
+	Duplex bool
 }
 
 // TLSFacts are a client connection's TLS facts, formatted once after its
@@ -201,6 +207,14 @@ type UpstreamRequest struct {
 	// Idempotent: the method may be sent twice. Head: the response has
 	// no body (HEAD).
 	Idempotent, Head bool
+	// Duplex: Body may be produced while the response is read, from
+	// another goroutine (no agent or shadow sees the request body, and
+	// the front end relays both at once: Listener.Duplex), until the
+	// response's Release. Without it RoundTrip returns only once Body was
+	// produced to its end (or abandoned). An upstream that reads the
+	// response only after the whole request (HTTP/1) ignores it; a
+	// bidirectional stream (gRPC) needs it.
+	Duplex bool
 	// Guard ties the connection in use to the request's cancel.
 	Guard Guard
 	// ResponseTimeout bounds the wait for the response head once the
@@ -245,6 +259,14 @@ type ResponseHead struct {
 	ContentLength int64
 	// HasBody reports a body to relay (not for HEAD, 204, 304, length 0).
 	HasBody bool
+}
+
+// TrailerSource is an UpstreamResponse whose body may end with trailer
+// fields (HTTP/2: gRPC's status travels there).
+type TrailerSource interface {
+	// Trailers are the fields received after the body: valid once the
+	// body ended, until Release.
+	Trailers() []Field
 }
 
 // UpstreamResponse is one upstream response, valid until Release.

@@ -43,6 +43,9 @@ type eofConn struct {
 	lineRun int
 	// got: a byte of a request arrived (not set by a TLS handshake).
 	got bool
+	// pre are bytes read before fasthttp had the connection (the look
+	// for an HTTP/2 preface, sniff.go), read again first.
+	pre []byte
 
 	// conns is the listener's connection set (nil on upstream
 	// connections); state holds connHeld, connLinger and connClosed.
@@ -137,6 +140,15 @@ func (c *eofConn) Read(p []byte) (int, error) {
 		if err := c.handshake(); err != nil {
 			return 0, err
 		}
+	}
+	if len(c.pre) > 0 {
+		n := copy(p, c.pre)
+		c.pre = c.pre[n:]
+		c.got = true
+		if bytes.IndexByte(p[:n], '\n') < 0 {
+			c.lineRun += n
+		}
+		return n, nil
 	}
 	probe, w0 := false, uint32(0)
 	if c.wrote.Load() {

@@ -12,7 +12,10 @@
 // request body as a Source (coalesce.go finds the buffer under
 // fasthttp's body stream), writing the staged response (a streamed body
 // pulled as fasthttp writes it; close-delimited for an HTTP/1.0 client)
-// and Upgrade tunnels after a 101.
+// and Upgrade tunnels after a 101. On a listener that serves HTTP/2 too,
+// it sorts the connections by protocol before fasthttp sees them (ALPN,
+// or the HTTP/2 preface: sniff.go) and hands the HTTP/2 ones to
+// dataplane/internal/http2.
 //
 // A request's state (request: the Exchange, fasthttp's context, the body
 // reader and the response stream) is pooled; it lives until the

@@ -49,6 +49,8 @@ type Listener struct {
 	detach atomic.Bool
 	// facts is what the exchange knows of the listener.
 	facts exchange.Listener
+	// h2 serves its HTTP/2 connections (sniff.go); nil: HTTP/1 only.
+	h2 HTTP2
 }
 
 // NewListener makes the listener of cfg (its limits already clamped to
@@ -57,7 +59,7 @@ type Listener struct {
 func NewListener(cfg config.Listener, core *exchange.Core, log zerolog.Logger, stats *Counters) (*Listener, error) {
 	l := &Listener{cfg: cfg, core: core, log: log, stats: stats}
 	if cfg.TLS != nil {
-		lt, err := newListenerTLS(cfg.Name, *cfg.TLS, log, &stats.tls)
+		lt, err := newListenerTLS(cfg.Name, *cfg.TLS, alpnProtos(&cfg), log, &stats.tls)
 		if err != nil {
 			return nil, err
 		}
@@ -114,6 +116,9 @@ func (l *Listener) Serve(ln net.Listener) error {
 	if l.detach.Load() {
 		return nil
 	}
+	if l.h2 != nil {
+		return l.srv.Serve(l.sniffer(el))
+	}
 	return l.srv.Serve(el)
 }
 
@@ -132,8 +137,20 @@ func (l *Listener) Detach() bool {
 }
 
 // Shutdown stops accepting and waits for the requests being served to
-// end (or ctx to end); it closes idle connections.
-func (l *Listener) Shutdown(ctx context.Context) error { return l.srv.ShutdownWithContext(ctx) }
+// end (or ctx to end); it closes idle connections. HTTP/2 connections
+// get a GOAWAY at once and are waited for alongside.
+func (l *Listener) Shutdown(ctx context.Context) error {
+	if l.h2 == nil {
+		return l.srv.ShutdownWithContext(ctx)
+	}
+	h2err := make(chan error, 1)
+	go func() { h2err <- l.h2.Shutdown(ctx) }()
+	err := l.srv.ShutdownWithContext(ctx)
+	if e := <-h2err; err == nil {
+		err = e
+	}
+	return err
+}
 
 // Lingering is the number of connections in a lingering close now
 // (Shutdown's caller waits for them, within its bound).

@@ -68,6 +68,9 @@ type listenerTLS struct {
 	stamps []fileStamp
 	errLog ratelog.Limit
 	hsLog  ratelog.Limit // failed handshakes
+	// protos are the ALPN protocols offered, in the server's order of
+	// preference (alpnProtos).
+	protos []string
 
 	stop chan struct{}
 	done chan struct{}
@@ -87,8 +90,8 @@ type fileStamp struct {
 	size int64
 }
 
-func newListenerTLS(name string, cfg config.ListenerTLS, log zerolog.Logger, stats *tlsCounters) (*listenerTLS, error) {
-	lt := &listenerTLS{name: name, log: log, stats: stats, stop: make(chan struct{}), done: make(chan struct{})}
+func newListenerTLS(name string, cfg config.ListenerTLS, protos []string, log zerolog.Logger, stats *tlsCounters) (*listenerTLS, error) {
+	lt := &listenerTLS{name: name, log: log, stats: stats, protos: protos, stop: make(chan struct{}), done: make(chan struct{})}
 	lt.base = &tls.Config{
 		MinVersion: tls.VersionTLS12,
 		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
@@ -109,6 +112,7 @@ func (lt *listenerTLS) load(cfg config.ListenerTLS) error {
 	if err != nil {
 		return err
 	}
+	m.conf.NextProtos = lt.protos
 	lt.mu.Lock()
 	lt.cfg, lt.stamps = cfg, stamps
 	lt.mu.Unlock()
@@ -271,6 +275,20 @@ func (m *tlsMaterial) pick(hello *tls.ClientHelloInfo) (*tls.Certificate, error)
 		}
 	}
 	return m.certs[0], nil
+}
+
+// alpnProtos are the ALPN protocol IDs of a TLS listener serving cfg's
+// protocols: h2 first, the server's preference (Go's TLS picks the
+// server's first protocol the client offers).
+func alpnProtos(cfg *config.Listener) []string {
+	var p []string
+	if cfg.Serves(config.ProtoH2) {
+		p = append(p, "h2")
+	}
+	if cfg.Serves(config.ProtoHTTP1) || len(cfg.Protocols) == 0 {
+		p = append(p, "http/1.1")
+	}
+	return p
 }
 
 // handshake runs the TLS handshake of a client connection (on its first

@@ -223,6 +223,9 @@ func (ep *Endpoint) end() { ep.inflight.Add(-1) }
 // closeIdle closes the idle connections of ep and of its health check.
 func (ep *Endpoint) closeIdle() {
 	ep.hc.CloseIdleConnections()
+	if ep.h2 != nil {
+		ep.h2.closeIdle()
+	}
 	if c := ep.checkHC.Load(); c != nil {
 		c.CloseIdleConnections()
 	}

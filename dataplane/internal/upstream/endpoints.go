@@ -28,6 +28,9 @@ type Endpoint struct {
 	origin string // the configured entry it came from (a name when resolved)
 	key    clientKey
 	hc     *fasthttp.HostClient
+	// h2 is the endpoint's HTTP/2 transport (protocol h2 or h2c; h2.go),
+	// nil over HTTP/1.
+	h2 *h2Pool
 
 	inflight atomic.Int64
 	// Counters (EndpointStatus).
@@ -51,11 +54,14 @@ type clientKey struct {
 	connect, keepAlive, maxWait time.Duration
 	maxConns, rbuf, wbuf        int
 	tls                         string // tls.go
+	protocol                    string
+	idle                        time.Duration
 }
 
 func keyOf(u *config.Upstream) clientKey {
 	return clientKey{connect: u.ConnectTimeout, keepAlive: u.KeepAlive, maxWait: u.MaxConnWait,
-		maxConns: u.MaxConns, rbuf: int(u.ReadBufferSize), wbuf: int(u.WriteBufferSize), tls: upstreamTLSKey(u)}
+		maxConns: u.MaxConns, rbuf: int(u.ReadBufferSize), wbuf: int(u.WriteBufferSize), tls: upstreamTLSKey(u),
+		protocol: u.Protocol, idle: u.IdleTimeout}
 }
 
 // epList is an upstream's endpoints at one time; replaced whole when DNS
@@ -91,6 +97,9 @@ func newEndpoint(u *config.Upstream, addr, origin string) *Endpoint {
 		NoDefaultUserAgentHeader:      true,
 		SecureErrorLogMessage:         true,
 		ConnPoolStrategy:              fasthttp.LIFO,
+	}
+	if u.Protocol == config.ProtoH2 || u.Protocol == config.ProtoH2C {
+		ep.h2 = newH2Pool(u, dial, hcAddr)
 	}
 	return ep
 }
@@ -226,6 +235,9 @@ func (up *Upstream) eject(ep *Endpoint, why string) {
 	ep.ejections.Add(1)
 	// Idle connections to it are suspect too.
 	ep.hc.CloseIdleConnections()
+	if ep.h2 != nil {
+		ep.h2.closeIdle()
+	}
 	up.logTransition(ep, "upstream endpoint ejected", why)
 }
 

@@ -2,10 +2,13 @@ package upstream
 
 import (
 	"context"
+	"io"
 	"net"
+	"net/http"
 	"net/netip"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -87,12 +90,16 @@ func (up *Upstream) checkOne(ep *Endpoint) {
 	req.SetRequestURI(hc.Path)
 	req.Header.SetHostBytes(up.hostHdr)
 	req.Header.SetUserAgentBytes(valueHealthUA)
-	err := ep.checkClient(up).DoTimeout(req, resp, hc.Timeout)
+	var err error
+	status := 0
+	if ep.h2 != nil {
+		status, err = up.checkH2(ep)
+	} else if err = ep.checkClient(up).DoTimeout(req, resp, hc.Timeout); err == nil {
+		status = resp.StatusCode()
+	}
 	ep.checks.Add(1)
-	if err == nil {
-		if st := resp.StatusCode(); st < 200 || st > 399 {
-			err = &healthStatusError{status: st}
-		}
+	if err == nil && (status < 200 || status > 399) {
+		err = &healthStatusError{status: status}
 	}
 	if err == nil {
 		ep.failRun.Store(0)
@@ -114,6 +121,36 @@ func (up *Upstream) checkOne(ep *Endpoint) {
 		ep.hc.CloseIdleConnections()
 		up.logTransition(ep, "upstream endpoint unhealthy", err.Error())
 	}
+}
+
+// checkH2 runs a check of an HTTP/2 endpoint: a stream on its
+// connection (a stream does not wait behind requests for a connection).
+func (up *Upstream) checkH2(ep *Endpoint) (int, error) {
+	hc := &up.cfg.HealthCheck
+	ctx, cancel := context.WithTimeout(context.Background(), hc.Timeout)
+	defer cancel()
+	scheme, host := "http", ep.addr
+	if up.cfg.TLS != nil {
+		scheme = "https"
+	}
+	if strings.HasPrefix(host, "unix:") {
+		host = "localhost"
+	}
+	req, err := http.NewRequestWithContext(ctx, "GET", scheme+"://"+host+hc.Path, nil)
+	if err != nil {
+		return 0, err
+	}
+	req.Host = string(up.hostHdr)
+	req.Header.Set("User-Agent", string(valueHealthUA))
+	resp, err := ep.h2.roundTrip(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	if _, err := io.Copy(io.Discard, io.LimitReader(resp.Body, maxHealthBody+1)); err != nil {
+		return 0, err
+	}
+	return resp.StatusCode, nil
 }
 
 // healthStatusError is a check answered with a status outside 200–399.

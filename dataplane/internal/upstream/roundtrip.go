@@ -128,6 +128,9 @@ var calls = sync.Pool{New: func() any {
 // connection before the upstream could have acted on it goes to another
 // endpoint, up to the upstream's endpoint_attempts.
 func (up *Upstream) RoundTrip(req *exchange.UpstreamRequest) (exchange.UpstreamResponse, error) {
+	if up.h2 {
+		return up.roundTripH2(req)
+	}
 	c := calls.Get().(*call)
 	c.up, c.req, c.guard = up, req, req.Guard
 	if err := c.forward(); err != nil {

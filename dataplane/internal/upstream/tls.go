@@ -3,6 +3,7 @@ package upstream
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"net"
 	"strings"
@@ -29,6 +30,10 @@ func withUpstreamTLS(u *config.Upstream, addr string, dial fasthttp.DialFunc) fa
 		return dial
 	}
 	conf, err := upstreamTLSConfig(u.TLS, addr)
+	h2 := u.Protocol == config.ProtoH2
+	if err == nil && h2 {
+		conf.NextProtos = []string{"h2"}
+	}
 	if err != nil {
 		err = fmt.Errorf("upstream %s: %w", u.Name, err)
 		return func(string) (net.Conn, error) { return nil, err }
@@ -52,6 +57,10 @@ func withUpstreamTLS(u *config.Upstream, addr string, dial fasthttp.DialFunc) fa
 			_ = raw.Close()
 			return nil, fmt.Errorf("upstream TLS handshake with %s: %w", a, err)
 		}
+		if h2 && tc.ConnectionState().NegotiatedProtocol != "h2" {
+			_ = raw.Close()
+			return nil, fmt.Errorf("upstream TLS handshake with %s: %w", a, errNoH2)
+		}
 		if wrapped {
 			uc.Conn = tc
 			return uc, nil
@@ -59,6 +68,10 @@ func withUpstreamTLS(u *config.Upstream, addr string, dial fasthttp.DialFunc) fa
 		return tc, nil
 	}
 }
+
+// errNoH2 is an upstream of protocol h2 whose TLS handshake did not pick
+// h2 by ALPN.
+var errNoH2 = errors.New("the upstream did not agree to h2 by ALPN")
 
 // upstreamTLSConfig builds the client configuration of an upstream.
 func upstreamTLSConfig(t *config.UpstreamTLS, addr string) (*tls.Config, error) {

@@ -31,6 +31,8 @@ type Upstream struct {
 	rr            atomic.Uint64
 	leastInFlight bool
 	attempts      int
+	// h2: the upstream speaks HTTP/2 (h2 or h2c; h2.go).
+	h2 bool
 	// counters outlive reloads: a new table takes its predecessor's.
 	counters *upCounters
 	// stats are the server's upstream counters.
@@ -56,7 +58,8 @@ type upCounters struct {
 // change are kept, warm pools and health state included.
 func New(u config.Upstream, prev *Upstream, stats *Counters) *Upstream {
 	up := &Upstream{name: u.Name, nameB: []byte(u.Name), cfg: u, stats: stats,
-		leastInFlight: u.Balance == config.BalanceLeastInFlight, attempts: max(1, u.EndpointAttempts)}
+		leastInFlight: u.Balance == config.BalanceLeastInFlight, attempts: max(1, u.EndpointAttempts),
+		h2: u.Protocol == config.ProtoH2 || u.Protocol == config.ProtoH2C}
 	up.eps.Store(buildEndpoints(&up.cfg, prev))
 	if prev != nil {
 		up.counters = prev.counters

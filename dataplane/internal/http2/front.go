@@ -1,0 +1,441 @@
+package http2
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/zentinelproxy/sidecar/dataplane/internal/exchange"
+	"github.com/zentinelproxy/sidecar/internal/observe"
+)
+
+// stream is one HTTP/2 stream's exchange and what its Front needs of
+// net/http: the ResponseWriter, the request, the body. Pooled with the
+// exchange it embeds.
+type stream struct {
+	ex   exchange.Exchange
+	srv  *Server
+	w    http.ResponseWriter
+	r    *http.Request
+	info *exchange.Conn
+	body reqBody
+	// uri normalises the path as the HTTP/1 front end's parse does
+	// (fasthttp's: percent-decoding, dot segments, repeated slashes), so
+	// that routes and agents see one path whatever the client's protocol.
+	uri fasthttp.URI
+	// arena holds the head's bytes (names, values, method, target) for
+	// the exchange; keys sorts the header names.
+	arena   []byte
+	keys    []string
+	scratch []byte
+	// fired is the stream's cancel hook (serveStream), onReset the hook's
+	// function, made once per pooled stream.
+	fired   sync.WaitGroup
+	onReset func()
+	vals    []string
+}
+
+var streams = sync.Pool{New: func() any {
+	f := new(stream)
+	f.ex.Init(f)
+	f.onReset = func() { f.ex.Cancel(); f.fired.Done() }
+	return f
+}}
+
+// commonKeys are the canonical forms of frequent response field names,
+// in the spellings the upstreams send (looked up without allocating).
+var commonKeys = func() map[string]string {
+	m := map[string]string{}
+	for _, k := range []string{"Accept-Ranges", "Age", "Allow", "Alt-Svc", "Cache-Control", "Content-Disposition",
+		"Content-Encoding", "Content-Language", "Content-Location", "Content-Range", "Content-Security-Policy",
+		"Content-Type", "Date", "Etag", "Expires", "Last-Modified", "Link", "Location", "Pragma", "Retry-After",
+		"Server", "Set-Cookie", "Strict-Transport-Security", "Traceparent", "Tracestate", "Vary", "Via",
+		"Www-Authenticate", "X-Content-Type-Options", "X-Frame-Options", "X-Request-Id", "X-Sidecar-Fail-Open",
+		"X-Sidecar-Inspection", "Grpc-Status", "Grpc-Message", "Grpc-Encoding", "Grpc-Accept-Encoding"} {
+		m[k] = k
+		m[strings.ToLower(k)] = k
+	}
+	m["ETag"] = "Etag"
+	m["WWW-Authenticate"] = "Www-Authenticate"
+	return m
+}()
+
+// Conn implements exchange.Front.
+func (f *stream) Conn() *exchange.Conn { return f.info }
+
+// Gone implements exchange.Front: the stream's context ends when the
+// client resets it or the connection closes.
+func (f *stream) Gone() bool { return f.r.Context().Err() != nil }
+
+// TunnelRoom implements exchange.Front: HTTP/2 has no Upgrade (RFC 9113
+// §8.6), and x/net refuses extended CONNECT.
+func (f *stream) TunnelRoom() bool { return false }
+
+// Tunnel implements exchange.Front.
+func (f *stream) Tunnel(*exchange.Tunnel) error { return exchange.ErrNoTunnel }
+
+// Body implements exchange.Front.
+func (f *stream) Body() exchange.Source {
+	f.body = reqBody{r: f.r.Body, w: f.w, idle: f.srv.facts.BodyTimeout}
+	return &f.body
+}
+
+// reqBody is a stream's request body: net/http's reader, its read
+// deadline through the ResponseWriter (per stream in x/net/http2). A
+// stream's end reads as io.EOF, its reset as an error.
+type reqBody struct {
+	r        io.Reader
+	w        http.ResponseWriter
+	idle     time.Duration
+	extended time.Time
+}
+
+type readDeadliner interface{ SetReadDeadline(time.Time) error }
+
+func (b *reqBody) Read(p []byte) (int, error) { return b.r.Read(p) }
+
+// Pending implements exchange.Source: net/http's reader shows no buffer.
+func (b *reqBody) Pending() bool { return false }
+
+// Buffered implements exchange.Source.
+func (b *reqBody) Buffered(int64) bool { return b.idle <= 0 }
+
+// ExtendRead moves the stream's read deadline to body_timeout from now,
+// at most every quarter of it.
+func (b *reqBody) ExtendRead() {
+	now := time.Now()
+	if now.Sub(b.extended) > b.idle/4 {
+		if d, ok := b.w.(readDeadliner); ok {
+			_ = d.SetReadDeadline(now.Add(b.idle))
+		}
+		b.extended = now
+	}
+}
+
+// SetReadDeadline implements exchange.Source.
+func (b *reqBody) SetReadDeadline(t time.Time) {
+	b.extended = time.Time{}
+	if d, ok := b.w.(readDeadliner); ok {
+		_ = d.SetReadDeadline(t)
+	}
+}
+
+// Truncated implements exchange.Source: a stream cut off is reset, an
+// error of its own.
+func (b *reqBody) Truncated() bool { return false }
+
+var hdrHost = []byte("Host")
+
+// fieldSize is a field's size in a header list (RFC 9113 §6.5.2).
+func fieldSize(name, value string) int { return len(name) + len(value) + 32 }
+
+// serveStream is the handler of every stream: the head from net/http's
+// request, the exchange, the response it staged written out.
+func (s *Server) serveStream(w http.ResponseWriter, r *http.Request, info *exchange.Conn) {
+	s.stats.streams.Add(1)
+	if info.TLS != nil {
+		s.stats.h2.Add(1)
+	} else {
+		s.stats.h2c.Add(1)
+	}
+	s.stats.streamsOpen.Add(1)
+	defer s.stats.streamsOpen.Add(-1)
+	if headerListSize(r) > int(s.cfg.MaxHeaderListSize) {
+		// As the HTTP/1 front end answers a head over its buffer: no
+		// exchange, counted under the same reason.
+		s.stats.headerTooLarge.Add(1)
+		s.core.Reject(observe.RejectHeaderTooLarge)
+		w.Header()["Content-Type"] = []string{"text/plain; charset=utf-8"}
+		w.WriteHeader(http.StatusRequestHeaderFieldsTooLarge)
+		_, _ = io.WriteString(w, "request header fields too large")
+		return
+	}
+	f := streams.Get().(*stream)
+	f.srv, f.w, f.r, f.info = s, w, r, info
+	ex := &f.ex
+	s.core.Begin(ex, time.Now())
+	finished := false
+	defer func() {
+		if !finished {
+			s.recoverPanic(f)
+		}
+	}()
+	f.readHead()
+	// A reset stream cancels its exchange at once, wherever it waits
+	// (an agent, the upstream): a rapid reset flood (CVE-2023-44487)
+	// costs no agent call or upstream request for the streams reset
+	// before they got there. The WaitGroup keeps a late cancel from
+	// reaching the exchange once it is pooled again.
+	f.fired.Add(1)
+	stop := context.AfterFunc(r.Context(), f.onReset)
+	if r.Context().Err() != nil {
+		ex.ClientGone()
+	} else {
+		ex.Serve()
+	}
+	f.respond()
+	aborted := ex.Aborted()
+	// Closed before Finish: a duplex request body still being sent
+	// upstream (a gRPC stream the upstream ended first) is read from
+	// r.Body, and Finish waits for its sender.
+	_ = r.Body.Close()
+	if stop() {
+		f.fired.Done()
+	}
+	f.fired.Wait()
+	ex.Finish()
+	finished = true
+	f.release()
+	if aborted {
+		// The response was cut off after its head: the stream is reset,
+		// not ended, so that the client cannot take it for complete.
+		panic(http.ErrAbortHandler)
+	}
+}
+
+// recoverPanic keeps one broken request from taking the process down:
+// the request is abandoned (not pooled) and its stream reset.
+func (s *Server) recoverPanic(f *stream) {
+	p := recover()
+	if p == nil {
+		return
+	}
+	s.log.Error().Uint64("req", f.ex.ID()).Bytes("corr", f.ex.Correlation()).Interface("panic", p).Msg("request handler panicked")
+	f.ex.Abandon()
+	panic(http.ErrAbortHandler)
+}
+
+// headerListSize is the size of r's header list as RFC 9113 §6.5.2
+// counts it (names, values and 32 bytes per field), pseudo-fields
+// included.
+func headerListSize(r *http.Request) int {
+	size := fieldSize(":method", r.Method) + fieldSize(":path", r.RequestURI) +
+		fieldSize(":authority", r.Host) + fieldSize(":scheme", "https")
+	for k, vs := range r.Header {
+		for _, v := range vs {
+			size += fieldSize(k, v)
+		}
+	}
+	return size
+}
+
+// release returns f to the pool.
+func (f *stream) release() {
+	f.srv, f.w, f.r, f.info = nil, nil, nil, nil
+	f.body = reqBody{}
+	f.uri.Reset()
+	f.arena = trim(f.arena, 64<<10)
+	f.scratch = trim(f.scratch, 16<<10)
+	clear(f.keys)
+	f.keys = f.keys[:0]
+	clear(f.vals)
+	f.vals = f.vals[:0]
+	streams.Put(f)
+}
+
+func trim(b []byte, max int) []byte {
+	if cap(b) > max {
+		return nil
+	}
+	return b[:0]
+}
+
+// readHead fills the exchange's head from the request.
+func (f *stream) readHead() {
+	r := f.r
+	total := len(r.Method) + len(r.RequestURI) + len(r.Host) + len(r.Proto)
+	keys := f.keys[:0]
+	for k, vs := range r.Header {
+		keys = append(keys, k)
+		for _, v := range vs {
+			total += len(k) + len(v)
+		}
+	}
+	// The order of the fields is lost in net/http's map: sorted, agents
+	// see the same order for the same request.
+	slices.Sort(keys)
+	f.keys = keys
+	h := f.ex.Head()
+	// One arena for the head's bytes, grown once: the slices into it stay
+	// valid.
+	if cap(f.arena) < total {
+		f.arena = make([]byte, 0, total)
+	}
+	a := f.arena[:0]
+	put := func(v string) []byte {
+		n := len(a)
+		a = append(a, v...)
+		return a[n:len(a):len(a)]
+	}
+	h.Method = put(r.Method)
+	h.Target = put(r.RequestURI)
+	h.Host = put(r.Host)
+	h.Proto = put(r.Proto)
+	h.HTTP11 = true
+	f.uri.DisablePathNormalizing = false
+	f.uri.SetPathBytes(h.Target[:pathEnd(h.Target)])
+	h.Path = f.uri.Path()
+	h.ContentLength = r.ContentLength
+	if r.ContentLength < 0 {
+		h.ContentLength = -1
+	}
+	h.ContentLengthValue = nil
+	fields := h.Fields[:0]
+	if len(h.Host) > 0 {
+		// :authority, as the Host an HTTP/1 request carries (RFC 9113
+		// §8.3.1): agents see it where they see an HTTP/1 request's.
+		fields = append(fields, exchange.Field{Name: hdrHost, Value: h.Host})
+	}
+	for _, k := range keys {
+		name := put(k)
+		for _, v := range r.Header[k] {
+			val := put(v)
+			if h.ContentLengthValue == nil && k == "Content-Length" {
+				h.ContentLengthValue = val
+			}
+			fields = append(fields, exchange.Field{Name: name, Value: val})
+		}
+	}
+	h.Fields = fields
+	f.arena = a
+}
+
+// pathEnd is where the path of an origin-form target ends (its query).
+func pathEnd(t []byte) int {
+	for i, c := range t {
+		if c == '?' || c == '#' {
+			return i
+		}
+	}
+	return len(t)
+}
+
+// Connection-specific fields are not HTTP/2's (RFC 9113 §8.2.2); the
+// exchange leaves out the hop-by-hop ones, and Content-Length is the
+// body's framing, the server's business.
+func skipResponseField(name []byte) bool {
+	switch len(name) {
+	case 7:
+		return strings.EqualFold(string(name), "upgrade")
+	case 10:
+		return strings.EqualFold(string(name), "connection") || strings.EqualFold(string(name), "keep-alive")
+	case 14:
+		return strings.EqualFold(string(name), "content-length")
+	case 16:
+		return strings.EqualFold(string(name), "proxy-connection")
+	case 17:
+		return strings.EqualFold(string(name), "transfer-encoding")
+	}
+	return false
+}
+
+// respond writes the response the exchange staged: the head, the body
+// (a streamed one flushed as each piece comes, so a gRPC stream's
+// messages are not held back), the upstream's trailers.
+func (f *stream) respond() {
+	ex := &f.ex
+	res := ex.Response()
+	if res.Kind == exchange.ResponseNone {
+		return
+	}
+	if ex.Answered() && isGRPC(f.r.Header.Get("Content-Type")) {
+		f.writeGRPCAnswer(res.Status, res.Body)
+		if res.Kind == exchange.ResponseStream {
+			ex.StreamDone(0, nil)
+		}
+		return
+	}
+	h := f.w.Header()
+	vals := f.vals[:0]
+	for _, fl := range res.Fields {
+		if skipResponseField(fl.Name) {
+			continue
+		}
+		// Canonical keys: net/http looks fields up by them (a
+		// "content-type" it did not find would get a sniffed second one).
+		k, ok := commonKeys[string(fl.Name)]
+		if !ok {
+			k = http.CanonicalHeaderKey(string(fl.Name))
+		}
+		if old, dup := h[k]; dup {
+			h[k] = append(old, string(fl.Value))
+			continue
+		}
+		// The values of single fields share one backing array, reused by
+		// the stream's next request: x/net copies the header when it
+		// writes it, and reads the map no more once the handler returned.
+		vals = append(vals, string(fl.Value))
+		h[k] = vals[len(vals)-1 : len(vals) : len(vals)]
+	}
+	f.vals = vals
+	if _, ok := h["Content-Type"]; !ok {
+		// No type sniffed from the body: the response goes as it came,
+		// as over HTTP/1.
+		h["Content-Type"] = nil
+	}
+	switch res.Kind {
+	case exchange.ResponseFull:
+		if res.Status >= 200 && res.Status != 204 && res.Status != 304 {
+			h["Content-Length"] = []string{strconv.Itoa(len(res.Body))}
+		}
+		f.w.WriteHeader(res.Status)
+		_, _ = f.w.Write(res.Body)
+	case exchange.ResponseStream:
+		if res.Size >= 0 {
+			h["Content-Length"] = []string{strconv.FormatInt(res.Size, 10)}
+		}
+		f.w.WriteHeader(res.Status)
+		fl, _ := f.w.(http.Flusher)
+		var written int64
+		var err error
+		for {
+			data, last, nerr := ex.NextBody()
+			if nerr != nil {
+				err = nerr
+				break
+			}
+			if len(data) > 0 {
+				n, werr := f.w.Write(data)
+				written += int64(n)
+				if werr != nil {
+					err = werr
+					break
+				}
+				if fl != nil && !last {
+					fl.Flush()
+				}
+			}
+			if last {
+				break
+			}
+		}
+		if err == nil {
+			for _, t := range ex.Trailers() {
+				k := http.TrailerPrefix + string(t.Name)
+				h[k] = append(h[k], string(t.Value))
+			}
+		}
+		ex.StreamDone(written, err)
+	}
+}
+
+// connInfo fills info from c's addresses, for a connection the HTTP/1
+// listener did not describe.
+func connInfo(c net.Conn, info *exchange.Conn) {
+	if ta, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+		ap := ta.AddrPort()
+		info.ClientIP, info.ClientPort = ap.Addr().Unmap().AppendTo(nil), int(ap.Port())
+	}
+	if ta, ok := c.LocalAddr().(*net.TCPAddr); ok {
+		ap := ta.AddrPort()
+		info.ServerIP, info.ServerPort = ap.Addr().Unmap().AppendTo(nil), int(ap.Port())
+	}
+}

@@ -1,0 +1,35 @@
+package metrics
+
+import (
+	"testing"
+
+	"github.com/zentinelproxy/sidecar/internal/observe"
+)
+
+func TestHTTP2Metrics(t *testing.T) {
+	m := newMetrics(t)
+	m.SetStats(func() observe.Stats {
+		return observe.Stats{
+			RequestsByProtocol: map[string]uint64{"http1": 7, "h2": 5, "h2c": 3},
+			HTTP2: observe.HTTP2Stats{Connections: 4, ConnectionsOpen: 2, Streams: 8, StreamsOpen: 1, RefusedStreams: 6,
+				RapidResets: 1, HeaderListTooLarge: 2, ProtocolErrors: 9, GRPCAnswers: 11, ShutdownGoAways: 12, IdleClosed: 13},
+		}
+	})
+	v := values(t, m.Registry())
+	for name, want := range map[string]float64{
+		`sidecar_requests_by_protocol_total{protocol="http1"}`:      7,
+		`sidecar_requests_by_protocol_total{protocol="h2"}`:         5,
+		`sidecar_requests_by_protocol_total{protocol="h2c"}`:        3,
+		`sidecar_http2_connections_total`:                           4,
+		`sidecar_http2_connections_open`:                            2,
+		`sidecar_http2_streams_open`:                                1,
+		`sidecar_http2_errors_total{kind="max_concurrent_streams"}`: 6,
+		`sidecar_http2_errors_total{kind="rapid_reset"}`:            1,
+		`sidecar_http2_errors_total{kind="header_list_too_large"}`:  2,
+		`sidecar_http2_errors_total{kind="protocol"}`:               9,
+		`sidecar_http2_grpc_answers_total`:                          11,
+		`sidecar_http2_shutdown_goaways_total`:                      12,
+	} {
+		expect(t, v, name, want)
+	}
+}
