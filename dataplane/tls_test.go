@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -597,4 +598,46 @@ func TestTLSHandshakeBoundedByReadTimeout(t *testing.T) {
 		t.Fatal("a silent client was not dropped")
 	}
 	testutil.WaitFor(t, "handshake error counted", func() bool { return p.srv.Stats().TLS.HandshakeErrors == 1 })
+}
+
+// TestTLSClientRefusesCertificate: a TLS 1.3 client that does not trust
+// the listener's certificate ends the handshake with a plaintext alert
+// (OpenSSL's does: here through Python's ssl module), which crypto/tls
+// reports as "bad record MAC"; the log names the client's refusal and
+// its alert instead.
+func TestTLSClientRefusesCertificate(t *testing.T) {
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("python3 (an OpenSSL client) is not installed")
+	}
+	pki := testutil.NewPKI(t, "edge")
+	a := pki.Server(t, "a", "a.example")
+	up := newUpstream(t, nil)
+	p := startProxy(t, configText(t, tlsConfigTmpl, map[string]any{"Upstream": up.addr(), "CertA": a.CertFile, "KeyA": a.KeyFile}), nil, nil)
+	host, port, _ := net.SplitHostPort(p.addr)
+	const script = `import socket, ssl, sys
+ctx = ssl.create_default_context()  # the system's roots, without the test's CA
+ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=10)
+try:
+    ctx.wrap_socket(s, server_hostname="a.example")
+except ssl.SSLCertVerificationError:
+    sys.exit(0)
+sys.exit("the handshake succeeded")
+`
+	ctx, cancel := context.WithTimeout(context.Background(), hangGuard)
+	defer cancel()
+	if out, err := exec.CommandContext(ctx, py, "-c", script, host, port).CombinedOutput(); err != nil {
+		t.Fatalf("client: %v: %s", err, out)
+	}
+	testutil.WaitFor(t, "the refusal logged", func() bool {
+		return strings.Contains(p.logs.String(), "TLS handshake refused by the client")
+	})
+	log := p.logs.String()
+	if !strings.Contains(log, `"alert":"unknown_ca"`) || strings.Contains(log, "bad record MAC") {
+		t.Errorf("log:\n%s", log)
+	}
+	if st := p.srv.Stats().TLS; st.HandshakeErrors != 1 {
+		t.Errorf("handshake errors %d, want 1", st.HandshakeErrors)
+	}
 }

@@ -56,6 +56,7 @@ type eofConn struct {
 	// (a *rawio.Conn, as rw).
 	raw    net.Conn
 	tls    *tls.Conn
+	hs     *hsConn
 	lt     *listenerTLS
 	hsDone bool
 	facts  *exchange.TLSFacts

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -302,14 +303,22 @@ func (c *eofConn) handshake() error {
 		}
 		lt.stats.handshakeErrors.Add(1)
 		if ok, suppressed := lt.hsLog.Allow(); ok {
-			e := lt.log.Warn().Str("listener", lt.name).Str("client", c.raw.RemoteAddr().String()).Err(err)
+			e := lt.log.Warn().Str("listener", lt.name).Str("client", c.raw.RemoteAddr().String())
 			if suppressed > 0 {
 				e = e.Uint64("suppressed", suppressed)
 			}
-			e.Msg("TLS handshake failed")
+			if desc, ok := c.hs.alert(); ok {
+				// What crypto/tls reports of it ("bad record MAC") would
+				// send an operator after the wrong cause.
+				e.Str("alert", alertName(desc)).Msg("TLS handshake refused by the client (does it trust the listener's certificate?)")
+			} else {
+				e.Err(err).Msg("TLS handshake failed")
+			}
 		}
+		c.hs.done = true
 		return err
 	}
+	c.hs.done = true
 	lt.stats.handshakes.Add(1)
 	st := c.tls.ConnectionState()
 	f := &exchange.TLSFacts{
@@ -418,10 +427,113 @@ func formatSAN(c *x509.Certificate) string {
 // wrapTLS starts the server side of TLS on an accepted connection.
 func (l *eofListener) wrapTLS(c net.Conn) *eofConn {
 	rc := rawio.Wrap(c)
-	tc := tls.Server(rc, l.tls.base)
+	hs := &hsConn{Conn: rc}
+	tc := tls.Server(hs, l.tls.base)
 	e := newEOFConn(tc, rc, l.hdrBuf)
-	e.raw, e.tls, e.lt = rc, tc, l.tls
+	e.raw, e.tls, e.lt, e.hs = rc, tc, l.tls, hs
 	return e
+}
+
+// hsConn is the socket under a TLS listener's tls.Conn. While the
+// handshake runs it keeps the start of the last read, so that a
+// handshake the client ended with a plaintext alert can be named for
+// what it is: a TLS 1.3 client that rejects the certificate (OpenSSL's:
+// curl, Python) sends its alert unencrypted after the server's encrypted
+// flight, and crypto/tls, expecting an encrypted record, reports "bad
+// record MAC". After the handshake a read costs one branch more.
+type hsConn struct {
+	net.Conn
+	done bool
+	last [64]byte
+	n    int
+}
+
+func (c *hsConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if !c.done && n > 0 {
+		c.n = copy(c.last[:], p[:n])
+	}
+	return n, err
+}
+
+// alert finds a plaintext alert record (content type 21, two bytes) among
+// the records the handshake's last read began with, and returns its
+// description.
+func (c *hsConn) alert() (byte, bool) {
+	if c == nil {
+		return 0, false
+	}
+	return plainAlert(c.last[:c.n])
+}
+
+// plainAlert walks the TLS records at the start of b for a plaintext
+// alert and returns its description.
+func plainAlert(b []byte) (byte, bool) {
+	for len(b) >= 5 {
+		typ, n := b[0], int(b[3])<<8|int(b[4])
+		if b[1] != 3 {
+			return 0, false // not a TLS record header
+		}
+		if typ == 21 && n == 2 && len(b) >= 7 {
+			return b[6], true
+		}
+		if len(b) < 5+n {
+			return 0, false
+		}
+		b = b[5+n:]
+	}
+	return 0, false
+}
+
+// alertName names a TLS alert description (RFC 8446 §6).
+func alertName(d byte) string {
+	switch d {
+	case 0:
+		return "close_notify"
+	case 10:
+		return "unexpected_message"
+	case 20:
+		return "bad_record_mac"
+	case 40:
+		return "handshake_failure"
+	case 42:
+		return "bad_certificate"
+	case 43:
+		return "unsupported_certificate"
+	case 44:
+		return "certificate_revoked"
+	case 45:
+		return "certificate_expired"
+	case 46:
+		return "certificate_unknown"
+	case 47:
+		return "illegal_parameter"
+	case 48:
+		return "unknown_ca"
+	case 49:
+		return "access_denied"
+	case 50:
+		return "decode_error"
+	case 51:
+		return "decrypt_error"
+	case 70:
+		return "protocol_version"
+	case 71:
+		return "insufficient_security"
+	case 80:
+		return "internal_error"
+	case 90:
+		return "user_canceled"
+	case 109:
+		return "missing_extension"
+	case 112:
+		return "unrecognized_name"
+	case 116:
+		return "certificate_required"
+	case 120:
+		return "no_application_protocol"
+	}
+	return "alert " + strconv.Itoa(int(d))
 }
 
 // ReloadTLS re-reads the listener's certificates if cfg still serves it
