@@ -160,15 +160,21 @@ func NewClient(cfg Config) (*Client, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	// The dial options of transport grpc, with gRPC's default backoff,
-	// and the streams' own codec.
+	// The dial options of transport grpc, with gRPC's default backoff.
 	opts, err := grpcclient.DialOptions(&cfg.TLS, cfg.MaxMessageSize, cfg.DialTimeout,
 		backoff.DefaultConfig.BaseDelay, backoff.DefaultConfig.MaxDelay, "zentinel-sidecar/0.1 ext_proc")
 	if err != nil {
 		return nil, fmt.Errorf("%w: agent %q: %v", ErrExtProcConfig, cfg.Name, err)
 	}
+	creds, err := transportCredentials(&cfg.TLS)
+	if err != nil {
+		return nil, fmt.Errorf("%w: agent %q: %v", ErrExtProcConfig, cfg.Name, err)
+	}
 	metadata := metadataContext(cfg.Metadata)
-	opts = append(opts, grpc.WithDefaultCallOptions(grpc.ForceCodecV2(newCodec(metadata))))
+	// The later options win: the same credentials over raw sockets
+	// (rawCreds), and the streams' own codec.
+	opts = append(opts, grpc.WithTransportCredentials(creds),
+		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(newCodec(metadata))))
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &Client{
 		Pool:   agentmux.NewPool(cfg.Name, "ext_proc"),

@@ -170,3 +170,63 @@ func TestSendTimeout(t *testing.T) {
 		t.Fatalf("the next request: %v", err)
 	}
 }
+
+// TestClientGoneWhileWaiting: the request's cancel channel closing (the
+// client went away) ends an event waiting for a processor that does not
+// answer, as a cancel and long before the deadline, and resets the
+// stream; so it does when the event waits with another channel than the
+// request's first event, and for the next event of a request whose
+// client went away between events.
+func TestClientGoneWhileWaiting(t *testing.T) {
+	p := &holdingProcessor{}
+	c := newClient(t, startHolding(t, p), func(cfg *extproc.Config) { cfg.MessageTimeout = time.Minute })
+	for _, tc := range []struct {
+		name    string
+		other   bool // the waiting event's channel is not the first event's
+		between bool // the client goes before the waiting event
+	}{{"waiting", false, false}, {"another channel", true, false}, {"between events", false, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			ended := p.ended.Load()
+			ex := begin(t, c)
+			first, ch := make(chan struct{}), make(chan struct{})
+			defer func() {
+				select {
+				case <-first:
+				default:
+					close(first)
+				}
+			}()
+			if !tc.other {
+				ch = first
+			}
+			if _, err := ex.RequestHeaders(agentmux.Wait{Deadline: time.Now().Add(time.Minute), Cancel: first}, reqHeaders(false)); err != nil {
+				t.Fatal(err)
+			}
+			if tc.between {
+				close(ch)
+			}
+			done := make(chan error, 1)
+			go func() {
+				// The processor holds the stream: no answer comes.
+				_, err := ex.ResponseHeaders(agentmux.Wait{Deadline: time.Now().Add(time.Minute), Cancel: ch}, &protocol.ResponseHeaders{StatusCode: 200})
+				done <- err
+			}()
+			if !tc.between {
+				time.AfterFunc(50*time.Millisecond, func() { close(ch) })
+			}
+			select {
+			case err := <-done:
+				if !errors.Is(err, agentmux.ErrAgentCanceled) {
+					t.Fatalf("err %v, want a cancel", err)
+				}
+			case <-time.After(20 * time.Second):
+				t.Fatal("the wait outlived the cancel")
+			}
+			ex.Finish()
+			testutil.WaitFor(t, "the stream to be reset", func() bool { return p.ended.Load() == ended+1 })
+			if why := p.why.Load(); why == nil || !errors.Is(*why, context.Canceled) {
+				t.Errorf("the stream ended with %v, want a reset", why)
+			}
+		})
+	}
+}
