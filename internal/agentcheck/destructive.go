@@ -180,10 +180,10 @@ func (e *env) spinCheck(r *Result) {
 		return
 	}
 	if share > spinLimit {
-		worse(r, Fail, "the idle agent uses %.0f%% of a core after the early closes: it is spinning", share*100)
+		worse(r, Fail, "the idle agent wants %.0f%% of a core (running or waiting to run) after the early closes: it is spinning", share*100)
 		return
 	}
-	note(r, "idle CPU afterwards %.1f%% of a core", share*100)
+	note(r, "idle agent afterwards wants %.1f%% of a core", share*100)
 }
 
 func checkEarlyClose(e *env, r *Result) {

@@ -521,13 +521,18 @@ func procRSS(pid int) (int64, error) {
 // cpuWindow is how long the checker watches for a spinning agent.
 const cpuWindow = time.Second
 
-// spinLimit is the share of one core an idle agent may use: an idle agent
-// uses next to nothing, and a spinning one gets less than a whole core on
-// a loaded machine.
+// spinLimit is the share of one core an idle agent may want: an idle
+// agent wants next to nothing; a spinning one wants a whole core, loaded
+// machine or not (cpuShare counts its wait for a CPU).
 const spinLimit = 0.2
 
-// cpuShare measures the share of one core pid uses over cpuWindow.
+// cpuShare measures the share of one core pid wants over cpuWindow: the
+// time its threads ran or waited to run (/proc/<pid>/task/*/schedstat),
+// so that a spinning agent on a loaded machine, which gets a fraction of
+// a core but is always runnable, still counts as spinning; where
+// schedstat is not kept, the CPU time it used.
 func cpuShare(ctx context.Context, pid int) (float64, error) {
+	r0, rerr := procRunnable(pid)
 	c0, err := procCPU(pid)
 	if err != nil {
 		return 0, err
@@ -538,9 +543,50 @@ func cpuShare(ctx context.Context, pid int) (float64, error) {
 	case <-ctx.Done():
 		return 0, ctx.Err()
 	}
+	wall := float64(time.Since(t0))
+	if rerr == nil {
+		if r1, err := procRunnable(pid); err == nil {
+			var d time.Duration
+			for tid, v := range r1 {
+				d += v - r0[tid] // a thread started meanwhile: all of it
+			}
+			return float64(d) / wall, nil
+		}
+	}
 	c1, err := procCPU(pid)
 	if err != nil {
 		return 0, err
 	}
-	return float64(c1-c0) / float64(time.Since(t0)), nil
+	return float64(c1-c0) / wall, nil
+}
+
+// procRunnable returns, per thread of pid, the time it has run plus the
+// time it waited on a run queue (the first two fields of schedstat).
+func procRunnable(pid int) (map[string]time.Duration, error) {
+	dir := fmt.Sprintf("/proc/%d/task", pid)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	m := make(map[string]time.Duration, len(ents))
+	for _, e := range ents {
+		b, err := os.ReadFile(dir + "/" + e.Name() + "/schedstat")
+		if err != nil {
+			continue // the thread ended
+		}
+		f := strings.Fields(string(b))
+		if len(f) < 2 {
+			return nil, fmt.Errorf("%w: short schedstat", errNoProc)
+		}
+		run, err1 := strconv.ParseInt(f[0], 10, 64)
+		wait, err2 := strconv.ParseInt(f[1], 10, 64)
+		if err1 != nil || err2 != nil {
+			return nil, fmt.Errorf("%w: bad schedstat", errNoProc)
+		}
+		m[e.Name()] = time.Duration(run + wait)
+	}
+	if len(m) == 0 {
+		return nil, fmt.Errorf("%w: no schedstat", errNoProc)
+	}
+	return m, nil
 }
