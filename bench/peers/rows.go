@@ -52,6 +52,7 @@ var rows = []rowDef{
 	{key: "sidecar-uds", name: "sidecar + UDS agent (Go SDK)", bins: []string{"sidecar", "sdkagent"}, agent: true, setup: setupSidecar("sidecar", "sdkagent", false)},
 	{key: "sidecar-uds-json", name: "sidecar + UDS agent, JSON payloads", bins: []string{"sidecar", "sdkagent"}, agent: true, setup: setupSidecar("sidecar", "sdkagent", true)},
 	{key: "sidecar-uds-yield", name: "sidecar + UDS agent, agent under SCHED_BATCH", bins: []string{"sidecar", "sdkagent"}, agent: true, setup: setupSidecar("sidecar", "sdkagent", false, "-sched", "batch")},
+	{key: "sidecar-httpauth", name: "sidecar + http_auth (forward auth)", bins: []string{"sidecar", "authserver"}, agent: true, setup: setupSidecarHTTPAuth("sidecar")},
 }
 
 // baselineRows are the sidecar rows again, built from another checkout
@@ -59,6 +60,7 @@ var rows = []rowDef{
 var baselineRows = []rowDef{
 	{key: "sidecar-base", name: "sidecar, no agent (baseline)", bins: []string{"sidecar-base"}, setup: setupSidecar("sidecar-base", "", false)},
 	{key: "sidecar-uds-base", name: "sidecar + UDS agent (baseline)", bins: []string{"sidecar-base", "sdkagent-base"}, agent: true, setup: setupSidecar("sidecar-base", "sdkagent-base", false)},
+	{key: "sidecar-httpauth-base", name: "sidecar + http_auth (baseline)", bins: []string{"sidecar-base", "authserver"}, agent: true, setup: setupSidecarHTTPAuth("sidecar-base")},
 }
 
 // reference is the row the ratios divide by.
@@ -409,7 +411,15 @@ const sidecarCfg = `listeners:
 upstreams:
   - name: app
     address: {{.Upstream}}
-{{- if .Agent}}
+{{- if .AuthURL}}
+agents:
+  - name: peers
+    transport: http_auth
+    address: {{.AuthURL}}
+    failure_mode: closed
+    options:
+      auth_response_headers: X-Agent-Processed
+{{- else if .Agent}}
 agents:
   - name: peers
     transport: uds
@@ -444,15 +454,28 @@ func setupSidecar(sidecarBin, agentBin string, json bool, agentArgs ...string) f
 // (on JSON payloads when json is set).
 func sidecarRow(h *harness, rc *rowCtx, sidecarBin, agentBin string, json bool, agentArgs []string) error {
 	agent := agentBin != ""
-	addrs, err := freeAddrs(2)
+	addrs, err := freeAddrs(3)
 	if err != nil {
 		return err
 	}
 	data := map[string]any{
 		"Listen": addrs[0], "Admin": addrs[1], "Upstream": rc.upstream, "Agent": agent, "JSON": json,
-		"AgentSock": filepath.Join(rc.dir, "sdkagent.sock"),
+		"AgentSock": filepath.Join(rc.dir, "sdkagent.sock"), "AuthURL": "",
 	}
-	if agent {
+	if agentBin == "authserver" {
+		// http_auth takes an http:// URL: the auth server of the nginx
+		// and Caddy rows, on a loopback port instead of their Unix socket.
+		p, err := h.startSUT("authserver", filepath.Join(rc.dir, "authserver.log"), h.goEnv(),
+			h.bin("authserver"), "-listen", addrs[2])
+		if err != nil {
+			return err
+		}
+		rc.agent = p
+		if err := waitDial(p, "tcp", addrs[2], startTimeout); err != nil {
+			return err
+		}
+		data["AuthURL"] = "http://" + addrs[2] + "/auth"
+	} else if agent {
 		args := append([]string{"-socket", data["AgentSock"].(string)}, agentArgs...)
 		if err := startAgent(h, rc, agentBin, data["AgentSock"].(string), args...); err != nil {
 			return err
@@ -470,6 +493,13 @@ func sidecarRow(h *harness, rc *rowCtx, sidecarBin, agentBin string, json bool, 
 	rc.proxy, rc.target = p, "http://"+addrs[0]
 	// Ready: listening, and the fail-closed agent connected.
 	return waitHTTP200(p, "http://"+addrs[1]+"/readyz", startTimeout)
+}
+
+// setupSidecarHTTPAuth starts the sidecar binary sidecarBin with an
+// http_auth agent asking the auth server of the nginx-auth and caddy-auth
+// rows, which copies its X-Agent-Processed onto the upstream request.
+func setupSidecarHTTPAuth(sidecarBin string) func(*harness, *rowCtx) error {
+	return func(h *harness, rc *rowCtx) error { return sidecarRow(h, rc, sidecarBin, "authserver", false, nil) }
 }
 
 // startSUT starts a proxy or an agent: on the proxy CPUs, under the
