@@ -14,6 +14,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
+	"github.com/zentinelproxy/sidecar/internal/rawio"
 )
 
 // The subrequests go over keep-alive connections of the client's own
@@ -49,6 +50,11 @@ var errAborted = errors.New("subrequest aborted")
 // pconn is a connection to the service.
 type pconn struct {
 	net.Conn
+	// raw is the socket, read and written with raw system calls (the
+	// dataplane's upstream connections are too: rawio), nil when it is
+	// not a TCP socket; for https it is beneath the TLS.
+	raw       *rawio.Conn
+	plain     bool // Conn is raw itself (http://)
 	idleSince time.Time
 }
 
@@ -78,22 +84,34 @@ type connPool struct {
 	readers sync.Pool // *bufio.Reader of maxResponseHeader bytes
 }
 
-// get takes an idle connection (nil: none). Connections idle too long
-// are closed on the way.
+// get takes an idle connection (nil: none). Those idle too long, those
+// the service closed meanwhile and those with bytes waiting that no
+// subrequest asked for are closed on the way: the look is one
+// recvfrom(2) with MSG_PEEK (rawio.Conn.Pending), as the dataplane's
+// upstream pool does, and it is what lets the subrequest's write go out
+// with the read of its answer (see try).
 func (p *connPool) get(now time.Time) *pconn {
-	p.mu.Lock()
-	for n := len(p.idle); n > 0; n = len(p.idle) {
+	for {
+		p.mu.Lock()
+		n := len(p.idle)
+		if n == 0 {
+			p.mu.Unlock()
+			return nil
+		}
 		pc := p.idle[n-1]
 		p.idle[n-1] = nil
 		p.idle = p.idle[:n-1]
+		p.mu.Unlock()
 		if now.Sub(pc.idleSince) < idleTimeout {
-			p.mu.Unlock()
-			return pc
+			if pc.raw == nil {
+				return pc
+			}
+			if data, err := pc.raw.Pending(); !data && err == nil {
+				return pc
+			}
 		}
 		_ = pc.Close()
 	}
-	p.mu.Unlock()
-	return nil
 }
 
 // put keeps pc for the next subrequest, or closes it.
@@ -219,23 +237,25 @@ func (c *Client) dial(deadline time.Time) (*pconn, error) {
 		deadline = limit
 	}
 	d := net.Dialer{Deadline: deadline, KeepAlive: 30 * time.Second}
-	raw, err := d.Dial("tcp", c.addr)
+	nc, err := d.Dial("tcp", c.addr)
 	if err != nil {
 		return nil, err
 	}
+	nc = rawio.Wrap(nc)
+	raw, _ := nc.(*rawio.Conn)
 	if c.tls == nil {
-		return &pconn{Conn: raw}, nil
+		return &pconn{Conn: nc, raw: raw, plain: raw != nil}, nil
 	}
-	tc := tls.Client(raw, c.tls)
+	tc := tls.Client(nc, c.tls)
 	if err := tc.SetDeadline(deadline); err != nil {
-		_ = raw.Close()
+		_ = nc.Close()
 		return nil, err
 	}
 	if err := tc.Handshake(); err != nil {
-		_ = raw.Close()
+		_ = nc.Close()
 		return nil, fmt.Errorf("tls handshake: %w", err)
 	}
-	return &pconn{Conn: tc}, nil
+	return &pconn{Conn: tc, raw: raw}, nil
 }
 
 // roundTrip sends cl.buf (a whole request head) and reads the answer's
@@ -291,6 +311,13 @@ func (c *Client) try(cl *call, w agentmux.Wait, head bool) (truncated, reused bo
 	}()
 	if err = pc.SetDeadline(w.Deadline); err != nil {
 		return false, reused, err
+	}
+	if reused && pc.plain {
+		// The head goes out with the read of the answer: the read that
+		// would find nothing yet is not made, one system call fewer. On
+		// a reused connection only, just looked at (get): a FIN that came
+		// while it sat idle would not wake a held read.
+		pc.raw.HoldWrites()
 	}
 	if _, err = pc.Write(cl.buf); err != nil {
 		if reused {
