@@ -14,6 +14,11 @@
 // count for the circuit breaker and may fail over to another member),
 // and an answer that cannot be applied is delivered as the request's
 // protocol error. Nothing is kept per request after Send returns.
+//
+// A Checker gets the call's bounds as a context, which costs a context
+// and a goroutine per call (the request's cancel channel is not a
+// context); a WaitChecker gets the Wait itself and keeps to it on its
+// own, for a transport whose calls are cheap enough for that to matter.
 package authcall
 
 import (

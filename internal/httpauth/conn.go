@@ -41,6 +41,9 @@ const (
 	// the subrequest goes again on another (it has no body; asking twice
 	// is harmless).
 	maxAttempts = 3
+	// maxHeld is the longest head whose write is held to the read of the
+	// answer (rawio holds at most 16 KiB).
+	maxHeld = 16 << 10
 )
 
 // errAborted: the call's connection was closed under it (CancelAll,
@@ -309,21 +312,33 @@ func (c *Client) try(cl *call, w agentmux.Wait, head bool) (truncated, reused bo
 			_ = pc.Close()
 		}
 	}()
-	if err = pc.SetDeadline(w.Deadline); err != nil {
-		return false, reused, err
-	}
-	if reused && pc.plain {
+	held := reused && pc.plain && len(cl.buf) <= maxHeld
+	if held {
 		// The head goes out with the read of the answer: the read that
 		// would find nothing yet is not made, one system call fewer. On
 		// a reused connection only, just looked at (get): a FIN that came
-		// while it sat idle would not wake a held read.
+		// while it sat idle would not wake a held read. The write is the
+		// read's, under its deadline: the connection's write deadline is
+		// left as it is.
 		pc.raw.HoldWrites()
+		err = pc.raw.SetReadDeadline(w.Deadline)
+	} else {
+		err = pc.SetDeadline(w.Deadline)
+	}
+	if err != nil {
+		return false, reused, err
 	}
 	if _, err = pc.Write(cl.buf); err != nil {
 		if reused {
 			err = fmt.Errorf("%w: %v", errStale, err)
 		}
 		return false, reused, timeoutErr(err)
+	}
+	if pc.plain && !held {
+		// Later held writes go out with no deadline of their own but the
+		// read's: none is left for the rare one that the socket cannot
+		// take whole, which is finished as an ordinary write.
+		_ = pc.raw.Conn.SetWriteDeadline(time.Time{})
 	}
 	br := p.getReader(pc)
 	defer p.putReader(br)
