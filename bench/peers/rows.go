@@ -53,7 +53,8 @@ var rows = []rowDef{
 	{key: "sidecar-uds", name: "sidecar + UDS agent (Go SDK)", bins: []string{"sidecar", "sdkagent"}, agent: true, setup: setupSidecar("sidecar", "sdkagent", false)},
 	{key: "sidecar-uds-json", name: "sidecar + UDS agent, JSON payloads", bins: []string{"sidecar", "sdkagent"}, agent: true, setup: setupSidecar("sidecar", "sdkagent", true)},
 	{key: "sidecar-uds-yield", name: "sidecar + UDS agent, agent under SCHED_BATCH", bins: []string{"sidecar", "sdkagent"}, agent: true, setup: setupSidecar("sidecar", "sdkagent", false, "-sched", "batch")},
-	{key: "sidecar-httpauth", name: "sidecar + http_auth (forward auth)", bins: []string{"sidecar", "authserver"}, agent: true, setup: setupSidecarHTTPAuth("sidecar", "authserver")},
+	{key: "sidecar-httpauth", name: "sidecar + http_auth (forward auth)", bins: []string{"sidecar", "authserver"}, agent: true, setup: setupSidecarHTTPAuth("sidecar", "authserver", true)},
+	{key: "sidecar-httpauth-tcp", name: "sidecar + http_auth, auth server over TCP", bins: []string{"sidecar", "authserver"}, agent: true, setup: setupSidecarHTTPAuth("sidecar", "authserver", false)},
 }
 
 // baselineRows are the sidecar rows again, built from another checkout
@@ -61,7 +62,7 @@ var rows = []rowDef{
 var baselineRows = []rowDef{
 	{key: "sidecar-base", name: "sidecar, no agent (baseline)", bins: []string{"sidecar-base"}, setup: setupSidecar("sidecar-base", "", false)},
 	{key: "sidecar-uds-base", name: "sidecar + UDS agent (baseline)", bins: []string{"sidecar-base", "sdkagent-base"}, agent: true, setup: setupSidecar("sidecar-base", "sdkagent-base", false)},
-	{key: "sidecar-httpauth-base", name: "sidecar + http_auth (baseline)", bins: []string{"sidecar-base", "authserver-base"}, agent: true, setup: setupSidecarHTTPAuth("sidecar-base", "authserver-base")},
+	{key: "sidecar-httpauth-tcp-base", name: "sidecar + http_auth over TCP (baseline)", bins: []string{"sidecar-base", "authserver-base"}, agent: true, setup: setupSidecarHTTPAuth("sidecar-base", "authserver-base", false)},
 }
 
 // reference is the row the ratios divide by.
@@ -439,6 +440,9 @@ agents:
     failure_mode: closed
     options:
       auth_response_headers: X-Agent-Processed
+{{- if .AuthSock}}
+      unix_socket: {{.AuthSock}}
+{{- end}}
 {{- else if .Agent}}
 agents:
   - name: peers
@@ -474,6 +478,12 @@ func setupSidecar(sidecarBin, agentBin string, json bool, agentArgs ...string) f
 // (on JSON payloads when json is set); an agentBin named authserver… is
 // the auth server, asked by an http_auth agent.
 func sidecarRow(h *harness, rc *rowCtx, sidecarBin, agentBin string, json bool, agentArgs []string) error {
+	return sidecarRowAuth(h, rc, sidecarBin, agentBin, json, agentArgs, false)
+}
+
+// sidecarRowAuth is sidecarRow; with authUnix, the auth server listens on
+// a Unix socket (option unix_socket), as in the nginx-auth row.
+func sidecarRowAuth(h *harness, rc *rowCtx, sidecarBin, agentBin string, json bool, agentArgs []string, authUnix bool) error {
 	agent := agentBin != ""
 	addrs, err := freeAddrs(3)
 	if err != nil {
@@ -481,11 +491,18 @@ func sidecarRow(h *harness, rc *rowCtx, sidecarBin, agentBin string, json bool, 
 	}
 	data := map[string]any{
 		"Listen": addrs[0], "Admin": addrs[1], "Upstream": rc.upstream, "Agent": agent, "JSON": json,
-		"AgentSock": filepath.Join(rc.dir, "sdkagent.sock"), "AuthURL": "",
+		"AgentSock": filepath.Join(rc.dir, "sdkagent.sock"), "AuthURL": "", "AuthSock": "",
 	}
-	if strings.HasPrefix(agentBin, "authserver") {
-		// http_auth takes an http:// URL: the auth server of the nginx
-		// and Caddy rows, on a loopback port instead of their Unix socket.
+	switch {
+	case strings.HasPrefix(agentBin, "authserver") && authUnix:
+		sock := filepath.Join(rc.dir, "auth.sock")
+		if err := startAgent(h, rc, agentBin, sock, "-listen", "unix:"+sock); err != nil {
+			return err
+		}
+		data["AuthURL"], data["AuthSock"] = "http://auth/auth", sock
+	case strings.HasPrefix(agentBin, "authserver"):
+		// The auth server of the nginx and Caddy rows, on a loopback port
+		// instead of their Unix socket.
 		p, err := h.startSUT(agentBin, filepath.Join(rc.dir, agentBin+".log"), h.goEnv(),
 			h.bin(agentBin), "-listen", addrs[2])
 		if err != nil {
@@ -496,7 +513,7 @@ func sidecarRow(h *harness, rc *rowCtx, sidecarBin, agentBin string, json bool, 
 			return err
 		}
 		data["AuthURL"] = "http://" + addrs[2] + "/auth"
-	} else if agent {
+	case agent:
 		args := append([]string{"-socket", data["AgentSock"].(string)}, agentArgs...)
 		if err := startAgent(h, rc, agentBin, data["AgentSock"].(string), args...); err != nil {
 			return err
@@ -519,9 +536,11 @@ func sidecarRow(h *harness, rc *rowCtx, sidecarBin, agentBin string, json bool, 
 // setupSidecarHTTPAuth starts the sidecar binary sidecarBin with an
 // http_auth agent asking authBin, the auth server of the nginx-auth and
 // caddy-auth rows, whose X-Agent-Processed it copies onto the upstream
-// request.
-func setupSidecarHTTPAuth(sidecarBin, authBin string) func(*harness, *rowCtx) error {
-	return func(h *harness, rc *rowCtx) error { return sidecarRow(h, rc, sidecarBin, authBin, false, nil) }
+// request: on a Unix socket as theirs when unix, else on a loopback port.
+func setupSidecarHTTPAuth(sidecarBin, authBin string, unix bool) func(*harness, *rowCtx) error {
+	return func(h *harness, rc *rowCtx) error {
+		return sidecarRowAuth(h, rc, sidecarBin, authBin, false, nil, unix)
+	}
 }
 
 // startSUT starts a proxy or an agent: on the proxy CPUs, under the

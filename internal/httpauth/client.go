@@ -70,7 +70,8 @@ type Client struct {
 	cfg    Config
 	pool   connPool
 	tls    *tls.Config // nil: http://
-	addr   string      // host:port dialed
+	net    string      // "tcp" or "unix"
+	addr   string      // host:port or socket path dialed
 	host   string      // the Host header
 	target string      // the request target (path and query)
 	// reqNames are the lowercased RequestHeaders; respNames the
@@ -139,6 +140,7 @@ func NewClient(cfg Config) (*Client, error) {
 		Pool:   agentmux.NewPool(cfg.Name, "http_auth"),
 		cfg:    cfg,
 		tls:    tc,
+		net:    "tcp",
 		addr:   net.JoinHostPort(u.Hostname(), port),
 		host:   u.Host,
 		target: u.RequestURI(),
@@ -147,6 +149,9 @@ func NewClient(cfg Config) (*Client, error) {
 		log:    cfg.Logger.With().Str("address", cfg.URL).Logger(),
 	}
 	c.pool.maxIdle = cfg.MaxInFlight
+	if cfg.UnixSocket != "" {
+		c.net, c.addr = "unix", cfg.UnixSocket
+	}
 	for _, n := range cfg.RequestHeaders {
 		c.reqNames = append(c.reqNames, []byte(strings.ToLower(n)))
 	}

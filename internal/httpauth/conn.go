@@ -55,7 +55,7 @@ type pconn struct {
 	net.Conn
 	// raw is the socket, read and written with raw system calls (the
 	// dataplane's upstream connections are too: rawio), nil when it is
-	// not a TCP socket; for https it is beneath the TLS.
+	// neither a TCP nor a Unix socket; for https it is beneath the TLS.
 	raw       *rawio.Conn
 	plain     bool // Conn is raw itself (http://)
 	idleSince time.Time
@@ -240,7 +240,7 @@ func (c *Client) dial(deadline time.Time) (*pconn, error) {
 		deadline = limit
 	}
 	d := net.Dialer{Deadline: deadline, KeepAlive: 30 * time.Second}
-	nc, err := d.Dial("tcp", c.addr)
+	nc, err := d.Dial(c.net, c.addr)
 	if err != nil {
 		return nil, err
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/zentinelproxy/sidecar/dataplane"
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/internal/config"
+	"github.com/zentinelproxy/sidecar/internal/httpauth"
 	"github.com/zentinelproxy/sidecar/internal/testutil"
 	"github.com/zentinelproxy/sidecar/internal/transports"
 )
@@ -585,5 +586,40 @@ func TestBadAnswers(t *testing.T) {
 				t.Errorf("upstream got %d requests", n)
 			}
 		})
+	}
+}
+
+// TestUnixSocket checks a service on a Unix socket (option
+// unix_socket): the URL still gives the Host header and the path.
+func TestUnixSocket(t *testing.T) {
+	sock := t.TempDir() + "/auth.sock"
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &authService{}
+	hs := httptest.NewUnstartedServer(s)
+	hs.Listener.Close()
+	hs.Listener = ln
+	hs.Start()
+	t.Cleanup(hs.Close)
+	url, up, _ := proxy(t, "http://auth.internal/oauth2/auth", `
+    options:
+      unix_socket: `+sock+`
+      auth_response_headers: X-Auth-User`, false)
+	if resp, _ := get(t, url+"/ok"); resp.StatusCode != 200 {
+		t.Errorf("status %d", resp.StatusCode)
+	}
+	if h, _ := up.get(); h.Get("X-Auth-User") != "alice" {
+		t.Errorf("upstream X-Auth-User %q", h.Get("X-Auth-User"))
+	}
+	if r := s.last(); r == nil || r.Host != "auth.internal" || r.URL.Path != "/oauth2/auth" {
+		t.Errorf("service got %+v", r)
+	}
+	for _, bad := range []string{"auth.sock", "/" + strings.Repeat("x", 107)} {
+		c := httpauth.DefaultConfig("auth", "http://auth.internal/")
+		if err := c.ApplyOptions(map[string]string{"unix_socket": bad}); err == nil {
+			t.Errorf("unix_socket %q accepted", bad)
+		}
 	}
 }
