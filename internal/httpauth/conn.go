@@ -365,8 +365,9 @@ func (c *Client) try(cl *call, w agentmux.Wait, head bool) (truncated, reused bo
 		}
 	}
 	// Reused only when the answer was read to its end and nothing came
-	// after it.
-	keep = complete && !resp.ConnectionClose() && resp.Header.ContentLength() != -2 && br.Buffered() == 0
+	// after it (a body delimited by the connection's end marks the
+	// answer Connection: close).
+	keep = complete && !resp.ConnectionClose() && br.Buffered() == 0
 	return !complete, reused, nil
 }
 

@@ -558,7 +558,8 @@ func TestServiceClosesIdle(t *testing.T) {
 // TestBadAnswers checks answers that cannot be read: a head over the
 // limit, a broken status line, a chunked body cut short. Each fails the
 // request closed (500) and nothing reaches the upstream; a chunked
-// denial is read and passed on.
+// denial, and one whose body ends with the connection, are read and
+// passed on.
 func TestBadAnswers(t *testing.T) {
 	for _, c := range []struct {
 		name, answer string
@@ -569,6 +570,7 @@ func TestBadAnswers(t *testing.T) {
 		{"not http", "SSH-2.0-OpenSSH\r\n\r\n", 500, ""},
 		{"chunked denial", "HTTP/1.1 401 Unauthorized\r\nTransfer-Encoding: chunked\r\nWWW-Authenticate: Basic\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n", 401, "hello world"},
 		{"cut denial", "HTTP/1.1 401 Unauthorized\r\nContent-Length: 100\r\n\r\nshort", 500, ""},
+		{"denial to the end", "HTTP/1.1 403 Forbidden\r\n\r\nnope", 403, "nope"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			u := rawService(t, func(n int) string {
@@ -621,5 +623,39 @@ func TestUnixSocket(t *testing.T) {
 		if err := c.ApplyOptions(map[string]string{"unix_socket": bad}); err == nil {
 			t.Errorf("unix_socket %q accepted", bad)
 		}
+	}
+}
+
+// TestKeepAlive checks that answers without a body (204, and 200 with
+// Content-Length: 0) keep their connection: the subrequests of
+// sequential requests share one.
+func TestKeepAlive(t *testing.T) {
+	s := &authService{}
+	var mu sync.Mutex
+	conns := 0
+	hs := httptest.NewUnstartedServer(s)
+	hs.Config.ConnState = func(_ net.Conn, st http.ConnState) {
+		if st == http.StateNew {
+			mu.Lock()
+			conns++
+			mu.Unlock()
+		}
+	}
+	hs.Start()
+	t.Cleanup(hs.Close)
+	url, _, _ := proxy(t, hs.URL+"/auth", "", false)
+	for i := range 6 {
+		path := "/anonymous" // 204
+		if i%2 == 1 {
+			path = "/ok" // 200, Content-Length: 0
+		}
+		if resp, _ := get(t, url+path); resp.StatusCode != 200 {
+			t.Fatalf("%s: status %d", path, resp.StatusCode)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if conns != 1 {
+		t.Errorf("the service saw %d connections, want 1", conns)
 	}
 }
