@@ -84,7 +84,7 @@ func run() int {
 	match := flag.String("rows", "", "run only rows whose key matches this `regexp` (keys: "+rowKeys()+")")
 	flag.BoolVar(&h.together, "together", false, "with -baseline: measure each sidecar row and its baseline at the same time (each with its own upstream and wrk, on the same CPUs), so that their ratio is free of the machine's drift between measurements")
 	keep := flag.Bool("keep", false, "keep the temporary directory (configurations and logs)")
-	flag.StringVar(&h.baseline, "baseline", "", "another checkout's root `directory` (a git worktree of another commit): its sidecar and SDK agent are measured too, as the rows sidecar-base and sidecar-uds-base, in the same rounds")
+	flag.StringVar(&h.baseline, "baseline", "", "another checkout's root `directory` (a git worktree of another commit): its sidecar and SDK agent are measured too, as the rows sidecar-base, sidecar-uds-base and sidecar-httpauth-tcp-base, in the same rounds")
 	flag.Parse()
 
 	var rowRE *regexp.Regexp
@@ -195,7 +195,8 @@ func run() int {
 		h.baseline = base
 		built["sidecar-base"] = h.goBuild(base, "sidecar-base", "./cmd/sidecar")
 		built["sdkagent-base"] = h.goBuild(filepath.Join(base, "bench", "peers"), "sdkagent-base", "./cmd/sdkagent")
-		progs = append(progs, "sidecar-base", "sdkagent-base")
+		built["authserver-base"] = h.goBuild(filepath.Join(base, "bench", "peers"), "authserver-base", "./cmd/authserver")
+		progs = append(progs, "sidecar-base", "sdkagent-base", "authserver-base")
 		candidates = append(slices.Clone(rows), baselineRows...)
 	}
 	for _, b := range progs {

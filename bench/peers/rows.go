@@ -42,6 +42,7 @@ var rows = []rowDef{
 	{key: "haproxy-spoe", name: "HAProxy + SPOE agent", tools: []string{"haproxy"}, bins: []string{"spoeagent"}, agent: true, setup: setupHAProxy(true)},
 	{key: "nginx", name: "nginx, no agent", tools: []string{"nginx"}, setup: setupNginx(false)},
 	{key: "nginx-auth", name: "nginx + auth_request", tools: []string{"nginx"}, bins: []string{"authserver"}, agent: true, setup: setupNginx(true)},
+	{key: "nginx-auth-tcp", name: "nginx + auth_request, auth server over TCP", tools: []string{"nginx"}, bins: []string{"authserver"}, agent: true, setup: setupNginxTCP},
 	{key: "caddy", name: "Caddy, no agent", tools: []string{"caddy"}, setup: setupCaddy(false)},
 	{key: "caddy-auth", name: "Caddy + forward_auth", tools: []string{"caddy"}, bins: []string{"authserver"}, agent: true, setup: setupCaddy(true)},
 	{key: "fasthttp", name: "fasthttp HostClient proxy, no agent", bins: []string{"fhproxy"}, setup: setupFasthttp},
@@ -52,6 +53,8 @@ var rows = []rowDef{
 	{key: "sidecar-uds", name: "sidecar + UDS agent (Go SDK)", bins: []string{"sidecar", "sdkagent"}, agent: true, setup: setupSidecar("sidecar", "sdkagent", false)},
 	{key: "sidecar-uds-json", name: "sidecar + UDS agent, JSON payloads", bins: []string{"sidecar", "sdkagent"}, agent: true, setup: setupSidecar("sidecar", "sdkagent", true)},
 	{key: "sidecar-uds-yield", name: "sidecar + UDS agent, agent under SCHED_BATCH", bins: []string{"sidecar", "sdkagent"}, agent: true, setup: setupSidecar("sidecar", "sdkagent", false, "-sched", "batch")},
+	{key: "sidecar-httpauth", name: "sidecar + http_auth (forward auth)", bins: []string{"sidecar", "authserver"}, agent: true, setup: setupSidecarHTTPAuth("sidecar", "authserver", true)},
+	{key: "sidecar-httpauth-tcp", name: "sidecar + http_auth, auth server over TCP", bins: []string{"sidecar", "authserver"}, agent: true, setup: setupSidecarHTTPAuth("sidecar", "authserver", false)},
 }
 
 // baselineRows are the sidecar rows again, built from another checkout
@@ -59,6 +62,7 @@ var rows = []rowDef{
 var baselineRows = []rowDef{
 	{key: "sidecar-base", name: "sidecar, no agent (baseline)", bins: []string{"sidecar-base"}, setup: setupSidecar("sidecar-base", "", false)},
 	{key: "sidecar-uds-base", name: "sidecar + UDS agent (baseline)", bins: []string{"sidecar-base", "sdkagent-base"}, agent: true, setup: setupSidecar("sidecar-base", "sdkagent-base", false)},
+	{key: "sidecar-httpauth-tcp-base", name: "sidecar + http_auth over TCP (baseline)", bins: []string{"sidecar-base", "authserver-base"}, agent: true, setup: setupSidecarHTTPAuth("sidecar-base", "authserver-base", false)},
 }
 
 // reference is the row the ratios divide by.
@@ -220,7 +224,7 @@ http {
 {{- if .Agent}}
 
     upstream auth {
-        server unix:{{.AuthSock}};
+        server {{.AuthServer}};
         keepalive 128;
         keepalive_requests 1000000;
     }
@@ -256,44 +260,63 @@ http {
 `
 
 func setupNginx(agent bool) func(*harness, *rowCtx) error {
-	return func(h *harness, rc *rowCtx) error {
-		addrs, err := freeAddrs(1)
-		if err != nil {
-			return err
-		}
-		data := map[string]any{
-			"Listen": addrs[0], "Upstream": rc.upstream, "Agent": agent, "Dir": rc.dir,
-			"Root": os.Geteuid() == 0, "AuthSock": filepath.Join(rc.dir, "auth.sock"),
-		}
-		if agent {
-			if err := startAgent(h, rc, "authserver", data["AuthSock"].(string), "-listen", "unix:"+data["AuthSock"].(string)); err != nil {
-				return err
-			}
-		}
-		cfg, err := writeTemplate(rc.dir, "nginx.conf", nginxCfg, data)
-		if err != nil {
-			return err
-		}
-		p, err := h.startSUT("nginx", filepath.Join(rc.dir, "nginx.log"), nil,
-			h.tools["nginx"], "-c", cfg, "-p", rc.dir+"/", "-e", filepath.Join(rc.dir, "nginx-error.log"))
-		if err != nil {
-			return err
-		}
-		rc.proxy, rc.target = p, "http://"+addrs[0]
-		if err := waitDial(p, "tcp", addrs[0], startTimeout); err != nil {
-			return fmt.Errorf("%w\nnginx-error.log: %s", err, readTail(filepath.Join(rc.dir, "nginx-error.log")))
-		}
-		// The worker forks after the listener opens: wait for it.
-		deadline := time.Now().Add(startTimeout)
-		for len(children(p.Pid())) == 0 {
-			if time.Now().After(deadline) {
-				return fmt.Errorf("nginx: no worker process after %v", startTimeout)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-		rc.proxyPIDs = append([]int{p.Pid()}, children(p.Pid())...)
-		return nil
+	return func(h *harness, rc *rowCtx) error { return nginxRow(h, rc, agent, false) }
+}
+
+// setupNginxTCP is the nginx-auth row with the auth server on a loopback
+// port, as the sidecar's http_auth row asks it (an http:// URL).
+func setupNginxTCP(h *harness, rc *rowCtx) error { return nginxRow(h, rc, true, true) }
+
+func nginxRow(h *harness, rc *rowCtx, agent, tcp bool) error {
+	addrs, err := freeAddrs(2)
+	if err != nil {
+		return err
 	}
+	sock := filepath.Join(rc.dir, "auth.sock")
+	data := map[string]any{
+		"Listen": addrs[0], "Upstream": rc.upstream, "Agent": agent, "Dir": rc.dir,
+		"Root": os.Geteuid() == 0, "AuthServer": "unix:" + sock,
+	}
+	switch {
+	case agent && tcp:
+		p, err := h.startSUT("authserver", filepath.Join(rc.dir, "authserver.log"), h.goEnv(),
+			h.bin("authserver"), "-listen", addrs[1])
+		if err != nil {
+			return err
+		}
+		rc.agent = p
+		if err := waitDial(p, "tcp", addrs[1], startTimeout); err != nil {
+			return err
+		}
+		data["AuthServer"] = addrs[1]
+	case agent:
+		if err := startAgent(h, rc, "authserver", sock, "-listen", "unix:"+sock); err != nil {
+			return err
+		}
+	}
+	cfg, err := writeTemplate(rc.dir, "nginx.conf", nginxCfg, data)
+	if err != nil {
+		return err
+	}
+	p, err := h.startSUT("nginx", filepath.Join(rc.dir, "nginx.log"), nil,
+		h.tools["nginx"], "-c", cfg, "-p", rc.dir+"/", "-e", filepath.Join(rc.dir, "nginx-error.log"))
+	if err != nil {
+		return err
+	}
+	rc.proxy, rc.target = p, "http://"+addrs[0]
+	if err := waitDial(p, "tcp", addrs[0], startTimeout); err != nil {
+		return fmt.Errorf("%w\nnginx-error.log: %s", err, readTail(filepath.Join(rc.dir, "nginx-error.log")))
+	}
+	// The worker forks after the listener opens: wait for it.
+	deadline := time.Now().Add(startTimeout)
+	for len(children(p.Pid())) == 0 {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("nginx: no worker process after %v", startTimeout)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	rc.proxyPIDs = append([]int{p.Pid()}, children(p.Pid())...)
+	return nil
 }
 
 func readTail(path string) string {
@@ -409,7 +432,18 @@ const sidecarCfg = `listeners:
 upstreams:
   - name: app
     address: {{.Upstream}}
-{{- if .Agent}}
+{{- if .AuthURL}}
+agents:
+  - name: peers
+    transport: http_auth
+    address: {{.AuthURL}}
+    failure_mode: closed
+    options:
+      auth_response_headers: X-Agent-Processed
+{{- if .AuthSock}}
+      unix_socket: {{.AuthSock}}
+{{- end}}
+{{- else if .Agent}}
 agents:
   - name: peers
     transport: uds
@@ -441,18 +475,45 @@ func setupSidecar(sidecarBin, agentBin string, json bool, agentArgs ...string) f
 
 // sidecarRow starts the sidecar binary sidecarBin, with the SDK agent
 // binary agentBin and its extra arguments agentArgs unless agentBin is ""
-// (on JSON payloads when json is set).
+// (on JSON payloads when json is set); an agentBin named authserver… is
+// the auth server, asked by an http_auth agent.
 func sidecarRow(h *harness, rc *rowCtx, sidecarBin, agentBin string, json bool, agentArgs []string) error {
+	return sidecarRowAuth(h, rc, sidecarBin, agentBin, json, agentArgs, false)
+}
+
+// sidecarRowAuth is sidecarRow; with authUnix, the auth server listens on
+// a Unix socket (option unix_socket), as in the nginx-auth row.
+func sidecarRowAuth(h *harness, rc *rowCtx, sidecarBin, agentBin string, json bool, agentArgs []string, authUnix bool) error {
 	agent := agentBin != ""
-	addrs, err := freeAddrs(2)
+	addrs, err := freeAddrs(3)
 	if err != nil {
 		return err
 	}
 	data := map[string]any{
 		"Listen": addrs[0], "Admin": addrs[1], "Upstream": rc.upstream, "Agent": agent, "JSON": json,
-		"AgentSock": filepath.Join(rc.dir, "sdkagent.sock"),
+		"AgentSock": filepath.Join(rc.dir, "sdkagent.sock"), "AuthURL": "", "AuthSock": "",
 	}
-	if agent {
+	switch {
+	case strings.HasPrefix(agentBin, "authserver") && authUnix:
+		sock := filepath.Join(rc.dir, "auth.sock")
+		if err := startAgent(h, rc, agentBin, sock, "-listen", "unix:"+sock); err != nil {
+			return err
+		}
+		data["AuthURL"], data["AuthSock"] = "http://auth/auth", sock
+	case strings.HasPrefix(agentBin, "authserver"):
+		// The auth server of the nginx and Caddy rows, on a loopback port
+		// instead of their Unix socket.
+		p, err := h.startSUT(agentBin, filepath.Join(rc.dir, agentBin+".log"), h.goEnv(),
+			h.bin(agentBin), "-listen", addrs[2])
+		if err != nil {
+			return err
+		}
+		rc.agent = p
+		if err := waitDial(p, "tcp", addrs[2], startTimeout); err != nil {
+			return err
+		}
+		data["AuthURL"] = "http://" + addrs[2] + "/auth"
+	case agent:
 		args := append([]string{"-socket", data["AgentSock"].(string)}, agentArgs...)
 		if err := startAgent(h, rc, agentBin, data["AgentSock"].(string), args...); err != nil {
 			return err
@@ -470,6 +531,16 @@ func sidecarRow(h *harness, rc *rowCtx, sidecarBin, agentBin string, json bool, 
 	rc.proxy, rc.target = p, "http://"+addrs[0]
 	// Ready: listening, and the fail-closed agent connected.
 	return waitHTTP200(p, "http://"+addrs[1]+"/readyz", startTimeout)
+}
+
+// setupSidecarHTTPAuth starts the sidecar binary sidecarBin with an
+// http_auth agent asking authBin, the auth server of the nginx-auth and
+// caddy-auth rows, whose X-Agent-Processed it copies onto the upstream
+// request: on a Unix socket as theirs when unix, else on a loopback port.
+func setupSidecarHTTPAuth(sidecarBin, authBin string, unix bool) func(*harness, *rowCtx) error {
+	return func(h *harness, rc *rowCtx) error {
+		return sidecarRowAuth(h, rc, sidecarBin, authBin, false, nil, unix)
+	}
 }
 
 // startSUT starts a proxy or an agent: on the proxy CPUs, under the

@@ -14,6 +14,11 @@
 // count for the circuit breaker and may fail over to another member),
 // and an answer that cannot be applied is delivered as the request's
 // protocol error. Nothing is kept per request after Send returns.
+//
+// A Checker gets the call's bounds as a context, which costs a context
+// and a goroutine per call (the request's cancel channel is not a
+// context); a WaitChecker gets the Wait itself and keeps to it on its
+// own, for a transport whose calls are cheap enough for that to matter.
 package authcall
 
 import (
@@ -22,6 +27,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/protocol"
@@ -43,6 +49,21 @@ type Checker interface {
 	Check(ctx context.Context, m *protocol.RequestHeaders, body []byte, d *protocol.Decision) error
 }
 
+// WaitChecker is a Checker that keeps to the request's wait itself,
+// without a context: its call ends by w.Deadline (an error wrapping
+// context.DeadlineExceeded), soon after w.Cancel is closed, and when
+// Abort is called. The link then spends no context and no goroutine per
+// call; a Link over a plain Checker spends both (a context for the
+// deadline, a goroutine relaying the cancel channel to it).
+type WaitChecker interface {
+	Checker
+	// CheckWait is Check bounded by w.
+	CheckWait(w agentmux.Wait, m *protocol.RequestHeaders, body []byte, d *protocol.Decision) error
+	// Abort ends every call in flight (CancelAll, Close): they fail as
+	// calls that lost their connection.
+	Abort()
+}
+
 // Link is an agentmux.Link that makes one Check call per request.
 //
 // With WithBody, the call waits for the request body (the agent's
@@ -56,6 +77,7 @@ type Checker interface {
 type Link struct {
 	name     string
 	chk      Checker
+	wchk     WaitChecker // chk, when it is one
 	withBody bool
 	sess     atomic.Pointer[agentmux.Session]
 
@@ -85,6 +107,7 @@ type heldRequest struct {
 // session over it before it carries a request.
 func NewLink(name string, chk Checker, withBody bool) *Link {
 	l := &Link{name: name, chk: chk, withBody: withBody, held: map[uint64]*heldRequest{}}
+	l.wchk, _ = chk.(WaitChecker)
 	l.base, l.stop = context.WithCancel(context.Background())
 	return l
 }
@@ -178,6 +201,9 @@ func (l *Link) call(rh *protocol.RequestHeaders, body []byte, w agentmux.Wait) e
 	if err != nil {
 		return err
 	}
+	if l.wchk != nil {
+		return l.callWait(rh, body, w)
+	}
 	var ctx context.Context
 	var cancel context.CancelFunc
 	if !w.Deadline.IsZero() {
@@ -219,6 +245,32 @@ func (l *Link) call(rh *protocol.RequestHeaders, body []byte, w agentmux.Wait) e
 		return fmt.Errorf("%w: %s: no answer in time: %v", agentmux.ErrAgentTimeout, l.name, cerr)
 	}
 	// agentmux wraps it as agentmux.ErrAgentConnLost, naming the agent.
+	return cerr
+}
+
+// callWait is call for a WaitChecker: w goes to the checker as it is.
+func (l *Link) callWait(rh *protocol.RequestHeaders, body []byte, w agentmux.Wait) error {
+	var cerr error
+	l.deliver(rh.RequestID, func(d *protocol.Decision) error {
+		err := l.wchk.CheckWait(w, rh, body, d)
+		if err == nil || errors.Is(err, ErrBadAnswer) {
+			return err
+		}
+		cerr = err
+		return errNoReply
+	})
+	if cerr == nil {
+		return nil
+	}
+	// A cancel at or after the deadline counts as the deadline (as
+	// agentmux.Wait has it).
+	late := !w.Deadline.IsZero() && !time.Now().Before(w.Deadline)
+	switch {
+	case late || errors.Is(cerr, context.DeadlineExceeded):
+		return fmt.Errorf("%w: %s: no answer in time: %v", agentmux.ErrAgentTimeout, l.name, cerr)
+	case w.Cancel != nil && isClosed(w.Cancel):
+		return fmt.Errorf("%w: %s: canceled", agentmux.ErrAgentCanceled, l.name)
+	}
 	return cerr
 }
 
@@ -277,6 +329,9 @@ func (l *Link) SendControl(m protocol.Message) error {
 			l.base, l.stop = context.WithCancel(context.Background())
 		}
 		l.mu.Unlock()
+		if l.wchk != nil {
+			l.wchk.Abort()
+		}
 	}
 	return nil
 }
@@ -287,6 +342,9 @@ func (l *Link) Close() error {
 	l.closed = true
 	l.stop()
 	l.mu.Unlock()
+	if l.wchk != nil {
+		l.wchk.Abort()
+	}
 	return nil
 }
 

@@ -15,20 +15,19 @@
 // to as to any agent's, and a service that cannot be asked in time
 // fails the request per the agent's failure policy.
 //
-// The subrequests go through net/http's client, not fasthttp's: a
-// subrequest must end when the client goes away (net/http takes a
-// context; fasthttp's client only a deadline), and the service's answer
-// is passed to the client, so the strict and bounded response parsing of
-// net/http (MaxResponseHeaderBytes) and its TLS setup are worth the
-// allocations, which are measured in docs/transports.md.
+// The subrequests go over the transport's own keep-alive connections,
+// their answers read by fasthttp's parser, the product's HTTP/1 engine:
+// strict, the head bounded (64 KiB), the body read only as far as
+// needed; each subrequest is bounded by its deadline and ends soon after
+// its client goes away.
 package httpauth
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"net/url"
@@ -38,6 +37,7 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+	"github.com/valyala/fasthttp"
 
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/internal/authcall"
@@ -68,12 +68,20 @@ var _ agentmux.Reporter = (*Client)(nil)
 type Client struct {
 	*agentmux.Pool
 	cfg    Config
-	http   *http.Client
-	tr     *http.Transport
-	ctx    context.Context
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
-	log    zerolog.Logger
+	pool   connPool
+	tls    *tls.Config // nil: http://
+	net    string      // "tcp" or "unix"
+	addr   string      // host:port or socket path dialed
+	host   string      // the Host header
+	target string      // the request target (path and query)
+	// reqNames are the lowercased RequestHeaders; respNames the
+	// lowercased ResponseHeaders, the names of their operations.
+	reqNames  [][]byte
+	respNames [][]byte
+	ctx       context.Context
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
+	log       zerolog.Logger
 
 	counts [numEvents]atomic.Uint64
 }
@@ -109,40 +117,49 @@ func NewClient(cfg Config) (*Client, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	u, err := url.Parse(cfg.URL)
+	if err != nil {
+		return nil, fmt.Errorf("%w: agent %q: %v", ErrHTTPAuthConfig, cfg.Name, err)
+	}
 	var tc *tls.Config
-	if strings.HasPrefix(cfg.URL, "https:") {
-		var err error
+	port := "80"
+	if u.Scheme == "https" {
 		if tc, err = cfg.TLS.ClientTLS(); err != nil {
 			return nil, fmt.Errorf("%w: agent %q: %v", ErrHTTPAuthConfig, cfg.Name, err)
 		}
+		if tc.ServerName == "" {
+			tc.ServerName = u.Hostname()
+		}
+		port = "443"
 	}
-	d := &net.Dialer{Timeout: cfg.DialTimeout, KeepAlive: 30 * time.Second}
-	tr := &http.Transport{
-		DialContext:            d.DialContext,
-		TLSClientConfig:        tc,
-		TLSHandshakeTimeout:    cfg.DialTimeout,
-		MaxIdleConns:           cfg.MaxInFlight,
-		MaxIdleConnsPerHost:    cfg.MaxInFlight,
-		MaxConnsPerHost:        cfg.MaxInFlight,
-		IdleConnTimeout:        90 * time.Second,
-		MaxResponseHeaderBytes: maxResponseHeader,
-		// The denial's body is passed on as the service encoded it.
-		DisableCompression: true,
-		ForceAttemptHTTP2:  false,
+	if u.Port() != "" {
+		port = u.Port()
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &Client{
-		Pool: agentmux.NewPool(cfg.Name, "http_auth"),
-		cfg:  cfg,
-		tr:   tr,
-		http: &http.Client{Transport: tr,
-			// A redirect is an answer for the client, not one to follow.
-			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }},
+		Pool:   agentmux.NewPool(cfg.Name, "http_auth"),
+		cfg:    cfg,
+		tls:    tc,
+		net:    "tcp",
+		addr:   net.JoinHostPort(u.Hostname(), port),
+		host:   u.Host,
+		target: u.RequestURI(),
 		ctx:    ctx,
 		cancel: cancel,
 		log:    cfg.Logger.With().Str("address", cfg.URL).Logger(),
 	}
-	c.wg.Add(1)
+	c.pool.maxIdle = cfg.MaxInFlight
+	if cfg.UnixSocket != "" {
+		c.net, c.addr = "unix", cfg.UnixSocket
+	}
+	for _, n := range cfg.RequestHeaders {
+		c.reqNames = append(c.reqNames, []byte(strings.ToLower(n)))
+	}
+	for _, n := range cfg.ResponseHeaders {
+		c.respNames = append(c.respNames, []byte(strings.ToLower(n)))
+	}
+	c.wg.Add(2)
+	go c.reap()
 	go c.maintain()
 	return c, nil
 }
@@ -150,19 +167,12 @@ func NewClient(cfg Config) (*Client, error) {
 // probe asks the service once, without a request's headers: any HTTP
 // answer (a 401 included) is a service that answers.
 func (c *Client) probe() error {
-	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.DialTimeout)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.cfg.URL, nil)
-	if err != nil {
-		return err
-	}
-	req.Header.Set("User-Agent", userAgent)
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return err
-	}
-	drain(resp.Body)
-	return nil
+	cl := c.pool.getCall()
+	defer c.pool.putCall(cl)
+	cl.buf = c.appendStart(cl.buf[:0], "GET")
+	cl.buf = append(cl.buf, "User-Agent: "+userAgent+"\r\n\r\n"...)
+	_, err := c.roundTrip(cl, agentmux.Wait{Deadline: time.Now().Add(c.cfg.DialTimeout), Cancel: c.ctx.Done()}, false)
+	return err
 }
 
 // maintain probes the service: ready (one session in the pool) while
@@ -225,189 +235,325 @@ func (c *Client) maintain() {
 func (c *Client) Close() error {
 	err := c.Pool.Close()
 	c.cancel()
+	c.pool.close()
 	c.wg.Wait()
-	c.tr.CloseIdleConnections()
 	return err
 }
 
 const userAgent = "zentinel-sidecar/0.1 http_auth"
 
-// drain reads what is left of a body (bounded) so that its connection is
-// reused, and closes it.
-func drain(b io.ReadCloser) {
-	_, _ = io.CopyN(io.Discard, b, 64<<10)
-	_ = b.Close()
-}
-
 // checker makes the subrequests of the client's session.
 type checker struct{ c *Client }
 
-// skipRequest are the client headers never sent to the service: the
-// subrequest frames itself, asks for no encoding it would have to undo,
-// and its hop-by-hop headers are its own.
-func skipRequest(name string) bool {
-	switch strings.ToLower(name) {
-	case "host", "content-length", "transfer-encoding", "accept-encoding", "expect",
-		"connection", "keep-alive", "te", "trailer", "upgrade", "proxy-connection", "proxy-authorization":
-		return true
-	}
-	return false
+var _ authcall.WaitChecker = checker{}
+
+// Check implements authcall.Checker: CheckWait bounded by ctx.
+func (k checker) Check(ctx context.Context, m *protocol.RequestHeaders, body []byte, d *protocol.Decision) error {
+	return k.CheckWait(agentmux.WaitFor(ctx), m, body, d)
 }
 
-// skipResponse are the headers of a denial not passed to the client: the
-// proxy frames the response itself.
-func skipResponse(name string) bool {
-	switch strings.ToLower(name) {
-	case "content-length", "transfer-encoding", "connection", "keep-alive", "te", "trailer",
-		"upgrade", "proxy-connection", "date", "server":
-		return true
-	}
-	return false
-}
+// Abort implements authcall.WaitChecker: the subrequests in flight end.
+func (k checker) Abort() { k.c.pool.abort(true) }
 
-// Check implements authcall.Checker: one subrequest.
-func (k checker) Check(ctx context.Context, m *protocol.RequestHeaders, _ []byte, d *protocol.Decision) error {
+// CheckWait implements authcall.WaitChecker: one subrequest.
+func (k checker) CheckWait(w agentmux.Wait, m *protocol.RequestHeaders, _ []byte, d *protocol.Decision) error {
 	c := k.c
-	cfg := &c.cfg
 	c.count(evChecks)
-	method := http.MethodGet
-	if cfg.Style == StyleNginx && len(m.Method) > 0 {
-		method = string(m.Method)
+	cl := c.pool.getCall()
+	defer c.pool.putCall(cl)
+	method := "GET"
+	if c.cfg.Style == StyleNginx && len(m.Method) > 0 {
+		method = string(m.Method) // no copy: the conversion does not escape
 	}
-	req, err := http.NewRequestWithContext(ctx, method, cfg.URL, nil)
+	var err error
+	if cl.buf, err = c.appendRequest(cl.buf[:0], method, m); err != nil {
+		return err
+	}
+	truncated, err := c.roundTrip(cl, w, method == "HEAD")
 	if err != nil {
 		return err
 	}
-	h := req.Header
-	for i := range m.Headers {
-		name := string(m.Headers[i].Name)
-		if skipRequest(name) {
-			continue
-		}
-		ck := http.CanonicalHeaderKey(name)
-		if cfg.RequestHeaders != nil && !contains(cfg.RequestHeaders, ck) {
-			continue
-		}
-		h[ck] = append(h[ck], string(m.Headers[i].Value))
-	}
-	md := &m.Metadata
-	host := string(header(m.Headers, "host"))
-	switch cfg.Style {
-	case StyleNginx:
-		h.Set("X-Original-Method", string(m.Method))
-		h.Set("X-Original-URI", string(m.URI))
-	default:
-		proto := "http"
-		if len(md.TLSVersion) > 0 {
-			proto = "https"
-		}
-		h.Set("X-Forwarded-Method", string(m.Method))
-		h.Set("X-Forwarded-Proto", proto)
-		h.Set("X-Forwarded-Host", host)
-		h.Set("X-Forwarded-Uri", string(m.URI))
-		if len(md.ClientIP) > 0 {
-			h.Set("X-Forwarded-For", string(md.ClientIP))
-		}
-	}
-	if h.Get("User-Agent") == "" {
-		h.Set("User-Agent", userAgent)
-	}
-	resp, err := c.http.Do(req)
-	if err != nil {
-		var ue *url.Error
-		if errors.As(err, &ue) {
-			err = ue.Err // the URL is configuration; the cause is news
-		}
-		return err
-	}
-	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
-		drain(resp.Body)
+	h := &cl.resp.Header
+	if st := h.StatusCode(); st >= 200 && st <= 299 {
 		c.count(evOK)
 		d.Kind = protocol.DecisionAllow
-		k.copyHeaders(m, resp.Header, d)
+		k.copyHeaders(m, h, d)
 		return nil
 	}
 	c.count(evDenied)
-	body, truncated, err := readBounded(resp.Body, cfg.MaxBody)
-	_ = resp.Body.Close()
-	if err != nil {
-		return fmt.Errorf("reading the answer's body: %w", err)
-	}
 	if truncated {
 		c.count(evTruncated)
 	}
 	d.Kind = protocol.DecisionBlock
-	d.Status = resp.StatusCode
-	d.Body = body
-	for name, vals := range resp.Header {
-		if skipResponse(name) || (truncated && strings.EqualFold(name, "content-encoding")) {
+	d.Status = h.StatusCode()
+	d.Body = append([]byte(nil), cl.body...)
+	for name, v := range h.All() {
+		if skipResponse(name) || (truncated && asciiEqualFold(name, "content-encoding")) {
 			continue
 		}
-		lname := []byte(strings.ToLower(name))
-		for _, v := range vals {
-			d.BlockHeaders = append(d.BlockHeaders, protocol.Header{Name: lname, Value: []byte(v)})
-		}
+		d.BlockHeaders = append(d.BlockHeaders, protocol.Header{Name: lower(name), Value: append([]byte(nil), v...)})
 	}
 	return nil
 }
 
-// copyHeaders copies the configured headers of a 2xx answer onto the
-// upstream request: each configured name (or every client header the
-// regex matches) is removed first, then the answer's values added, so
-// the upstream never sees a client's own copy of an identity header.
-func (k checker) copyHeaders(m *protocol.RequestHeaders, rh http.Header, d *protocol.Decision) {
-	cfg := &k.c.cfg
-	for _, name := range cfg.ResponseHeaders {
-		lname := []byte(strings.ToLower(name))
-		d.RequestHeaderOps = append(d.RequestHeaderOps, protocol.HeaderOp{Op: protocol.HeaderRemove, Name: lname})
-		for _, v := range rh[name] {
-			d.RequestHeaderOps = append(d.RequestHeaderOps, protocol.HeaderOp{Op: protocol.HeaderAdd, Name: lname, Value: []byte(v)})
-		}
-	}
-	re := cfg.ResponseHeadersRegex
-	if re == nil {
-		return
-	}
+// appendStart appends the request line and Host header to b.
+func (c *Client) appendStart(b []byte, method string) []byte {
+	b = append(b, method...)
+	b = append(b, ' ')
+	b = append(b, c.target...)
+	b = append(b, " HTTP/1.1\r\nHost: "...)
+	b = append(b, c.host...)
+	return append(b, "\r\n"...)
+}
+
+// errBadRequestHeader: a header of the request cannot be sent on (a
+// control character in it).
+var errBadRequestHeader = errors.New("request header not valid in a subrequest")
+
+// appendRequest appends the subrequest's head about m to b: the
+// client's headers (those the subrequest frames itself, and those it
+// sets, left out) and the headers of the style.
+func (c *Client) appendRequest(b []byte, method string, m *protocol.RequestHeaders) ([]byte, error) {
+	cfg := &c.cfg
+	b = c.appendStart(b, method)
+	nginx := cfg.Style == StyleNginx
+	setFor := !nginx && len(m.Metadata.ClientIP) > 0
+	var host []byte
+	hasUA := false
 	for i := range m.Headers {
-		n := m.Headers[i].Name
-		if re.Match(n) || re.MatchString(http.CanonicalHeaderKey(string(n))) {
-			d.RequestHeaderOps = append(d.RequestHeaderOps, protocol.HeaderOp{Op: protocol.HeaderRemove, Name: []byte(strings.ToLower(string(n)))})
+		name, v := m.Headers[i].Name, m.Headers[i].Value
+		if host == nil && asciiEqualFold(name, "host") {
+			host = v
 		}
-	}
-	for name, vals := range rh {
-		if contains(cfg.ResponseHeaders, name) || !re.MatchString(name) || skipResponse(name) {
+		if skipRequest(name) || c.ownHeader(name, nginx, setFor) {
 			continue
 		}
-		lname := []byte(strings.ToLower(name))
-		for _, v := range vals {
-			d.RequestHeaderOps = append(d.RequestHeaderOps, protocol.HeaderOp{Op: protocol.HeaderAdd, Name: lname, Value: []byte(v)})
+		if c.reqNames != nil && !listed(c.reqNames, name) {
+			continue
+		}
+		if !validName(name) || !validValue(v) {
+			return b, fmt.Errorf("%w: %q", errBadRequestHeader, name)
+		}
+		hasUA = hasUA || asciiEqualFold(name, "user-agent")
+		b = appendCanonical(b, name)
+		b = append(b, ": "...)
+		b = append(b, v...)
+		b = append(b, "\r\n"...)
+	}
+	if !validValue(m.URI) || !validValue(m.Method) || !validValue(host) {
+		return b, fmt.Errorf("%w: the request line", errBadRequestHeader)
+	}
+	if nginx {
+		b = appendHeader(b, "X-Original-Method", m.Method)
+		b = appendHeader(b, "X-Original-URI", m.URI)
+	} else {
+		proto := "http"
+		if len(m.Metadata.TLSVersion) > 0 {
+			proto = "https"
+		}
+		b = appendHeader(b, "X-Forwarded-Method", m.Method)
+		b = append(b, "X-Forwarded-Proto: "...)
+		b = append(b, proto...)
+		b = append(b, "\r\n"...)
+		b = appendHeader(b, "X-Forwarded-Host", host)
+		b = appendHeader(b, "X-Forwarded-Uri", m.URI)
+		if setFor {
+			if !validValue(m.Metadata.ClientIP) {
+				return b, fmt.Errorf("%w: the client address", errBadRequestHeader)
+			}
+			b = appendHeader(b, "X-Forwarded-For", m.Metadata.ClientIP)
 		}
 	}
-}
-
-// readBounded reads at most n bytes of b; truncated says there was more.
-func readBounded(b io.Reader, n int) (body []byte, truncated bool, err error) {
-	body, err = io.ReadAll(io.LimitReader(b, int64(n)+1))
-	if len(body) > n {
-		return body[:n], true, err
+	if !hasUA {
+		b = append(b, "User-Agent: "+userAgent+"\r\n"...)
 	}
-	return body, false, err
+	return append(b, "\r\n"...), nil
 }
 
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
+// ownHeader reports whether name is a header the subrequest sets itself
+// (so that the client's copy of it is not sent too).
+func (c *Client) ownHeader(name []byte, nginx, setFor bool) bool {
+	if len(name) < 10 || name[0]|0x20 != 'x' {
+		return false
+	}
+	if nginx {
+		return asciiEqualFold(name, "x-original-method") || asciiEqualFold(name, "x-original-uri")
+	}
+	return asciiEqualFold(name, "x-forwarded-method") || asciiEqualFold(name, "x-forwarded-proto") ||
+		asciiEqualFold(name, "x-forwarded-host") || asciiEqualFold(name, "x-forwarded-uri") ||
+		(setFor && asciiEqualFold(name, "x-forwarded-for"))
+}
+
+func appendHeader(b []byte, name string, v []byte) []byte {
+	b = append(b, name...)
+	b = append(b, ": "...)
+	b = append(b, v...)
+	return append(b, "\r\n"...)
+}
+
+// appendCanonical appends name in the canonical form (X-Auth-User), as
+// Go's and most clients send it.
+func appendCanonical(b, name []byte) []byte {
+	up := true
+	for _, ch := range name {
+		switch {
+		case up && 'a' <= ch && ch <= 'z':
+			ch -= 'a' - 'A'
+		case !up && 'A' <= ch && ch <= 'Z':
+			ch += 'a' - 'A'
+		}
+		b = append(b, ch)
+		up = ch == '-'
+	}
+	return b
+}
+
+// skipRequest are the client headers never sent to the service: the
+// subrequest frames itself, asks for no encoding it would have to undo,
+// and its hop-by-hop headers are its own.
+func skipRequest(name []byte) bool {
+	for _, s := range skippedRequest {
+		if asciiEqualFold(name, s) {
 			return true
 		}
 	}
 	return false
 }
 
-func header(hs protocol.Headers, name string) []byte {
-	for i := range hs {
-		if strings.EqualFold(string(hs[i].Name), name) {
-			return hs[i].Value
+var skippedRequest = []string{"host", "content-length", "transfer-encoding", "accept-encoding", "expect",
+	"connection", "keep-alive", "te", "trailer", "upgrade", "proxy-connection", "proxy-authorization"}
+
+// skipResponse are the headers of a denial not passed to the client: the
+// proxy frames the response itself.
+func skipResponse(name []byte) bool {
+	for _, s := range skippedResponse {
+		if asciiEqualFold(name, s) {
+			return true
 		}
 	}
-	return nil
+	return false
+}
+
+var skippedResponse = []string{"content-length", "transfer-encoding", "connection", "keep-alive", "te", "trailer",
+	"upgrade", "proxy-connection", "date", "server"}
+
+// copyHeaders copies the configured headers of a 2xx answer onto the
+// upstream request: each configured name (or every client header the
+// regex matches) is removed first, then the answer's values added, so
+// the upstream never sees a client's own copy of an identity header.
+// The names are the client's (shared, never written to); the values are
+// copied into one allocation, as the decision outlives the answer.
+func (k checker) copyHeaders(m *protocol.RequestHeaders, h *fasthttp.ResponseHeader, d *protocol.Decision) {
+	c := k.c
+	re := c.cfg.ResponseHeadersRegex
+	size := 0
+	for name, v := range h.All() {
+		if listed(c.respNames, name) || (re != nil && matchName(re, name) && !skipResponse(name)) {
+			size += len(v)
+		}
+	}
+	arena := make([]byte, 0, size)
+	value := func(v []byte) []byte {
+		arena = append(arena, v...)
+		return arena[len(arena)-len(v) : len(arena) : len(arena)]
+	}
+	for _, lname := range c.respNames {
+		d.RequestHeaderOps = append(d.RequestHeaderOps, protocol.HeaderOp{Op: protocol.HeaderRemove, Name: lname})
+		for name, v := range h.All() {
+			if asciiEqualFoldBytes(name, lname) {
+				d.RequestHeaderOps = append(d.RequestHeaderOps, protocol.HeaderOp{Op: protocol.HeaderAdd, Name: lname, Value: value(v)})
+			}
+		}
+	}
+	if re == nil {
+		return
+	}
+	for i := range m.Headers {
+		n := m.Headers[i].Name
+		if matchName(re, n) {
+			d.RequestHeaderOps = append(d.RequestHeaderOps, protocol.HeaderOp{Op: protocol.HeaderRemove, Name: lower(n)})
+		}
+	}
+	for name, v := range h.All() {
+		if listed(c.respNames, name) || !matchName(re, name) || skipResponse(name) {
+			continue
+		}
+		d.RequestHeaderOps = append(d.RequestHeaderOps, protocol.HeaderOp{Op: protocol.HeaderAdd, Name: lower(name), Value: value(v)})
+	}
+}
+
+// matchName reports whether the regex matches name as sent or in its
+// canonical form (what the regex is documented against).
+func matchName(re interface {
+	Match([]byte) bool
+	MatchString(string) bool
+}, name []byte) bool {
+	return re.Match(name) || re.MatchString(http.CanonicalHeaderKey(string(name)))
+}
+
+// listed reports whether name is one of the lowercased names.
+func listed(names [][]byte, name []byte) bool {
+	for _, n := range names {
+		if asciiEqualFoldBytes(name, n) {
+			return true
+		}
+	}
+	return false
+}
+
+func lower(b []byte) []byte { return bytes.ToLower(b) }
+
+func asciiEqualFold(b []byte, s string) bool {
+	if len(b) != len(s) {
+		return false
+	}
+	for i := range len(b) {
+		if toLower(b[i]) != toLower(s[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+func asciiEqualFoldBytes(a, b []byte) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range len(a) {
+		if toLower(a[i]) != toLower(b[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+func toLower(c byte) byte {
+	if 'A' <= c && c <= 'Z' {
+		return c + 'a' - 'A'
+	}
+	return c
+}
+
+// validName: a header name that is a token.
+func validName(b []byte) bool {
+	if len(b) == 0 {
+		return false
+	}
+	for _, c := range b {
+		if c <= ' ' || c >= 0x7f || strings.IndexByte("\"(),/:;<=>?@[\\]{}", c) >= 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// validValue: no control character but tab (a CR or LF would end the
+// line: a header of the client's making in the subrequest).
+func validValue(b []byte) bool {
+	for _, c := range b {
+		if (c < ' ' && c != '\t') || c == 0x7f {
+			return false
+		}
+	}
+	return true
 }

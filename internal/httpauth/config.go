@@ -77,6 +77,10 @@ type Config struct {
 	MaxBody int
 	// HealthInterval is how often a ready service is probed.
 	HealthInterval time.Duration
+	// UnixSocket, when set, is the path of the Unix socket the service
+	// listens on, dialed instead of the URL's host and port (which still
+	// give the Host header, and the name TLS checks).
+	UnixSocket string
 	// TLS sets the CA, client certificate and server name of an https
 	// URL.
 	TLS grpcclient.TLSConfig
@@ -88,7 +92,7 @@ type Config struct {
 // agents[].options).
 var Options = []string{
 	"style", "auth_request_headers", "auth_response_headers", "auth_response_headers_regex",
-	"max_body", "health_interval", "tls_ca_file", "tls_cert_file", "tls_key_file", "tls_server_name",
+	"max_body", "health_interval", "unix_socket", "tls_ca_file", "tls_cert_file", "tls_key_file", "tls_server_name",
 }
 
 // DefaultConfig returns a Config with defaults for the agent at url.
@@ -148,6 +152,9 @@ func (c *Config) ApplyOptions(opts map[string]string) error {
 			if err == nil && c.HealthInterval < 100*time.Millisecond {
 				err = fmt.Errorf("%v is below 100ms", c.HealthInterval)
 			}
+		case "unix_socket":
+			c.UnixSocket = v
+			err = checkSocketPath(v)
 		case "tls_ca_file", "tls_cert_file", "tls_key_file", "tls_server_name":
 			_, err = c.TLS.ApplyOption(k, v)
 		default:
@@ -156,6 +163,20 @@ func (c *Config) ApplyOptions(opts map[string]string) error {
 		if err != nil {
 			return &OptionError{Key: k, err: fmt.Errorf("%w: option %s: %v", ErrHTTPAuthConfig, k, err)}
 		}
+	}
+	return nil
+}
+
+// maxSocketPath is the longest Unix socket path (sun_path holds 108
+// bytes with its NUL).
+const maxSocketPath = 107
+
+func checkSocketPath(p string) error {
+	switch {
+	case !strings.HasPrefix(p, "/"):
+		return fmt.Errorf("%q is not an absolute path", p)
+	case len(p) > maxSocketPath:
+		return fmt.Errorf("socket path longer than %d bytes", maxSocketPath)
 	}
 	return nil
 }
@@ -214,6 +235,8 @@ func (c *Config) Validate() error {
 		return fail("max_body %d not in 0..%d", c.MaxBody, MaxMaxBody)
 	case c.HealthInterval <= 0:
 		return fail("health_interval must be positive")
+	case c.UnixSocket != "" && checkSocketPath(c.UnixSocket) != nil:
+		return fail("unix_socket: %v", checkSocketPath(c.UnixSocket))
 	case (c.TLS.CertFile == "") != (c.TLS.KeyFile == ""):
 		return fail("tls_cert_file and tls_key_file go together")
 	case u.Scheme != "https" && (c.TLS.CAFile != "" || c.TLS.CertFile != "" || c.TLS.ServerName != ""):

@@ -17,6 +17,7 @@ import (
 	"github.com/zentinelproxy/sidecar/dataplane"
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/internal/config"
+	"github.com/zentinelproxy/sidecar/internal/httpauth"
 	"github.com/zentinelproxy/sidecar/internal/testutil"
 	"github.com/zentinelproxy/sidecar/internal/transports"
 )
@@ -418,5 +419,243 @@ func TestTLS(t *testing.T) {
 	})
 	if n := s.count(); n != 1 {
 		t.Errorf("service got %d subrequests, want 1", n)
+	}
+}
+
+// TestClientGone checks that a client going away ends its subrequest
+// soon, long before the message timeout: the service sees its
+// connection closed.
+func TestClientGone(t *testing.T) {
+	started, ended := make(chan struct{}, 1), make(chan struct{}, 1)
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Forwarded-Uri") == "" {
+			w.WriteHeader(401) // a probe
+			return
+		}
+		started <- struct{}{}
+		select {
+		case <-r.Context().Done():
+			ended <- struct{}{}
+		case <-time.After(30 * time.Second):
+		}
+	}))
+	t.Cleanup(hs.Close)
+	url, up, _ := proxy(t, hs.URL+"/auth", `
+    timeouts:
+      message: 30s
+      request: 30s`, false)
+	conn, err := net.Dial("tcp", strings.TrimPrefix(url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.WriteString(conn, "GET /slow HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no subrequest")
+	}
+	conn.Close()
+	select {
+	case <-ended:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the subrequest went on after the client left")
+	}
+	if _, n := up.get(); n != 0 {
+		t.Errorf("upstream got %d requests", n)
+	}
+}
+
+// TestOwnHeadersNotSpoofed checks that a client's own X-Forwarded-*
+// headers never reach the service in place of the proxy's.
+func TestOwnHeadersNotSpoofed(t *testing.T) {
+	s, u := startService(t)
+	url, up, _ := proxy(t, u, "", false)
+	resp, _ := get(t, url+"/forbidden", "X-Forwarded-Uri", "/ok", "X-Forwarded-Method", "PUT",
+		"X-Forwarded-Host", "evil.example", "X-Forwarded-Proto", "https", "X-Forwarded-For", "10.0.0.1")
+	if resp.StatusCode != 403 {
+		t.Errorf("status %d, want the service's 403", resp.StatusCode)
+	}
+	if _, n := up.get(); n != 0 {
+		t.Errorf("upstream got %d requests", n)
+	}
+	r := s.last()
+	for _, c := range []struct{ name, want string }{
+		{"X-Forwarded-Uri", "/forbidden"}, {"X-Forwarded-Method", "GET"}, {"X-Forwarded-Proto", "http"},
+		{"X-Forwarded-For", "127.0.0.1"},
+	} {
+		if got := strings.Join(r.Header.Values(c.name), ","); got != c.want {
+			t.Errorf("service %s: got %q, want %q", c.name, got, c.want)
+		}
+	}
+}
+
+// rawService serves each connection with answer (for every request on
+// it, until the client closes or once, by once) from a raw socket.
+func rawService(t *testing.T, answer func(n int) string, once bool) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	var mu sync.Mutex
+	n := 0
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				buf := make([]byte, 64<<10)
+				got := ""
+				for {
+					_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+					k, err := c.Read(buf)
+					if err != nil {
+						return
+					}
+					got += string(buf[:k])
+					for strings.Contains(got, "\r\n\r\n") {
+						got = got[strings.Index(got, "\r\n\r\n")+4:]
+						mu.Lock()
+						n++
+						i := n
+						mu.Unlock()
+						if _, err := io.WriteString(c, answer(i)); err != nil || once {
+							return
+						}
+					}
+				}
+			}()
+		}
+	}()
+	return "http://" + ln.Addr().String() + "/auth"
+}
+
+// TestServiceClosesIdle checks a service that closes each connection
+// after its answer without saying so: the subrequest on the connection
+// it closed goes again on a new one.
+func TestServiceClosesIdle(t *testing.T) {
+	u := rawService(t, func(int) string {
+		return "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nX-Auth-User: alice\r\n\r\n"
+	}, true)
+	url, up, _ := proxy(t, u, `
+    options:
+      auth_response_headers: X-Auth-User`, false)
+	for i := range 3 {
+		resp, _ := get(t, url+"/ok")
+		if h, _ := up.get(); resp.StatusCode != 200 || h.Get("X-Auth-User") != "alice" {
+			t.Fatalf("request %d: status %d", i, resp.StatusCode)
+		}
+		time.Sleep(20 * time.Millisecond) // the service's close arrives
+	}
+}
+
+// TestBadAnswers checks answers that cannot be read: a head over the
+// limit, a broken status line, a chunked body cut short. Each fails the
+// request closed (500) and nothing reaches the upstream; a chunked
+// denial, and one whose body ends with the connection, are read and
+// passed on.
+func TestBadAnswers(t *testing.T) {
+	for _, c := range []struct {
+		name, answer string
+		status       int
+		body         string
+	}{
+		{"huge head", "HTTP/1.1 200 OK\r\nX-Big: " + strings.Repeat("a", 70<<10) + "\r\n\r\n", 500, ""},
+		{"not http", "SSH-2.0-OpenSSH\r\n\r\n", 500, ""},
+		{"chunked denial", "HTTP/1.1 401 Unauthorized\r\nTransfer-Encoding: chunked\r\nWWW-Authenticate: Basic\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n", 401, "hello world"},
+		{"cut denial", "HTTP/1.1 401 Unauthorized\r\nContent-Length: 100\r\n\r\nshort", 500, ""},
+		{"denial to the end", "HTTP/1.1 403 Forbidden\r\n\r\nnope", 403, "nope"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			u := rawService(t, func(n int) string {
+				if n == 1 { // the probe
+					return "HTTP/1.1 401 Unauthorized\r\nContent-Length: 0\r\n\r\n"
+				}
+				return c.answer
+			}, true)
+			url, up, _ := proxy(t, u, "", false)
+			resp, body := get(t, url+"/x")
+			if resp.StatusCode != c.status || (c.body != "" && body != c.body) {
+				t.Errorf("status %d body %q, want %d %q", resp.StatusCode, body, c.status, c.body)
+			}
+			if _, n := up.get(); n != 0 {
+				t.Errorf("upstream got %d requests", n)
+			}
+		})
+	}
+}
+
+// TestUnixSocket checks a service on a Unix socket (option
+// unix_socket): the URL still gives the Host header and the path.
+func TestUnixSocket(t *testing.T) {
+	sock := t.TempDir() + "/auth.sock"
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &authService{}
+	hs := httptest.NewUnstartedServer(s)
+	hs.Listener.Close()
+	hs.Listener = ln
+	hs.Start()
+	t.Cleanup(hs.Close)
+	url, up, _ := proxy(t, "http://auth.internal/oauth2/auth", `
+    options:
+      unix_socket: `+sock+`
+      auth_response_headers: X-Auth-User`, false)
+	if resp, _ := get(t, url+"/ok"); resp.StatusCode != 200 {
+		t.Errorf("status %d", resp.StatusCode)
+	}
+	if h, _ := up.get(); h.Get("X-Auth-User") != "alice" {
+		t.Errorf("upstream X-Auth-User %q", h.Get("X-Auth-User"))
+	}
+	if r := s.last(); r == nil || r.Host != "auth.internal" || r.URL.Path != "/oauth2/auth" {
+		t.Errorf("service got %+v", r)
+	}
+	for _, bad := range []string{"auth.sock", "/" + strings.Repeat("x", 107)} {
+		c := httpauth.DefaultConfig("auth", "http://auth.internal/")
+		if err := c.ApplyOptions(map[string]string{"unix_socket": bad}); err == nil {
+			t.Errorf("unix_socket %q accepted", bad)
+		}
+	}
+}
+
+// TestKeepAlive checks that answers without a body (204, and 200 with
+// Content-Length: 0) keep their connection: the subrequests of
+// sequential requests share one.
+func TestKeepAlive(t *testing.T) {
+	s := &authService{}
+	var mu sync.Mutex
+	conns := 0
+	hs := httptest.NewUnstartedServer(s)
+	hs.Config.ConnState = func(_ net.Conn, st http.ConnState) {
+		if st == http.StateNew {
+			mu.Lock()
+			conns++
+			mu.Unlock()
+		}
+	}
+	hs.Start()
+	t.Cleanup(hs.Close)
+	url, _, _ := proxy(t, hs.URL+"/auth", "", false)
+	for i := range 6 {
+		path := "/anonymous" // 204
+		if i%2 == 1 {
+			path = "/ok" // 200, Content-Length: 0
+		}
+		if resp, _ := get(t, url+path); resp.StatusCode != 200 {
+			t.Fatalf("%s: status %d", path, resp.StatusCode)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if conns != 1 {
+		t.Errorf("the service saw %d connections, want 1", conns)
 	}
 }
