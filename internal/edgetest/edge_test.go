@@ -108,6 +108,10 @@ var edgeCases = []edgeCase{
 	// A bare LF never ends a header line for fasthttp: the head never
 	// completes and read_timeout answers 408.
 	{name: "bare LF", req: "GET / HTTP/1.1\nHost: public.example\n\n", want: []int{408}, closed: true},
+	// Bare LF line ends in a head that a CRLF line completes: fasthttp
+	// parses it, but its fields in order (what agents and the upstream
+	// get) would be empty. Refused.
+	{name: "bare LF lines, CRLF end", req: "GET / HTTP/1.1\r\nHost: public.example\nX-A: 1\n\r\n\r\n", want: []int{400}, closed: true},
 	{name: "bad chunk size", req: "POST / HTTP/1.1\r\nHost: public.example\r\nX-Request-Id: t13\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n0\r\n\r\n", want: []int{400}, closed: true},
 	{name: "NUL in a header value", req: "GET / HTTP/1.1\r\nHost: public.example\r\nX-A: a\x00b\r\n\r\n", want: []int{400}, closed: true},
 	{name: "CR in a header value", req: "GET / HTTP/1.1\r\nHost: public.example\r\nX-A: a\rb\r\n\r\n", want: []int{400}, closed: true},

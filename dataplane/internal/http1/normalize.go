@@ -99,15 +99,33 @@ func splitAbsolute(uri []byte) (authority, rest []byte, ok bool) {
 // hasObsFold reports whether a raw header block has a line that starts
 // with a space or tab (a continuation of the previous header).
 func hasObsFold(raw []byte) bool {
-	for {
-		i := bytes.IndexByte(raw, '\n')
-		if i < 0 || i+1 >= len(raw) {
-			return false
+	folded, _ := headLines(raw)
+	return folded
+}
+
+// headLines reports, in one pass over a raw header block, whether a line
+// starts with a space or tab (obs-fold) and whether a line ends with a
+// bare LF. fasthttp's parse takes a bare LF for a line end, but the
+// in-order field list the exchange reads (AllInOrder) needs CRLFs, and
+// yields nothing for such a block ("X: 1\nContent-Length: 1\n\r\n"):
+// a head that two readings of one parser see two ways is refused.
+func headLines(raw []byte) (folded, bareLF bool) {
+	for off := 0; ; {
+		i := bytes.IndexByte(raw[off:], '\n')
+		if i < 0 {
+			return
+		}
+		i += off
+		if i == 0 || raw[i-1] != '\r' {
+			bareLF = true
+		}
+		if i+1 >= len(raw) {
+			return
 		}
 		if c := raw[i+1]; c == ' ' || c == '\t' {
-			return true
+			folded = true
 		}
-		raw = raw[i+1:]
+		off = i + 1
 	}
 }
 

@@ -130,7 +130,10 @@ func (r *request) readHead() (reason int, outcome string, ok bool) {
 	targetOK := r.normalizeTarget()
 	// Before the fields are read: reading them joins a folded line to the
 	// one before, in fasthttp's buffer.
-	folded := targetOK && hasObsFold(h.RawHeaders())
+	folded, bareLF := false, false
+	if targetOK {
+		folded, bareLF = headLines(h.RawHeaders())
+	}
 	hd.Method = h.Method()
 	hd.Target = h.RequestURI()
 	hd.Host = h.Host()
@@ -152,6 +155,8 @@ func (r *request) readHead() (reason int, outcome string, ok bool) {
 		return observe.RejectTarget, "bad request target", false
 	case folded:
 		return observe.RejectObsFold, "folded header line", false
+	case bareLF:
+		return observe.RejectParse, "bare LF in the head", false
 	}
 	return 0, "", true
 }
