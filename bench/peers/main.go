@@ -49,6 +49,7 @@ type harness struct {
 	rate             float64 // > 0: load with cmd/fixedrate at this many requests/s instead of wrk
 	gomaxprocs       int     // GOMAXPROCS of every Go program; 0: the runtime's default
 	together         bool    // measure a sidecar row and its baseline at the same time
+	h2Streams        int     // h2load -m: concurrent streams on each connection of the HTTP/2 rows
 
 	tmp    string
 	binDir string
@@ -69,7 +70,8 @@ func run() int {
 	flag.DurationVar(&h.duration, "duration", 8*time.Second, "measured wrk `time` per row and round (whole seconds)")
 	flag.DurationVar(&h.warmup, "warmup", 2*time.Second, "unmeasured wrk `time` before each measurement (0: none)")
 	flag.IntVar(&h.conns, "connections", 64, "wrk keep-alive `connections`")
-	flag.IntVar(&h.threads, "threads", 1, "wrk `threads`")
+	flag.IntVar(&h.threads, "threads", 1, "wrk (and h2load) `threads`")
+	flag.IntVar(&h.h2Streams, "h2-streams", 10, "h2load -m of the HTTP/2 rows (*-h2): concurrent `streams` on each of the -connections")
 	flag.IntVar(&h.rounds, "rounds", 3, "`rounds`: every row once per round, the order rotated between rounds")
 	flag.DurationVar(&h.quietWait, "quiet-wait", 20*time.Second, "before each measurement, wait up to this `long` for the rest of the machine to be idle (0: do not wait)")
 	flag.Float64Var(&h.maxOther, "max-other-load", 0.25, "measure a row again when the rest of the machine used more than this many `cores` during its window")
@@ -95,8 +97,8 @@ func run() int {
 			return 2
 		}
 	}
-	if h.rounds < 1 || h.conns < 1 || h.threads < 1 || h.duration < time.Second {
-		fmt.Fprintln(os.Stderr, "peers: -rounds, -connections and -threads must be at least 1, -duration at least 1s")
+	if h.rounds < 1 || h.conns < 1 || h.threads < 1 || h.h2Streams < 1 || h.duration < time.Second {
+		fmt.Fprintln(os.Stderr, "peers: -rounds, -connections, -threads and -h2-streams must be at least 1, -duration at least 1s")
 		return 2
 	}
 	if h.together && h.baseline == "" {
@@ -150,7 +152,7 @@ func run() int {
 
 	// Programs: wrk is required; a missing proxy skips its rows.
 	path := os.Getenv("PATH") + ":/usr/local/sbin:/usr/sbin:/sbin"
-	for _, t := range []string{"wrk", "taskset", "chrt", "haproxy", "nginx", "caddy"} {
+	for _, t := range []string{"wrk", "h2load", "taskset", "chrt", "haproxy", "nginx", "caddy"} {
 		if p := lookPath(t, path); p != "" {
 			h.tools[t] = p
 		}
@@ -223,8 +225,15 @@ func run() int {
 		var why []string
 		for _, t := range d.tools {
 			if h.tools[t] == "" {
-				why = append(why, t+" is not installed (sudo apt-get install -y "+t+")")
+				pkg := t
+				if t == "h2load" {
+					pkg = "nghttp2-client"
+				}
+				why = append(why, t+" is not installed (sudo apt-get install -y "+pkg+")")
 			}
+		}
+		if d.h2 && h.rate > 0 {
+			why = append(why, "-rate loads over HTTP/1 only")
 		}
 		for _, b := range d.bins {
 			if err := built[b]; err != nil {
@@ -246,7 +255,7 @@ func run() int {
 	}
 
 	out := os.Stdout
-	printHeader(out, h)
+	printHeader(out, h, defs)
 	for _, s := range skipped {
 		fmt.Fprintf(out, "- %s\n", s)
 	}

@@ -81,13 +81,34 @@ func getStats(upstream string) (upstreamStats, error) {
 	return s, err
 }
 
-func status(url string) (int, error) {
-	resp, err := checkClient.Get(url)
+// h2cClient speaks HTTP/2 over cleartext with prior knowledge only, as
+// h2load does: a proxy that does not serve h2c fails the job check.
+var h2cClient = func() *http.Client {
+	var p http.Protocols
+	p.SetUnencryptedHTTP2(true)
+	return &http.Client{
+		Timeout:       5 * time.Second,
+		Transport:     &http.Transport{Protocols: &p, DisableKeepAlives: true},
+		CheckRedirect: checkClient.CheckRedirect,
+	}
+}()
+
+// status GETs url over HTTP/1.1, or over h2c when h2 is set (and then
+// fails unless the answer came over HTTP/2).
+func status(url string, h2 bool) (int, error) {
+	c := checkClient
+	if h2 {
+		c = h2cClient
+	}
+	resp, err := c.Get(url)
 	if err != nil {
 		return 0, err
 	}
 	_, _ = io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
+	if h2 && resp.ProtoMajor != 2 {
+		return 0, fmt.Errorf("answered over %s, want HTTP/2", resp.Proto)
+	}
 	return resp.StatusCode, nil
 }
 
@@ -101,7 +122,7 @@ func checkJob(rc *rowCtx, withAgent bool) error {
 		return fmt.Errorf("upstream stats: %w", err)
 	}
 	if withAgent {
-		code, err := status(rc.target + "/admin")
+		code, err := status(rc.target+"/admin", rc.h2)
 		if err != nil {
 			return fmt.Errorf("GET /admin: %w", err)
 		}
@@ -109,7 +130,7 @@ func checkJob(rc *rowCtx, withAgent bool) error {
 			return fmt.Errorf("GET /admin: status %d, want 403", code)
 		}
 	}
-	code, err := status(rc.target + "/peers-check?q=1")
+	code, err := status(rc.target+"/peers-check?q=1", rc.h2)
 	if err != nil {
 		return fmt.Errorf("GET /peers-check: %w", err)
 	}
@@ -142,8 +163,12 @@ type wrkOut struct {
 }
 
 // runWrk runs wrk against url for d, pinned to the load CPUs; with -rate,
-// cmd/fixedrate instead, which reports in wrk's lines.
-func (h *harness) runWrk(dir, name, url string, d time.Duration) (wrkOut, error) {
+// cmd/fixedrate instead, which reports in wrk's lines; with h2, h2load
+// (h2c with prior knowledge).
+func (h *harness) runWrk(dir, name, url string, d time.Duration, h2 bool) (wrkOut, error) {
+	if h2 {
+		return h.runH2load(dir, name, url, d)
+	}
 	secs := int((d + time.Second - 1) / time.Second)
 	logPath := filepath.Join(dir, name+".log")
 	tool, args := "wrk", []string{h.tools["wrk"], "-t" + strconv.Itoa(h.threads), "-c" + strconv.Itoa(h.conns),
@@ -293,7 +318,7 @@ func (h *harness) runRows(defs []rowDef, round int) []result {
 	h.waitQuiet(strings.Join(names, " and "))
 	if h.warmup > 0 {
 		h.eachRow(live, func(r *rowRun) error {
-			if _, err := h.runWrk(r.rc.dir, "wrk-warmup", r.rc.target+"/", h.warmup); err != nil {
+			if _, err := h.runWrk(r.rc.dir, "wrk-warmup", r.rc.target+"/", h.warmup, r.def.h2); err != nil {
 				return fmt.Errorf("warm-up: %w", err)
 			}
 			return nil
@@ -317,7 +342,7 @@ func (h *harness) runRows(defs []rowDef, round int) []result {
 	live = still(live)
 	m0, st0 := machineBusy(), machineSteal()
 	h.eachRow(live, func(r *rowRun) (err error) {
-		r.w, err = h.runWrk(r.rc.dir, "wrk", r.rc.target+"/", h.duration)
+		r.w, err = h.runWrk(r.rc.dir, "wrk", r.rc.target+"/", h.duration, r.def.h2)
 		return err
 	})
 	m1, st1 := machineBusy(), machineSteal()
@@ -343,7 +368,7 @@ func (h *harness) runRows(defs []rowDef, round int) []result {
 
 // startRow starts a row's upstream and processes and checks its job.
 func (h *harness) startRow(r *rowRun, round int) error {
-	rc := &rowCtx{dir: filepath.Join(h.tmp, fmt.Sprintf("round%d-%s", round, r.def.key))}
+	rc := &rowCtx{dir: filepath.Join(h.tmp, fmt.Sprintf("round%d-%s", round, r.def.key)), h2: r.def.h2}
 	r.rc = rc
 	if err := os.MkdirAll(rc.dir, 0o755); err != nil {
 		return err

@@ -13,7 +13,7 @@ import (
 	"time"
 )
 
-func printHeader(w io.Writer, h *harness) {
+func printHeader(w io.Writer, h *harness, defs []rowDef) {
 	fmt.Fprintf(w, "# Peer benchmark, %s\n\n", time.Now().Format("2006-01-02 15:04 MST"))
 	fmt.Fprintf(w, "- machine: %d CPUs (nproc), %s, %s\n", runtime.NumCPU(), cpuModel(), kernel())
 	if h.rate > 0 {
@@ -22,6 +22,10 @@ func printHeader(w io.Writer, h *harness) {
 	} else {
 		fmt.Fprintf(w, "- load: wrk -t%d -c%d -d%s --latency, after a %s warm-up; %d round(s), row order rotated between rounds\n",
 			h.threads, h.conns, h.duration, h.warmup, h.rounds)
+	}
+	if slices.ContainsFunc(defs, func(d rowDef) bool { return d.h2 }) {
+		fmt.Fprintf(w, "- HTTP/2 rows (-h2): h2load -t%d -c%d -m%d -D %s (h2c with prior knowledge; %d concurrent streams on each connection), after a %s warm-up; HTTP/1.1 to the upstream\n",
+			min(h.threads, h.conns), h.conns, h.h2Streams, h.duration, h.h2Streams, h.warmup)
 	}
 	if h.proxyCPUs != "" {
 		fmt.Fprintf(w, "- placement: proxy + agent pinned to CPU %s; wrk + upstream pinned to CPU %s (taskset)\n", h.proxyCPUs, h.loadCPUs)
@@ -39,8 +43,8 @@ func printHeader(w io.Writer, h *harness) {
 	}
 	fmt.Fprintf(w, "- core budget: nginx worker_processes 1, HAProxy nbthread 1, every Go program (Caddy, sidecar, agents, auth server, upstream) %s\n", gmp)
 	var v []string
-	for _, t := range []string{"wrk", "haproxy", "nginx", "caddy"} {
-		if h.tools[t] != "" {
+	for _, t := range []string{"wrk", "h2load", "haproxy", "nginx", "caddy"} {
+		if h.tools[t] != "" && (t != "h2load" || slices.ContainsFunc(defs, func(d rowDef) bool { return d.h2 })) {
 			v = append(v, toolVersion(t, h.tools[t]))
 		}
 	}
@@ -80,6 +84,8 @@ func toolVersion(name, path string) string {
 		args = []string{"-v"}
 	case "caddy":
 		args = []string{"version"}
+	case "h2load":
+		args = []string{"--version"}
 	}
 	b, _ := exec.Command(path, args...).CombinedOutput() // wrk -v exits 1
 	l := strings.TrimSpace(firstLine(string(b)))
@@ -99,6 +105,11 @@ func toolVersion(name, path string) string {
 	case "caddy":
 		if f := strings.Fields(l); len(f) >= 1 {
 			return "Caddy " + f[0]
+		}
+	case "h2load":
+		// h2load nghttp2/1.52.0
+		if _, v, ok := strings.Cut(l, "nghttp2/"); ok {
+			return "h2load " + v
 		}
 	}
 	return name + " " + l
@@ -272,8 +283,13 @@ func medians(key string, all [][]result) med {
 }
 
 func printMedians(w io.Writer, defs []rowDef, all [][]result, together bool) {
-	fmt.Fprintf(w, "## Medians over %d round(s), ratios to HAProxy + SPOE\n\n", len(all))
-	ref := medians(reference, all)
+	fmt.Fprintf(w, "## Medians over %d round(s), ratios to HAProxy + SPOE (of the HTTP/2 rows: to HAProxy + SPOE over HTTP/2)\n\n", len(all))
+	refs := map[string]med{}
+	for _, d := range defs {
+		if _, ok := refs[referenceOf(d)]; !ok {
+			refs[referenceOf(d)] = medians(referenceOf(d), all)
+		}
+	}
 	head := []string{"row", "req/s", "p50", "p99", "proxy µs/req", "agent µs/req", "proxy+agent µs/req", "of it kernel", "proxy+agent cores", "proxy+agent read/write syscalls/req", "proxy+agent ctx switches/req", "req/s vs HAProxy+SPOE", "CPU/req vs HAProxy+SPOE", "req/s vs HAProxy+SPOE in its round: median (range)", "CPU/req: median (range)"}
 	var body [][]string
 	for _, d := range defs {
@@ -287,12 +303,12 @@ func printMedians(w io.Writer, defs []rowDef, all [][]result, together bool) {
 			name += fmt.Sprintf(" (%d of %d rounds)", m.ok, len(all))
 		}
 		rr, cr, prr, pcr := "-", "-", "-", "-"
-		if ref.ok > 0 {
+		if ref := refs[referenceOf(d)]; ref.ok > 0 {
 			rr = fmt.Sprintf("%.2f×", m.rps/ref.rps)
-			prr = fmtRatios(pairedRatios(d.key, all, func(r result) float64 { return r.rps }))
+			prr = fmtRatios(ratiosTo(d.key, referenceOf(d), all, func(r result) float64 { return r.rps }))
 			if hasProxy(d.key) {
 				cr = fmt.Sprintf("%.2f×", m.total/ref.total)
-				pcr = fmtRatios(pairedRatios(d.key, all, func(r result) float64 { return r.totalUS() }))
+				pcr = fmtRatios(ratiosTo(d.key, referenceOf(d), all, func(r result) float64 { return r.totalUS() }))
 			}
 		}
 		body = append(body, []string{
@@ -302,8 +318,10 @@ func printMedians(w io.Writer, defs []rowDef, all [][]result, together bool) {
 		})
 	}
 	table(w, head, body)
-	if ref.ok == 0 {
-		fmt.Fprintln(w, "(HAProxy + SPOE did not run: no ratios.)")
+	for key, ref := range refs {
+		if ref.ok == 0 {
+			fmt.Fprintf(w, "(%s did not run: no ratios to it.)\n", key)
+		}
 	}
 	printBaselineRatios(w, defs, all, together)
 }

@@ -18,6 +18,7 @@ type rowDef struct {
 	tools []string // installed programs it needs (besides wrk and taskset)
 	bins  []string // programs of this module (or the sidecar) it needs
 	agent bool     // it does the job (agent or auth server), so it is checked
+	h2    bool     // the client side is HTTP/2 (h2c, prior knowledge), loaded by h2load
 	setup func(h *harness, rc *rowCtx) error
 }
 
@@ -26,6 +27,7 @@ type rowCtx struct {
 	dir      string
 	upstream string // host:port of the upstream
 	target   string // base URL the load goes to
+	h2       bool   // the proxy listens for h2c (prior knowledge), not HTTP/1
 	up       *proc
 	proxy    *proc
 	agent    *proc
@@ -55,6 +57,16 @@ var rows = []rowDef{
 	{key: "sidecar-uds-yield", name: "sidecar + UDS agent, agent under SCHED_BATCH", bins: []string{"sidecar", "sdkagent"}, agent: true, setup: setupSidecar("sidecar", "sdkagent", false, "-sched", "batch")},
 	{key: "sidecar-httpauth", name: "sidecar + http_auth (forward auth)", bins: []string{"sidecar", "authserver"}, agent: true, setup: setupSidecarHTTPAuth("sidecar", "authserver", true)},
 	{key: "sidecar-httpauth-tcp", name: "sidecar + http_auth, auth server over TCP", bins: []string{"sidecar", "authserver"}, agent: true, setup: setupSidecarHTTPAuth("sidecar", "authserver", false)},
+
+	// HTTP/2 from the client (h2c with prior knowledge, loaded by h2load),
+	// HTTP/1.1 to the upstream as above. Their ratios are to
+	// haproxy-spoe-h2.
+	{key: "haproxy-h2", name: "HTTP/2: HAProxy, no agent", tools: []string{"haproxy", "h2load"}, h2: true, setup: setupHAProxy(false)},
+	{key: "haproxy-spoe-h2", name: "HTTP/2: HAProxy + SPOE agent", tools: []string{"haproxy", "h2load"}, bins: []string{"spoeagent"}, agent: true, h2: true, setup: setupHAProxy(true)},
+	{key: "nginx-h2", name: "HTTP/2: nginx, no agent", tools: []string{"nginx", "h2load"}, h2: true, setup: setupNginx(false)},
+	{key: "nginx-auth-h2", name: "HTTP/2: nginx + auth_request", tools: []string{"nginx", "h2load"}, bins: []string{"authserver"}, agent: true, h2: true, setup: setupNginx(true)},
+	{key: "sidecar-h2", name: "HTTP/2: sidecar, no agent", tools: []string{"h2load"}, bins: []string{"sidecar"}, h2: true, setup: setupSidecar("sidecar", "", false)},
+	{key: "sidecar-uds-h2", name: "HTTP/2: sidecar + UDS agent (Go SDK)", tools: []string{"h2load"}, bins: []string{"sidecar", "sdkagent"}, agent: true, h2: true, setup: setupSidecar("sidecar", "sdkagent", false)},
 }
 
 // baselineRows are the sidecar rows again, built from another checkout
@@ -65,8 +77,21 @@ var baselineRows = []rowDef{
 	{key: "sidecar-httpauth-tcp-base", name: "sidecar + http_auth over TCP (baseline)", bins: []string{"sidecar-base", "authserver-base"}, agent: true, setup: setupSidecarHTTPAuth("sidecar-base", "authserver-base", false)},
 }
 
-// reference is the row the ratios divide by.
-const reference = "haproxy-spoe"
+// reference is the row the ratios divide by; referenceH2 that of the
+// HTTP/2 rows.
+const (
+	reference   = "haproxy-spoe"
+	referenceH2 = "haproxy-spoe-h2"
+)
+
+// referenceOf is the row whose ratios d's are: HAProxy + SPOE on the same
+// client protocol.
+func referenceOf(d rowDef) string {
+	if d.h2 {
+		return referenceH2
+	}
+	return reference
+}
 
 // goEnv is the environment of every Go program the harness starts: its
 // GOMAXPROCS (one core's worth by default), or none for the runtime's
@@ -124,7 +149,7 @@ defaults
     timeout http-keep-alive 30s
 
 frontend fe
-    bind {{.Listen}}
+    bind {{.Listen}}{{if .H2}} proto h2{{end}}
 {{- if .Agent}}
     filter spoe engine peers config {{.SPOEConf}}
     http-request deny deny_status 503 if { var(txn.agent.error) -m found }
@@ -167,7 +192,7 @@ func setupHAProxy(agent bool) func(*harness, *rowCtx) error {
 			return err
 		}
 		data := map[string]any{
-			"Listen": addrs[0], "Upstream": rc.upstream, "Agent": agent,
+			"Listen": addrs[0], "Upstream": rc.upstream, "Agent": agent, "H2": rc.h2,
 			"AgentSock": filepath.Join(rc.dir, "spoe.sock"),
 			"SPOEConf":  filepath.Join(rc.dir, "spoe.conf"),
 		}
@@ -231,7 +256,8 @@ http {
 {{- end}}
 
     server {
-        listen {{.Listen}};
+        # http2 without ssl: h2c with prior knowledge only.
+        listen {{.Listen}}{{if .H2}} http2{{end}};
 
         location / {
 {{- if .Agent}}
@@ -274,7 +300,7 @@ func nginxRow(h *harness, rc *rowCtx, agent, tcp bool) error {
 	}
 	sock := filepath.Join(rc.dir, "auth.sock")
 	data := map[string]any{
-		"Listen": addrs[0], "Upstream": rc.upstream, "Agent": agent, "Dir": rc.dir,
+		"Listen": addrs[0], "Upstream": rc.upstream, "Agent": agent, "Dir": rc.dir, "H2": rc.h2,
 		"Root": os.Geteuid() == 0, "AuthServer": "unix:" + sock,
 	}
 	switch {
@@ -429,6 +455,9 @@ func setupLoop(agent bool, agentArgs ...string) func(*harness, *rowCtx) error {
 const sidecarCfg = `listeners:
   - name: public
     address: {{.Listen}}
+{{- if .H2}}
+    protocols: [http1, h2c]
+{{- end}}
 upstreams:
   - name: app
     address: {{.Upstream}}
@@ -490,7 +519,7 @@ func sidecarRowAuth(h *harness, rc *rowCtx, sidecarBin, agentBin string, json bo
 		return err
 	}
 	data := map[string]any{
-		"Listen": addrs[0], "Admin": addrs[1], "Upstream": rc.upstream, "Agent": agent, "JSON": json,
+		"Listen": addrs[0], "Admin": addrs[1], "Upstream": rc.upstream, "Agent": agent, "JSON": json, "H2": rc.h2,
 		"AgentSock": filepath.Join(rc.dir, "sdkagent.sock"), "AuthURL": "", "AuthSock": "",
 	}
 	switch {
