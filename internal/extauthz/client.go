@@ -29,12 +29,12 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/status"
 
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/internal/authcall"
 	"github.com/zentinelproxy/sidecar/internal/grpcclient"
+	"github.com/zentinelproxy/sidecar/internal/grpckeep"
 	"github.com/zentinelproxy/sidecar/protocol"
 )
 
@@ -163,14 +163,6 @@ func (k checker) Check(ctx context.Context, m *protocol.RequestHeaders, body []b
 	return c.mapResponse(m, r, d)
 }
 
-// Probe retries, as ext_proc's: a connection whose server refused the
-// probe is probed again after probeRetryMin, doubling up to
-// probeRetryMax, while it stays up.
-const (
-	probeRetryMin = time.Second
-	probeRetryMax = 30 * time.Second
-)
-
 // probe asks the server whether it implements Authorization: a Check of
 // an empty CheckRequest. Any answer, whatever its verdict, and any error
 // status but Unimplemented, is a server of the service (a policy may
@@ -193,84 +185,29 @@ func (c *Client) probe(cli authv3.AuthorizationClient) error {
 }
 
 // maintain keeps connection slot's session in the pool while the
-// connection is usable (the same life as an ext_proc connection's).
+// connection is usable (grpckeep).
 func (c *Client) maintain(slot int) {
 	defer c.wg.Done()
 	cc := c.conns[slot]
 	cli := authv3.NewAuthorizationClient(cc)
-	log := c.log.With().Int("conn", slot).Logger()
-	var sess *agentmux.Session
-	drop := func(why string) {
-		if sess == nil {
-			return
-		}
-		c.Remove(sess)
-		sess.Fail(fmt.Errorf("authorization server connection %s", why))
-		_ = sess.Close()
-		sess = nil
-		if c.ctx.Err() == nil {
-			log.Warn().Str("state", why).Msg("authorization server connection lost")
-		}
-	}
-	defer drop("closed")
-	cc.Connect()
-	retry := probeRetryMin
-	refused := false
-	for {
-		st := cc.GetState()
-		var recheck time.Duration
-		switch st {
-		case connectivity.Ready:
-			if sess != nil {
-				break
-			}
-			if err := c.probe(cli); err != nil {
-				c.SetLastError(fmt.Errorf("authorization server %s: %v", c.cfg.Address, err))
-				if errors.Is(err, ErrNotAuthz) {
-					c.count(evProbeRefused)
-					if !refused {
-						log.Error().Err(err).Msg("authorization server refused: not an ext_authz server")
-					}
-					refused = true
-				}
-				recheck = retry
-				retry = min(2*retry, probeRetryMax)
-				break
-			}
-			refused, retry = false, probeRetryMin
+	grpckeep.Keep(c.ctx, cc, grpckeep.Conn{
+		Pool: c.Pool, What: "authorization server", Address: c.cfg.Address,
+		Log:       c.log.With().Int("conn", slot).Logger(),
+		Probe:     func() error { return c.probe(cli) },
+		Refused:   ErrNotAuthz,
+		OnRefused: func() { c.count(evProbeRefused) },
+		NewSession: func() *agentmux.Session {
 			l := authcall.NewLink(c.cfg.Name, checker{c: c, cc: cc}, c.cfg.WithRequestBody)
-			sess = agentmux.NewSession(l, c.caps, agentmux.SessionConfig{
+			sess := agentmux.NewSession(l, c.caps, agentmux.SessionConfig{
 				Name:           c.cfg.Name,
 				MaxInFlight:    c.cfg.MaxInFlight,
 				MaxQueue:       c.cfg.MaxQueue,
 				MessageTimeout: c.cfg.MessageTimeout,
 			})
 			l.SetSession(sess)
-			c.SetLastError(nil)
-			c.Add(sess)
-		case connectivity.Idle:
-			cc.Connect()
-		case connectivity.TransientFailure, connectivity.Shutdown:
-			c.SetLastError(fmt.Errorf("connection to authorization server %s: %s", c.cfg.Address, st))
-			drop(st.String())
-			refused, retry = false, probeRetryMin
-		}
-		if !c.waitState(cc, st, recheck) {
-			return
-		}
-	}
-}
-
-// waitState waits for cc to leave state st, or d (0: no limit) to pass;
-// false when the client is closing.
-func (c *Client) waitState(cc *grpc.ClientConn, st connectivity.State, d time.Duration) bool {
-	if d == 0 {
-		return cc.WaitForStateChange(c.ctx, st)
-	}
-	ctx, cancel := context.WithTimeout(c.ctx, d)
-	defer cancel()
-	cc.WaitForStateChange(ctx, st)
-	return c.ctx.Err() == nil
+			return sess
+		},
+	})
 }
 
 // Close ends every call and closes the connections.

@@ -24,7 +24,6 @@ import (
 	"io"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocfilter "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
@@ -33,12 +32,12 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/internal/grpcclient"
+	"github.com/zentinelproxy/sidecar/internal/grpckeep"
 	"github.com/zentinelproxy/sidecar/protocol"
 )
 
@@ -196,15 +195,6 @@ func NewClient(cfg Config) (*Client, error) {
 	return c, nil
 }
 
-// Probe retries: a connection whose server refused the probe is probed
-// again after probeRetryMin, doubling up to probeRetryMax, while it stays
-// up (the server behind an address may be replaced without the
-// connection breaking, through a proxy).
-const (
-	probeRetryMin = time.Second
-	probeRetryMax = 30 * time.Second
-)
-
 // ErrNotProcessor: the server at the agent's address does not implement
 // envoy.service.ext_proc.v3.ExternalProcessor.
 var ErrNotProcessor = errors.New("extproc: the server does not implement envoy.service.ext_proc.v3.ExternalProcessor")
@@ -238,92 +228,29 @@ func (c *Client) probe(cli extprocsvc.ExternalProcessorClient) error {
 }
 
 // maintain keeps connection slot's session in the pool while the
-// connection is usable: a session joins when the connection is READY and
-// its server answers the probe as a processor, and fails (its requests
-// fail at once) when it breaks; streams of other connections are not
-// affected.
+// connection is usable (grpckeep).
 func (c *Client) maintain(slot int) {
 	defer c.wg.Done()
 	cc := c.conns[slot]
 	cli := extprocsvc.NewExternalProcessorClient(cc)
-	log := c.log.With().Int("conn", slot).Logger()
-	var sess *agentmux.Session
-	drop := func(why string) {
-		if sess == nil {
-			return
-		}
-		c.Remove(sess)
-		// Its waiting requests fail at once (connection lost); the other
-		// connections' streams are not affected.
-		sess.Fail(fmt.Errorf("processor connection %s", why))
-		_ = sess.Close()
-		sess = nil
-		if c.ctx.Err() == nil {
-			log.Warn().Str("state", why).Msg("processor connection lost")
-		}
-	}
-	defer drop("closed")
-	cc.Connect()
-	retry := probeRetryMin // the next probe's delay after a refusal
-	refused := false       // the last probe on this connection was refused
-	for {
-		st := cc.GetState()
-		var recheck time.Duration
-		switch st {
-		case connectivity.Ready:
-			if sess != nil {
-				break
-			}
-			if err := c.probe(cli); err != nil {
-				// Not ready: /readyz and /status say why.
-				c.SetLastError(fmt.Errorf("processor %s: %v", c.cfg.Address, err))
-				if errors.Is(err, ErrNotProcessor) {
-					c.count(evProbeRefused)
-					if !refused {
-						log.Error().Err(err).Msg("processor refused: not an ext_proc server")
-					}
-					refused = true
-				}
-				recheck = retry
-				retry = min(2*retry, probeRetryMax)
-				break
-			}
-			refused, retry = false, probeRetryMin
+	grpckeep.Keep(c.ctx, cc, grpckeep.Conn{
+		Pool: c.Pool, What: "processor", Address: c.cfg.Address,
+		Log:       c.log.With().Int("conn", slot).Logger(),
+		Probe:     func() error { return c.probe(cli) },
+		Refused:   ErrNotProcessor,
+		OnRefused: func() { c.count(evProbeRefused) },
+		NewSession: func() *agentmux.Session {
 			l := newLink(c, cli)
-			sess = agentmux.NewSession(l, c.caps, agentmux.SessionConfig{
+			sess := agentmux.NewSession(l, c.caps, agentmux.SessionConfig{
 				Name:           c.cfg.Name,
 				MaxInFlight:    c.cfg.MaxInFlight,
 				MaxQueue:       c.cfg.MaxQueue,
 				MessageTimeout: c.cfg.MessageTimeout,
 			})
 			l.sess = sess
-			c.SetLastError(nil)
-			c.Add(sess)
-		case connectivity.Idle:
-			// Idle after a quiet period or a GOAWAY: reconnect now, and
-			// keep the session (new streams wait for the connection).
-			cc.Connect()
-		case connectivity.TransientFailure, connectivity.Shutdown:
-			c.SetLastError(fmt.Errorf("connection to processor %s: %s", c.cfg.Address, st))
-			drop(st.String())
-			refused, retry = false, probeRetryMin
-		}
-		if !c.waitState(cc, st, recheck) {
-			return
-		}
-	}
-}
-
-// waitState waits for cc to leave state st, or d (0: no limit) to pass;
-// false when the client is closing.
-func (c *Client) waitState(cc *grpc.ClientConn, st connectivity.State, d time.Duration) bool {
-	if d == 0 {
-		return cc.WaitForStateChange(c.ctx, st)
-	}
-	ctx, cancel := context.WithTimeout(c.ctx, d)
-	defer cancel()
-	cc.WaitForStateChange(ctx, st)
-	return c.ctx.Err() == nil
+			return sess
+		},
+	})
 }
 
 // Close ends every stream and closes the connections.
