@@ -159,20 +159,15 @@ func NewClient(cfg Config) (*Client, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	// The dial options of transport grpc, with gRPC's default backoff.
-	opts, err := grpcclient.DialOptions(&cfg.TLS, cfg.MaxMessageSize, cfg.DialTimeout,
-		backoff.DefaultConfig.BaseDelay, backoff.DefaultConfig.MaxDelay, "zentinel-sidecar/0.1 ext_proc")
+	creds, err := grpcclient.Credentials(&cfg.TLS)
 	if err != nil {
 		return nil, fmt.Errorf("%w: agent %q: %v", ErrExtProcConfig, cfg.Name, err)
 	}
-	creds, err := transportCredentials(&cfg.TLS)
-	if err != nil {
-		return nil, fmt.Errorf("%w: agent %q: %v", ErrExtProcConfig, cfg.Name, err)
-	}
+	// The dial options of transport grpc, with gRPC's default backoff, its
+	// credentials over raw sockets (rawCreds), and the streams' own codec.
 	metadata := metadataContext(cfg.Metadata)
-	// The later options win: the same credentials over raw sockets
-	// (rawCreds), and the streams' own codec.
-	opts = append(opts, grpc.WithTransportCredentials(creds),
+	opts := append(grpcclient.DialOptionsWith(rawCreds{creds}, cfg.MaxMessageSize, cfg.DialTimeout,
+		backoff.DefaultConfig.BaseDelay, backoff.DefaultConfig.MaxDelay, "zentinel-sidecar/0.1 ext_proc"),
 		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(newCodec(metadata))))
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &Client{

@@ -5,9 +5,7 @@ import (
 	"net"
 
 	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/zentinelproxy/sidecar/internal/grpcclient"
 	"github.com/zentinelproxy/sidecar/internal/rawio"
 )
 
@@ -31,19 +29,6 @@ import (
 // the agent adds per request 126 -> 105 µs (docs/performance.md).
 type rawCreds struct {
 	credentials.TransportCredentials
-}
-
-// transportCredentials are t's credentials (insecure when TLS is off)
-// over raw sockets.
-func transportCredentials(t *grpcclient.TLSConfig) (credentials.TransportCredentials, error) {
-	if !t.On() {
-		return rawCreds{insecure.NewCredentials()}, nil
-	}
-	tc, err := t.ClientTLS()
-	if err != nil {
-		return nil, err
-	}
-	return rawCreds{credentials.NewTLS(tc)}, nil
 }
 
 // ClientHandshake wraps the dialled socket, then runs the inner

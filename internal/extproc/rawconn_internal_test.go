@@ -14,10 +14,11 @@ import (
 // the dialled socket read and written by raw system calls; the bytes
 // still flow both ways.
 func TestRawCredsWrapSocket(t *testing.T) {
-	creds, err := transportCredentials(&grpcclient.TLSConfig{})
+	inner, err := grpcclient.Credentials(&grpcclient.TLSConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
+	creds := rawCreds{inner}
 	dialed, accepted := testutil.ConnPair(t, "tcp")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

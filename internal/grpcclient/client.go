@@ -126,14 +126,29 @@ func dialOptions(cfg *Config) ([]grpc.DialOption, error) {
 // backoffMin to backoffMax (doubling, with jitter), no transparent
 // retries, fixed flow-control windows and user agent ua.
 func DialOptions(t *TLSConfig, maxMsg int, dialTimeout, backoffMin, backoffMax time.Duration, ua string) ([]grpc.DialOption, error) {
-	creds := insecure.NewCredentials()
-	if t.On() {
-		tc, err := t.ClientTLS()
-		if err != nil {
-			return nil, err
-		}
-		creds = credentials.NewTLS(tc)
+	creds, err := Credentials(t)
+	if err != nil {
+		return nil, err
 	}
+	return DialOptionsWith(creds, maxMsg, dialTimeout, backoffMin, backoffMax, ua), nil
+}
+
+// Credentials are t's transport credentials: insecure when TLS is off,
+// else TLS with t's files read.
+func Credentials(t *TLSConfig) (credentials.TransportCredentials, error) {
+	if !t.On() {
+		return insecure.NewCredentials(), nil
+	}
+	tc, err := t.ClientTLS()
+	if err != nil {
+		return nil, err
+	}
+	return credentials.NewTLS(tc), nil
+}
+
+// DialOptionsWith is DialOptions with the transport credentials given
+// (a transport that wraps them, as ext_proc's raw sockets do).
+func DialOptionsWith(creds credentials.TransportCredentials, maxMsg int, dialTimeout, backoffMin, backoffMax time.Duration, ua string) []grpc.DialOption {
 	return []grpc.DialOption{
 		grpc.WithTransportCredentials(creds),
 		grpc.WithDefaultCallOptions(
@@ -159,7 +174,7 @@ func DialOptions(t *TLSConfig, maxMsg int, dialTimeout, backoffMin, backoffMax t
 		grpc.WithInitialWindowSize(grpcwire.WindowSize),
 		grpc.WithInitialConnWindowSize(grpcwire.WindowSize),
 		grpc.WithUserAgent(ua),
-	}, nil
+	}
 }
 
 // Close stops reconnecting, sends CancelAll on every stream and closes the
