@@ -8,14 +8,6 @@ import (
 // The suite the tests share with internal/grpcwire's (pbwiretest), under
 // the names the tests here use.
 
-func hdrs(kv ...string) protocol.Headers {
-	var h protocol.Headers
-	for i := 0; i+1 < len(kv); i += 2 {
-		h = h.Add([]byte(kv[i]), []byte(kv[i+1]))
-	}
-	return h
-}
-
 func b(s string) []byte { return []byte(s) }
 
 // protocolMessages is pbwiretest.Messages.

@@ -3,7 +3,6 @@ package http2
 import (
 	"context"
 	"io"
-	"net"
 	"net/http"
 	"slices"
 	"strconv"
@@ -424,18 +423,5 @@ func (f *stream) respond() {
 			}
 		}
 		ex.StreamDone(written, err)
-	}
-}
-
-// connInfo fills info from c's addresses, for a connection the HTTP/1
-// listener did not describe.
-func connInfo(c net.Conn, info *exchange.Conn) {
-	if ta, ok := c.RemoteAddr().(*net.TCPAddr); ok {
-		ap := ta.AddrPort()
-		info.ClientIP, info.ClientPort = ap.Addr().Unmap().AppendTo(nil), int(ap.Port())
-	}
-	if ta, ok := c.LocalAddr().(*net.TCPAddr); ok {
-		ap := ta.AddrPort()
-		info.ServerIP, info.ServerPort = ap.Addr().Unmap().AppendTo(nil), int(ap.Port())
 	}
 }
