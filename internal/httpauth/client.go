@@ -149,6 +149,7 @@ func NewClient(cfg Config) (*Client, error) {
 		log:    cfg.Logger.With().Str("address", cfg.URL).Logger(),
 	}
 	c.pool.maxIdle = cfg.MaxInFlight
+	c.pool.wake = make(chan struct{}, 1)
 	if cfg.UnixSocket != "" {
 		c.net, c.addr = "unix", cfg.UnixSocket
 	}

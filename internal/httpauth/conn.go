@@ -83,6 +83,9 @@ type connPool struct {
 	inflight []*call
 	closed   bool
 	maxIdle  int
+	// wake tells the reaper, parked while nothing is in flight, that a
+	// call started.
+	wake chan struct{}
 
 	calls   sync.Pool // *call
 	readers sync.Pool // *bufio.Reader of maxResponseHeader bytes
@@ -142,7 +145,14 @@ func (p *connPool) attach(cl *call, pc *pconn, cancel <-chan struct{}) bool {
 	cl.conn, cl.cancel, cl.aborted = pc, cancel, false
 	cl.slot = len(p.inflight)
 	p.inflight = append(p.inflight, cl)
+	first := cl.slot == 0
 	p.mu.Unlock()
+	if first {
+		select {
+		case p.wake <- struct{}{}:
+		default: // a wake-up is pending already
+		}
+	}
 	return true
 }
 
@@ -163,9 +173,12 @@ func (p *connPool) detach(cl *call) (aborted bool) {
 }
 
 // abort closes the connections of the calls in flight (all of them, or
-// those whose client went away), which ends their reads and writes.
-func (p *connPool) abort(all bool) {
+// those whose client went away), which ends their reads and writes. It
+// reports whether any call was in flight.
+func (p *connPool) abort(all bool) (busy bool) {
 	p.mu.Lock()
+	defer p.mu.Unlock()
+	busy = len(p.inflight) > 0
 	for _, cl := range p.inflight {
 		if cl.aborted || (!all && (cl.cancel == nil || !isClosed(cl.cancel))) {
 			continue
@@ -173,7 +186,7 @@ func (p *connPool) abort(all bool) {
 		cl.aborted = true
 		_ = cl.conn.Close()
 	}
-	p.mu.Unlock()
+	return busy
 }
 
 // close ends the calls in flight and the idle connections; connections
@@ -407,7 +420,8 @@ func timeoutErr(err error) error {
 }
 
 // reap polls the calls in flight for clients that went away, until ctx
-// ends.
+// ends; with nothing in flight it sleeps until a call starts (an idle
+// agent costs no wake-ups).
 func (c *Client) reap() {
 	defer c.wg.Done()
 	t := time.NewTicker(reapInterval)
@@ -415,7 +429,16 @@ func (c *Client) reap() {
 	for {
 		select {
 		case <-t.C:
-			c.pool.abort(false)
+			if c.pool.abort(false) {
+				continue
+			}
+			t.Stop()
+			select {
+			case <-c.pool.wake:
+			case <-c.ctx.Done():
+				return
+			}
+			t.Reset(reapInterval)
 		case <-c.ctx.Done():
 			return
 		}
