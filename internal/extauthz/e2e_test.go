@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/zentinelproxy/sidecar/internal/testutil/dptest"
+
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
@@ -24,7 +26,6 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"github.com/zentinelproxy/sidecar/dataplane"
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/internal/config"
 	"github.com/zentinelproxy/sidecar/internal/metrics"
@@ -187,27 +188,8 @@ func proxyListener(t *testing.T, addr, listener, agent string, noWait bool) (str
 			t.Fatal(err)
 		}
 	}
-	logs := &testutil.LogBuffer{}
-	srv, err := dataplane.New(dataplane.Config{File: cfg}, map[string]agentmux.Agent{"authz": a}, zerolog.New(logs))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() { defer close(done); _ = srv.Serve(ln) }()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(ctx)
-		<-done
-		if t.Failed() {
-			t.Logf("proxy log:\n%s", logs.String())
-		}
-	})
-	return "http://" + ln.Addr().String(), up, a
+	url, _ := dptest.Serve(t, cfg, map[string]agentmux.Agent{"authz": a})
+	return url, up, a
 }
 
 // get sends one request; hdr are name, value pairs (a name repeated adds

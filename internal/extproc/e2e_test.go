@@ -3,7 +3,6 @@ package extproc_test
 import (
 	"context"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -12,12 +11,13 @@ import (
 	"text/template"
 	"time"
 
+	"github.com/zentinelproxy/sidecar/internal/testutil/dptest"
+
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocsvc "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"github.com/rs/zerolog"
 
-	"github.com/zentinelproxy/sidecar/dataplane"
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/internal/config"
 	"github.com/zentinelproxy/sidecar/internal/testutil"
@@ -105,27 +105,9 @@ func e2eLogs(t *testing.T, h handler, data map[string]string) (proxyURL string, 
 	if err := a.(interface{ WaitReady(context.Context) error }).WaitReady(ctx); err != nil {
 		t.Fatal(err)
 	}
-	logs = &testutil.LogBuffer{}
-	srv, err := dataplane.New(dataplane.Config{File: cfg}, map[string]agentmux.Agent{"proc": a}, zerolog.New(logs))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() { defer close(done); _ = srv.Serve(ln) }()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(ctx)
-		<-done
-		if t.Failed() {
-			t.Logf("proxy log:\n%s", logs.String())
-		}
-	})
-	return "http://" + ln.Addr().String(), up, p, stop, logs
+	var url string
+	url, logs = dptest.Serve(t, cfg, map[string]agentmux.Agent{"proc": a})
+	return url, up, p, stop, logs
 }
 
 func get(t *testing.T, method, url, body string, hdr ...string) (*http.Response, string) {

@@ -12,9 +12,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/zentinelproxy/sidecar/internal/testutil/dptest"
+
 	"github.com/rs/zerolog"
 
-	"github.com/zentinelproxy/sidecar/dataplane"
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/internal/config"
 	"github.com/zentinelproxy/sidecar/internal/httpauth"
@@ -153,27 +154,8 @@ func proxy(t *testing.T, authURL, agent string, noWait bool) (string, *seen, age
 			t.Fatal(err)
 		}
 	}
-	logs := &testutil.LogBuffer{}
-	srv, err := dataplane.New(dataplane.Config{File: cfg}, map[string]agentmux.Agent{"auth": a}, zerolog.New(logs))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() { defer close(done); _ = srv.Serve(ln) }()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(ctx)
-		<-done
-		if t.Failed() {
-			t.Logf("proxy log:\n%s", logs.String())
-		}
-	})
-	return "http://" + ln.Addr().String(), up, a
+	url, _ := dptest.Serve(t, cfg, map[string]agentmux.Agent{"auth": a})
+	return url, up, a
 }
 
 func get(t *testing.T, url string, hdr ...string) (*http.Response, string) {
