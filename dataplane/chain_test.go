@@ -236,12 +236,7 @@ func TestClientDisconnectAbortsUpstream(t *testing.T) {
 }
 
 func TestUpstreamDownAndSlow(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	deadAddr := ln.Addr().String()
-	ln.Close()
+	deadAddr := testutil.RefusedAddr(t)
 	slow := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
 		select {
 		case <-r.Context().Done():

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/zentinelproxy/sidecar/internal/config"
+	"github.com/zentinelproxy/sidecar/internal/testutil"
 )
 
 // rlServer is an Envoy rate limit service: each descriptor (its entries
@@ -157,9 +158,7 @@ func TestGlobalRateLimitFailure(t *testing.T) {
 		t.Errorf("deny: %d, upstream saw %d", resp.StatusCode, u2.count())
 	}
 	// A service nobody listens on: refused at once.
-	ln, _ := net.Listen("tcp", "127.0.0.1:0")
-	gone := ln.Addr().String()
-	ln.Close()
+	gone := testutil.RefusedAddr(t)
 	p3, _ := globalProxy(t, gone, "")
 	if resp, _ := p3.do(t, "GET", "/", nil); resp.StatusCode != 200 {
 		t.Errorf("unreachable service, allow: %d", resp.StatusCode)
