@@ -83,9 +83,12 @@ type connPool struct {
 	inflight []*call
 	closed   bool
 	maxIdle  int
-	// wake tells the reaper, parked while nothing is in flight, that a
-	// call started.
-	wake chan struct{}
+	// wake tells the reaper, parked after a tick with no call, that a
+	// call started; started marks a call since the last tick, parked a
+	// parked reaper (so a busy pool never sends a wake-up).
+	wake    chan struct{}
+	started bool
+	parked  bool
 
 	calls   sync.Pool // *call
 	readers sync.Pool // *bufio.Reader of maxResponseHeader bytes
@@ -145,9 +148,11 @@ func (p *connPool) attach(cl *call, pc *pconn, cancel <-chan struct{}) bool {
 	cl.conn, cl.cancel, cl.aborted = pc, cancel, false
 	cl.slot = len(p.inflight)
 	p.inflight = append(p.inflight, cl)
-	first := cl.slot == 0
+	p.started = true
+	wake := p.parked
+	p.parked = false
 	p.mu.Unlock()
-	if first {
+	if wake {
 		select {
 		case p.wake <- struct{}{}:
 		default: // a wake-up is pending already
@@ -172,13 +177,22 @@ func (p *connPool) detach(cl *call) (aborted bool) {
 	return aborted
 }
 
-// abort closes the connections of the calls in flight (all of them, or
-// those whose client went away), which ends their reads and writes. It
-// reports whether any call was in flight.
-func (p *connPool) abort(all bool) (busy bool) {
+// park reports whether the reaper may sleep: no call in flight and none
+// started since the last tick; it then counts as parked.
+func (p *connPool) park() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	busy = len(p.inflight) > 0
+	idle := len(p.inflight) == 0 && !p.started
+	p.started = false
+	p.parked = idle
+	return idle
+}
+
+// abort closes the connections of the calls in flight (all of them, or
+// those whose client went away), which ends their reads and writes.
+func (p *connPool) abort(all bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	for _, cl := range p.inflight {
 		if cl.aborted || (!all && (cl.cancel == nil || !isClosed(cl.cancel))) {
 			continue
@@ -186,7 +200,6 @@ func (p *connPool) abort(all bool) (busy bool) {
 		cl.aborted = true
 		_ = cl.conn.Close()
 	}
-	return busy
 }
 
 // close ends the calls in flight and the idle connections; connections
@@ -420,8 +433,8 @@ func timeoutErr(err error) error {
 }
 
 // reap polls the calls in flight for clients that went away, until ctx
-// ends; with nothing in flight it sleeps until a call starts (an idle
-// agent costs no wake-ups).
+// ends; after a tick with no call it sleeps until one starts (an idle
+// agent costs no wake-ups, a busy one no wake-up per call).
 func (c *Client) reap() {
 	defer c.wg.Done()
 	t := time.NewTicker(reapInterval)
@@ -429,7 +442,8 @@ func (c *Client) reap() {
 	for {
 		select {
 		case <-t.C:
-			if c.pool.abort(false) {
+			c.pool.abort(false)
+			if !c.pool.park() {
 				continue
 			}
 			t.Stop()
