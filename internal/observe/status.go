@@ -50,6 +50,10 @@ type Stats struct {
 	RouteRetries uint64 `json:"route_retries"`
 	// RetryBudgetExhausted counts retries a route's retry budget refused.
 	RetryBudgetExhausted uint64 `json:"retry_budget_exhausted"`
+	// RouteRetriesBy splits the current retry policies' counters by
+	// route (a policy whose settings a reload changed starts again from
+	// 0).
+	RouteRetriesBy map[string]RouteRetryStats `json:"route_retries_by,omitempty"`
 	// GlobalRateLimited counts requests the rate limit service said were
 	// over a limit (429).
 	GlobalRateLimited uint64 `json:"global_rate_limited"`
@@ -71,6 +75,19 @@ type Stats struct {
 	// RequestsByProtocol counts requests by the client's protocol:
 	// http1 (HTTP/1.x), h2 (HTTP/2 over TLS), h2c (cleartext HTTP/2).
 	RequestsByProtocol map[string]uint64 `json:"requests_by_protocol"`
+}
+
+// RouteRetryStats is one route's retry policy's counters.
+type RouteRetryStats struct {
+	// Retries counts the retries made, by the retry_on kind that
+	// triggered them (every kind the policy lists).
+	Retries map[string]uint64 `json:"retries"`
+	// BudgetExhausted counts retries the route's retry budget refused.
+	BudgetExhausted uint64 `json:"budget_exhausted"`
+	// NotReplayable counts retries not made because the request could not
+	// be sent again: its body was consumed by the try, or it is not
+	// idempotent and the try ended in a reset or timeout.
+	NotReplayable uint64 `json:"not_replayable"`
 }
 
 // HTTP2Stats counts the HTTP/2 front end's connections and streams.

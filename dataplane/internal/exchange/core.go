@@ -187,6 +187,7 @@ func (c *Core) Stats(st *observe.Stats) {
 	st.RateLimited = s.rateLimited.Load()
 	if t := c.tbl.Load(); t != nil {
 		st.RateLimitedBy = t.rateLimitedBy()
+		st.RouteRetriesBy = t.retriesBy()
 	}
 	st.RouteRetries = s.retries.Load()
 	st.RetryBudgetExhausted = s.retryBudget.Load()

@@ -175,11 +175,13 @@ func staleConn(err error) bool {
 func (ex *Exchange) retryable(res UpstreamResponse, err error, n int, deadline time.Duration) bool {
 	p := ex.rt.ext.retry
 	cond, idem := condition(res, err)
-	if cond&p.on == 0 || ex.answered || ex.respAbort || ex.canceled() {
+	cond &= p.on
+	if cond == 0 || ex.answered || ex.respAbort || ex.canceled() {
 		return false
 	}
 	r := &ex.upReq
 	if r.Body != nil && r.Body.Consumed() || idem && !r.Idempotent {
+		p.notReplayable.Add(1)
 		return false // the request cannot be sent again
 	}
 	wait := p.backoff(n)
@@ -188,6 +190,7 @@ func (ex *Exchange) retryable(res UpstreamResponse, err error, n int, deadline t
 	}
 	if !p.budget() {
 		ex.core.stats.retryBudget.Add(1)
+		p.budgetRefused.Add(1)
 		return false
 	}
 	// The budget taken is given back when the retry's try returns.
@@ -195,6 +198,7 @@ func (ex *Exchange) retryable(res UpstreamResponse, err error, n int, deadline t
 		res.Release(false)
 	}
 	ex.core.stats.retries.Add(1)
+	p.retries[reasonOf(cond)].Add(1)
 	// A client that goes away during the wait: the retry's try finds the
 	// request canceled and ends at once.
 	ex.retryWait(wait)

@@ -446,6 +446,21 @@ func (t *Table) rateLimitedBy() map[string]uint64 {
 	return m
 }
 
+// retriesBy is the counters of the table's retry policies, by route
+// (nil: no policy).
+func (t *Table) retriesBy() map[string]observe.RouteRetryStats {
+	var m map[string]observe.RouteRetryStats
+	for _, r := range t.routes {
+		if p := r.ext.retry; p != nil {
+			if m == nil {
+				m = make(map[string]observe.RouteRetryStats)
+			}
+			m[r.name] = p.stats()
+		}
+	}
+	return m
+}
+
 // listenerLimit is the rate limit of the listener called name (nil: none,
 // or no table).
 func (t *Table) listenerLimit(name string) *routeLimit {
