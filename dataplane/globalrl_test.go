@@ -2,6 +2,7 @@ package dataplane_test
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"net"
 	"sort"
@@ -13,6 +14,7 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/zentinelproxy/sidecar/internal/config"
@@ -69,14 +71,14 @@ func (s *rlServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequ
 	return resp, nil
 }
 
-func serveRLS(t *testing.T, s *rlServer) string {
+func serveRLS(t *testing.T, s *rlServer, opts ...grpc.ServerOption) string {
 	t.Helper()
 	s.hits = map[string]int{}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := grpc.NewServer()
+	g := grpc.NewServer(opts...)
 	rlsv3.RegisterRateLimitServiceServer(g, s)
 	go g.Serve(ln)
 	t.Cleanup(g.Stop)
@@ -162,5 +164,70 @@ func TestGlobalRateLimitFailure(t *testing.T) {
 	p3, _ := globalProxy(t, gone, "")
 	if resp, _ := p3.do(t, "GET", "/", nil); resp.StatusCode != 200 {
 		t.Errorf("unreachable service, allow: %d", resp.StatusCode)
+	}
+}
+
+// TestGlobalRateLimitTLS: rate_limit_service.tls reaches a service over
+// TLS (its CA and name checked) and over mTLS (the sidecar's client
+// certificate); a service whose certificate another CA signed, or one
+// that requires a client certificate the sidecar lacks, is a failed call:
+// the failure mode applies and the call is counted.
+func TestGlobalRateLimitTLS(t *testing.T) {
+	pki := testutil.NewPKI(t, "rls")
+	rogue := testutil.NewPKI(t, "rogue")
+	srvCert := pki.Server(t, "rls", "rls.example")
+	client := pki.Client(t, "sidecar", "sidecar")
+	serverTLS := func(mtls bool) grpc.ServerOption {
+		c := &tls.Config{Certificates: []tls.Certificate{srvCert.TLS}, MinVersion: tls.VersionTLS12}
+		if mtls {
+			c.ClientCAs, c.ClientAuth = pki.Pool, tls.RequireAndVerifyClientCert
+		}
+		return grpc.Creds(credentials.NewTLS(c))
+	}
+	tlsAddr := serveRLS(t, &rlServer{limit: 1}, serverTLS(false))
+	mtlsAddr := serveRLS(t, &rlServer{limit: 1}, serverTLS(true))
+
+	for _, tc := range []struct {
+		name, addr, tls string
+	}{
+		{"tls", tlsAddr, fmt.Sprintf("{ca_file: %q, server_name: rls.example}", pki.CAFile)},
+		{"mtls", mtlsAddr, fmt.Sprintf("{ca_file: %q, server_name: rls.example, cert_file: %q, key_file: %q}",
+			pki.CAFile, client.CertFile, client.KeyFile)},
+	} {
+		p, u := globalProxy(t, tc.addr, ", timeout: 5s, tls: "+tc.tls)
+		// The service answers: OK once (its request header reaches the
+		// upstream), then OVER_LIMIT.
+		if resp, _ := p.do(t, "GET", "/", nil); resp.StatusCode != 200 || u.last(t).Header.Get("X-Rls") != "ok" {
+			t.Errorf("%s: first request %d, X-Rls %q", tc.name, resp.StatusCode, u.last(t).Header.Get("X-Rls"))
+		}
+		if resp, _ := p.do(t, "GET", "/", nil); resp.StatusCode != 429 {
+			t.Errorf("%s: second request %d, want 429", tc.name, resp.StatusCode)
+		}
+		if st := p.srv.Stats(); st.GlobalRateLimitErrors != 0 || st.GlobalRateLimited != 1 {
+			t.Errorf("%s: errors %d, limited %d", tc.name, st.GlobalRateLimitErrors, st.GlobalRateLimited)
+		}
+	}
+
+	for _, tc := range []struct {
+		name, addr, tls string
+	}{
+		{"wrong CA", tlsAddr, fmt.Sprintf("{ca_file: %q, server_name: rls.example}", rogue.CAFile)},
+		{"wrong name", tlsAddr, fmt.Sprintf("{ca_file: %q, server_name: other.example}", pki.CAFile)},
+		{"no client certificate", mtlsAddr, fmt.Sprintf("{ca_file: %q, server_name: rls.example}", pki.CAFile)},
+	} {
+		p, u := globalProxy(t, tc.addr, ", timeout: 5s, tls: "+tc.tls)
+		if resp, _ := p.do(t, "GET", "/", nil); resp.StatusCode != 200 || u.count() != 1 {
+			t.Errorf("%s, allow: %d, upstream saw %d", tc.name, resp.StatusCode, u.count())
+		}
+		if st := p.srv.Stats(); st.GlobalRateLimitErrors != 1 {
+			t.Errorf("%s, allow: errors %d, want 1", tc.name, st.GlobalRateLimitErrors)
+		}
+		p2, u2 := globalProxy(t, tc.addr, ", timeout: 5s, failure_mode: deny, tls: "+tc.tls)
+		if resp, _ := p2.do(t, "GET", "/", nil); resp.StatusCode != 500 || u2.count() != 0 {
+			t.Errorf("%s, deny: %d, upstream saw %d", tc.name, resp.StatusCode, u2.count())
+		}
+		if st := p2.srv.Stats(); st.GlobalRateLimitErrors != 1 {
+			t.Errorf("%s, deny: errors %d, want 1", tc.name, st.GlobalRateLimitErrors)
+		}
 	}
 }

@@ -203,9 +203,11 @@ const (
 // (envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit) that
 // routes with global_rate_limit ask.
 type RateLimitService struct {
-	// Address is host:port of the service (gRPC without TLS: a
-	// loopback or mesh-local service).
+	// Address is host:port of the service.
 	Address string `yaml:"address"`
+	// TLS secures the connection (nil: gRPC without TLS, for a loopback
+	// or mesh-local service).
+	TLS *RateLimitServiceTLS `yaml:"tls"`
 	// Domain is the request's domain (required).
 	Domain string `yaml:"domain"`
 	// Timeout bounds each call (default 20ms).
@@ -213,6 +215,32 @@ type RateLimitService struct {
 	// FailureMode is allow (default: an unanswered call lets the request
 	// through) or deny (500, as Envoy's failure_mode_deny).
 	FailureMode string `yaml:"failure_mode"`
+}
+
+// RateLimitServiceTLS connects to the rate limit service over TLS
+// (rate_limit_service.tls); its files are read when the connection is
+// made (at start, and at a reload that changes rate_limit_service).
+type RateLimitServiceTLS struct {
+	// CAFile is a PEM bundle of the CAs the service's certificate must
+	// chain to (default: the system roots).
+	CAFile string `yaml:"ca_file"`
+	// CertFile and KeyFile are a client certificate presented to the
+	// service (mTLS; both or neither).
+	CertFile string `yaml:"cert_file"`
+	KeyFile  string `yaml:"key_file"`
+	// ServerName is the name checked against the service's certificate
+	// (default: the host of the address).
+	ServerName string `yaml:"server_name"`
+}
+
+// Equal reports whether s and o are the same service settings.
+func (s *RateLimitService) Equal(o *RateLimitService) bool {
+	a, b := *s, *o
+	a.TLS, b.TLS = nil, nil
+	if a != b || (s.TLS == nil) != (o.TLS == nil) {
+		return false
+	}
+	return s.TLS == nil || *s.TLS == *o.TLS
 }
 
 // DescriptorEntry is one entry of a descriptor, as Envoy's rate limit
@@ -257,6 +285,20 @@ func (v *validator) rateLimitService() {
 		v.failf("rate_limit_service.domain", "domain is required")
 	}
 	v.positive("rate_limit_service.timeout", s.Timeout)
+	if t := s.TLS; t != nil {
+		const p = "rate_limit_service.tls"
+		if t.CertFile != "" || t.KeyFile != "" {
+			v.keyPair(p, t.CertFile, t.KeyFile, false)
+		}
+		if t.CAFile != "" {
+			if _, err := LoadCertPool(t.CAFile); err != nil {
+				v.failf(p+".ca_file", "%v", err)
+			}
+		}
+		if t.ServerName == "" && strings.HasPrefix(s.Address, "unix:") {
+			v.failf(p+".server_name", "a unix: address over TLS needs server_name")
+		}
+	}
 	if s.FailureMode != RateLimitFailAllow && s.FailureMode != RateLimitFailDeny {
 		v.failf("rate_limit_service.failure_mode", "unknown failure mode %q (want allow or deny)", s.FailureMode)
 	}

@@ -2,6 +2,7 @@ package exchange
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"time"
 
@@ -9,9 +10,10 @@ import (
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/zentinelproxy/sidecar/internal/config"
+	"github.com/zentinelproxy/sidecar/internal/grpcclient"
+	"github.com/zentinelproxy/sidecar/internal/redial"
 	"github.com/zentinelproxy/sidecar/protocol"
 )
 
@@ -29,7 +31,9 @@ import (
 // error, a timeout, the service answering UNKNOWN) lets the request
 // through (failure_mode: allow) or answers 500 (deny), and is counted.
 // The call allocates (gRPC): routes without global_rate_limit pay
-// nothing.
+// nothing. The connection is plaintext or, with rate_limit_service.tls,
+// TLS or mTLS with the agents' gRPC transports' credentials and options
+// (internal/grpcclient).
 
 // rlService is the connection to the rate limit service; one per
 // configuration, kept across reloads that keep its settings.
@@ -39,8 +43,27 @@ type rlService struct {
 	client rlsv3.RateLimitServiceClient
 }
 
+// rlsMaxMessage caps the service's messages both ways: descriptors and
+// statuses are a few hundred bytes; gRPC's default of 4 MiB is room
+// enough for any service that adds headers.
+const rlsMaxMessage = 4 << 20
+
 func newRLService(c *config.RateLimitService) (*rlService, error) {
-	conn, err := grpc.NewClient(c.Address, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	// The options of the agents' gRPC transports: credentials read now,
+	// reconnects backing off 50ms..5s, no transparent retries (a call
+	// has its timeout of a few milliseconds).
+	var t grpcclient.TLSConfig
+	if c.TLS != nil {
+		t = grpcclient.TLSConfig{Enabled: true, CAFile: c.TLS.CAFile, CertFile: c.TLS.CertFile,
+			KeyFile: c.TLS.KeyFile, ServerName: c.TLS.ServerName}
+	}
+	creds, err := grpcclient.Credentials(&t)
+	if err != nil {
+		return nil, fmt.Errorf("tls: %w", err)
+	}
+	opts := grpcclient.DialOptionsWith(creds, rlsMaxMessage, redial.DefaultConnectTimeout+redial.DefaultHandshakeTimeout,
+		redial.DefaultMin, redial.DefaultMax, "zentinel-sidecar/0.1 ratelimit")
+	conn, err := grpc.NewClient(c.Address, opts...)
 	if err != nil {
 		return nil, err
 	}

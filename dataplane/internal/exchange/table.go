@@ -314,7 +314,7 @@ func BuildTable(cfg *config.Config, agents map[string]agentmux.Agent, ups []Upst
 	// Last, once nothing can fail: the service's connection is kept
 	// from prev when its settings did not change.
 	if s := cfg.RateLimitService; s != nil {
-		if prev != nil && prev.rls != nil && prev.rls.cfg == *s {
+		if prev != nil && prev.rls != nil && prev.rls.cfg.Equal(s) {
 			t.rls = prev.rls
 		} else {
 			rls, err := newRLService(s)
