@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -25,7 +26,8 @@ import (
 // joined) may be hit limit times; it records what it was asked.
 type rlServer struct {
 	rlsv3.UnimplementedRateLimitServiceServer
-	limit int
+	limit  int
+	limits map[string]int // by descriptor, the default limit's exceptions
 	delay time.Duration
 	mu    sync.Mutex
 	hits  map[string]int
@@ -52,9 +54,14 @@ func (s *rlServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequ
 		key := strings.Join(parts, ",")
 		descs = append(descs, key)
 		s.hits[key]++
+		limit := s.limit
+		if l, ok := s.limits[key]; ok {
+			limit = l
+		}
 		st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK,
-			CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: uint32(s.limit), Unit: rlsv3.RateLimitResponse_RateLimit_MINUTE}}
-		if s.hits[key] > s.limit {
+			CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: uint32(limit), Unit: rlsv3.RateLimitResponse_RateLimit_MINUTE},
+			LimitRemaining: uint32(max(limit-s.hits[key], 0)), DurationUntilReset: durationpb.New(29*time.Second + 100*time.Millisecond)}
+		if s.hits[key] > limit {
 			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 			st.DurationUntilReset = durationpb.New(42*time.Second + 300*time.Millisecond)
 			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
@@ -67,6 +74,8 @@ func (s *rlServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequ
 		resp.ResponseHeadersToAdd = []*corev3.HeaderValue{{Key: "X-Limited-By", Value: "rls"}, {Key: "Content-Length", Value: "1"}}
 	} else {
 		resp.RequestHeadersToAdd = []*corev3.HeaderValue{{Key: "X-Rls", Value: "ok"}}
+		// The second breaks the header rules: dropped.
+		resp.ResponseHeadersToAdd = []*corev3.HeaderValue{{Key: "X-Quota-Checked", Value: "yes"}, {Key: "X-Sidecar-Fail-Open", Value: "forged"}}
 	}
 	return resp, nil
 }
@@ -140,6 +149,54 @@ func TestGlobalRateLimit(t *testing.T) {
 	}
 	if st := p.srv.Stats(); st.GlobalRateLimited != 2 || st.GlobalRateLimitErrors != 0 {
 		t.Errorf("global_rate_limited %d, errors %d", st.GlobalRateLimited, st.GlobalRateLimitErrors)
+	}
+}
+
+// TestGlobalRateLimitHeaders: an OK answer's response_headers_to_add
+// reach the client's response (as Envoy adds them), those the header
+// rules allow; with headers: always, RateLimit-Policy and RateLimit of
+// the descriptor status with the fewest requests left too.
+func TestGlobalRateLimitHeaders(t *testing.T) {
+	s := &rlServer{limit: 3, limits: map[string]int{"generic_key=wide": 10}}
+	addr := serveRLS(t, s)
+	u := newUpstream(t, nil)
+	for _, headers := range []string{"always", "on_limit"} {
+		cfg, err := config.Parse([]byte(fmt.Sprintf(`
+listeners: [{address: "127.0.0.1:0"}]
+upstreams: [{name: app, address: %q}]
+rate_limit_service: {address: %q, domain: edge, timeout: 10s}
+routes:
+  - name: api
+    upstream: app
+    global_rate_limit:
+      headers: %s
+      descriptors:
+        - entries: [{generic_key: wide}]
+        - entries: [{remote_address: true}]
+`, u.addr(), addr, headers)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := startProxy(t, cfg, nil, nil)
+		s.mu.Lock()
+		clear(s.hits)
+		s.mu.Unlock()
+		for i := 1; i <= 2; i++ {
+			resp, _ := p.do(t, "GET", "/", nil)
+			if resp.StatusCode != 200 || resp.Header.Get("X-Quota-Checked") != "yes" || resp.Header.Get("X-Sidecar-Fail-Open") != "" {
+				t.Errorf("%s, request %d: %d, X-Quota-Checked %q, X-Sidecar-Fail-Open %q", headers, i, resp.StatusCode,
+					resp.Header.Get("X-Quota-Checked"), resp.Header.Get("X-Sidecar-Fail-Open"))
+			}
+			pol, rl := resp.Header.Values("RateLimit-Policy"), resp.Header.Values("RateLimit")
+			want, wantPol := []string(nil), []string(nil)
+			if headers == "always" {
+				// remote_address: 3 a minute, the tighter.
+				wantPol, want = []string{`"global";q=3;w=60`}, []string{`"global";r=` + strconv.Itoa(3-i) + `;t=30`}
+			}
+			if fmt.Sprint(pol) != fmt.Sprint(wantPol) || fmt.Sprint(rl) != fmt.Sprint(want) {
+				t.Errorf("%s, request %d: RateLimit-Policy %q, RateLimit %q; want %q, %q", headers, i, pol, rl, wantPol, want)
+			}
+		}
 	}
 }
 

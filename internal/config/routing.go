@@ -169,6 +169,17 @@ const (
 	RateAfterAgents  = "after_agents"
 )
 
+// When a rate limit's RateLimit-Policy and RateLimit fields
+// (draft-ietf-httpapi-ratelimit-headers) are sent.
+const (
+	// RateHeadersOnLimit: on the 429 of a refused request only (as
+	// Envoy's rate limit filters without enable_x_ratelimit_headers).
+	RateHeadersOnLimit = "on_limit"
+	// RateHeadersAlways: on every response, an allowed request's with
+	// the quota left.
+	RateHeadersAlways = "always"
+)
+
 // RateLimit is a local token bucket: Requests per Period on average, at
 // most Burst at once, per key. Past it a request is answered 429 with
 // Retry-After, RateLimit-Policy and RateLimit fields
@@ -191,6 +202,11 @@ type RateLimit struct {
 	MaxKeys int `yaml:"max_keys"`
 	// Stage is before_agents (default) or after_agents.
 	Stage string `yaml:"stage"`
+	// Headers is on_limit (default: RateLimit-Policy and RateLimit on the
+	// 429 only) or always (also on the responses to allowed requests,
+	// with the bucket's remaining requests and the seconds until it is
+	// full again).
+	Headers string `yaml:"headers"`
 }
 
 // Failure modes of the rate limit service.
@@ -273,6 +289,17 @@ type GlobalRateLimit struct {
 	Descriptors []RateLimitDescriptor `yaml:"descriptors"`
 	// Stage is before_agents (default) or after_agents.
 	Stage string `yaml:"stage"`
+	// Headers is on_limit (default: RateLimit-Policy and RateLimit on the
+	// 429 only) or always (also on the responses to allowed requests,
+	// from the service's descriptor statuses, as Envoy's
+	// enable_x_ratelimit_headers).
+	Headers string `yaml:"headers"`
+}
+
+func (v *validator) rateHeaders(p, h string) {
+	if h != RateHeadersOnLimit && h != RateHeadersAlways {
+		v.failf(p+".headers", "unknown headers %q (want on_limit or always)", h)
+	}
 }
 
 func (v *validator) rateLimitService() {
@@ -338,6 +365,7 @@ func (v *validator) globalRateLimit(p string, g *GlobalRateLimit) {
 	if g.Stage != RateBeforeAgents && g.Stage != RateAfterAgents {
 		v.failf(p+".stage", "unknown stage %q (want before_agents or after_agents)", g.Stage)
 	}
+	v.rateHeaders(p, g.Headers)
 }
 
 // routeActions counts the actions of r that answer without an upstream.
@@ -363,8 +391,13 @@ func (r *Route) setRoutingDefaults() {
 	if rl := r.RateLimit; rl != nil {
 		rl.setDefaults()
 	}
-	if g := r.GlobalRateLimit; g != nil && g.Stage == "" {
-		g.Stage = RateBeforeAgents
+	if g := r.GlobalRateLimit; g != nil {
+		if g.Stage == "" {
+			g.Stage = RateBeforeAgents
+		}
+		if g.Headers == "" {
+			g.Headers = RateHeadersOnLimit
+		}
 	}
 }
 
@@ -377,6 +410,9 @@ func (rl *RateLimit) setDefaults() {
 	setInt(&rl.MaxKeys, 100000)
 	if rl.Stage == "" {
 		rl.Stage = RateBeforeAgents
+	}
+	if rl.Headers == "" {
+		rl.Headers = RateHeadersOnLimit
 	}
 }
 
@@ -672,6 +708,7 @@ func (v *validator) rateLimit(p string, rl *RateLimit) {
 	if rl.Stage != RateBeforeAgents && rl.Stage != RateAfterAgents {
 		v.failf(p+".stage", "unknown stage %q (want before_agents or after_agents)", rl.Stage)
 	}
+	v.rateHeaders(p, rl.Headers)
 }
 
 func validMethod(m string) bool { return validToken(m) }

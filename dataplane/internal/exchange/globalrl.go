@@ -26,8 +26,10 @@ import (
 // longest duration_until_reset of the descriptors over their limit, at
 // least 1 s), RateLimit and RateLimit-Policy when the service says the
 // limit, and the service's response_headers_to_add; OK applies its
-// request_headers_to_add to the upstream request. Both sets of headers
-// pass the rules of agents' header operations. A call that fails (an
+// request_headers_to_add to the upstream request and its
+// response_headers_to_add to the client's response (with headers:
+// always, RateLimit-Policy and RateLimit from its statuses too). Both
+// sets of headers pass the rules of agents' header operations. A call that fails (an
 // error, a timeout, the service answering UNKNOWN) lets the request
 // through (failure_mode: allow) or answers 500 (deny), and is counted.
 // The call allocates (gRPC): routes without global_rate_limit pay
@@ -92,12 +94,13 @@ type descEntry struct {
 
 // globalLimit is a route's global_rate_limit.
 type globalLimit struct {
-	descs [][]descEntry
-	after bool
+	descs  [][]descEntry
+	after  bool
+	always bool // headers: always
 }
 
 func newGlobalLimit(g *config.GlobalRateLimit) *globalLimit {
-	gl := &globalLimit{after: g.Stage == config.RateAfterAgents}
+	gl := &globalLimit{after: g.Stage == config.RateAfterAgents, always: g.Headers == config.RateHeadersAlways}
 	for _, d := range g.Descriptors {
 		var es []descEntry
 		for _, e := range d.Entries {
@@ -196,6 +199,7 @@ func (ex *Exchange) globalLimited(gl *globalLimit) bool {
 			}
 			ex.viewDirty = true
 		}
+		ex.globalOK(gl, resp)
 		return false
 	}
 	// OVER_LIMIT.
@@ -236,6 +240,50 @@ func (ex *Exchange) globalLimited(gl *globalLimit) bool {
 		}
 	}
 	return true
+}
+
+// globalOK keeps for the client's response (limitFields) what an OK
+// answer adds to it, as Envoy's rate limit filter does: the service's
+// response_headers_to_add, and with headers: always the RateLimit-Policy
+// and RateLimit fields of the descriptor status with the fewest requests
+// left (Envoy's enable_x_ratelimit_headers, in the draft's current
+// fields).
+func (ex *Exchange) globalOK(gl *globalLimit, resp *rlsv3.RateLimitResponse) {
+	rs := &ex.rs
+	for _, h := range resp.GetResponseHeadersToAdd() {
+		if name, value, ok := checkedHeader(h); ok {
+			rs.rlFields = append(rs.rlFields, Field{Name: name, Value: value})
+		}
+	}
+	if !gl.always {
+		return
+	}
+	var tight *rlsv3.RateLimitResponse_DescriptorStatus
+	for _, st := range resp.GetStatuses() {
+		if st.GetCurrentLimit() != nil && (tight == nil || st.GetLimitRemaining() < tight.GetLimitRemaining()) {
+			tight = st
+		}
+	}
+	if tight == nil {
+		return // the service names no limit: nothing to say
+	}
+	l := tight.GetCurrentLimit()
+	w := unitSeconds(l.GetUnit())
+	t := w
+	if d := tight.GetDurationUntilReset(); d != nil {
+		t = ceilSeconds(d.AsDuration())
+	}
+	b := append(valueGlobalPolicy[:len(valueGlobalPolicy):len(valueGlobalPolicy)], ";q="...)
+	b = strconv.AppendUint(b, uint64(l.GetRequestsPerUnit()), 10)
+	b = append(b, ";w="...)
+	b = strconv.AppendInt(b, w, 10)
+	n := len(b)
+	b = append(b, valueGlobalPolicy...)
+	b = append(b, ";r="...)
+	b = strconv.AppendUint(b, uint64(tight.GetLimitRemaining()), 10)
+	b = append(b, ";t="...)
+	b = strconv.AppendInt(b, t, 10)
+	rs.rlFields = append(rs.rlFields, Field{Name: hdrRateLimitPolicy, Value: b[:n:n]}, Field{Name: hdrRateLimit, Value: b[n:]})
 }
 
 // checkedHeader is a header of the service's answer that passes the rules

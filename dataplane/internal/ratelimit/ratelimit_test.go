@@ -15,8 +15,9 @@ func TestBucketExact(t *testing.T) {
 	now := time.Hour
 	for i := 0; i < 5; i++ {
 		d := l.AllowOne(now)
-		if !d.Allowed || d.Remaining != int64(4-i) {
-			t.Fatalf("request %d: %+v, want allowed with %d remaining", i, d, 4-i)
+		// Full again once the tokens taken so far are back, 12s each.
+		if !d.Allowed || d.Remaining != int64(4-i) || d.Reset != time.Duration(i+1)*12*time.Second {
+			t.Fatalf("request %d: %+v, want allowed with %d remaining, full in %ds", i, d, 4-i, (i+1)*12)
 		}
 	}
 	d := l.AllowOne(now + time.Second)
