@@ -28,10 +28,10 @@ type rlServer struct {
 	rlsv3.UnimplementedRateLimitServiceServer
 	limit  int
 	limits map[string]int // by descriptor, the default limit's exceptions
-	delay time.Duration
-	mu    sync.Mutex
-	hits  map[string]int
-	seen  []string
+	delay  time.Duration
+	mu     sync.Mutex
+	hits   map[string]int
+	seen   []string
 }
 
 func (s *rlServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
@@ -59,7 +59,7 @@ func (s *rlServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequ
 			limit = l
 		}
 		st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK,
-			CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: uint32(limit), Unit: rlsv3.RateLimitResponse_RateLimit_MINUTE},
+			CurrentLimit:   &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: uint32(limit), Unit: rlsv3.RateLimitResponse_RateLimit_MINUTE},
 			LimitRemaining: uint32(max(limit-s.hits[key], 0)), DurationUntilReset: durationpb.New(29*time.Second + 100*time.Millisecond)}
 		if s.hits[key] > limit {
 			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT

@@ -342,7 +342,7 @@ func TestScrapeTimeAgents(t *testing.T) {
 	m.SetStats(func() observe.Stats {
 		return observe.Stats{InFlight: 5, ResponseAborted: 2, InlineBodies: 4,
 			RateLimitedBy: map[string]uint64{"route/api": 7, "listener/pub": 2}, RouteRetries: 3, RetryBudgetExhausted: 1,
-			RouteRetriesBy: map[string]observe.RouteRetryStats{"api": {Retries: map[string]uint64{"503": 2, "reset": 1}, BudgetExhausted: 1, NotReplayable: 4}},
+			RouteRetriesBy:    map[string]observe.RouteRetryStats{"api": {Retries: map[string]uint64{"503": 2, "reset": 1}, BudgetExhausted: 1, NotReplayable: 4}},
 			GlobalRateLimited: 6, GlobalRateLimitErrors: 2}
 	})
 	v := values(t, m.Registry())

@@ -29,9 +29,10 @@ import (
 // request_headers_to_add to the upstream request and its
 // response_headers_to_add to the client's response (with headers:
 // always, RateLimit-Policy and RateLimit from its statuses too). Both
-// sets of headers pass the rules of agents' header operations. A call that fails (an
-// error, a timeout, the service answering UNKNOWN) lets the request
-// through (failure_mode: allow) or answers 500 (deny), and is counted.
+// sets of headers pass the rules of agents' header operations. A call
+// that fails (an error, a timeout, the service answering UNKNOWN) lets
+// the request through (failure_mode: allow) or answers 500 (deny), and
+// is counted.
 // The call allocates (gRPC): routes without global_rate_limit pay
 // nothing. The connection is plaintext or, with rate_limit_service.tls,
 // TLS or mTLS with the agents' gRPC transports' credentials and options
@@ -269,6 +270,9 @@ func (ex *Exchange) globalOK(gl *globalLimit, resp *rlsv3.RateLimitResponse) {
 	}
 	l := tight.GetCurrentLimit()
 	w := unitSeconds(l.GetUnit())
+	if w == 0 {
+		return // a unit the draft's window cannot say
+	}
 	t := w
 	if d := tight.GetDurationUntilReset(); d != nil {
 		t = ceilSeconds(d.AsDuration())
