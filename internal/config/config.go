@@ -387,7 +387,8 @@ type Agent struct {
 	// default).
 	DecisionCache DecisionCache `yaml:"decision_cache"`
 	// Addresses are more members of the agent besides Address (uds: more
-	// sockets, grpc: more targets), each a separate agent process; new
+	// sockets, grpc and ext_authz: more targets, http_auth: more URLs),
+	// each a separate agent process; new
 	// requests go to the members in turn.
 	Addresses []string `yaml:"addresses"`
 	// Failover retries, once, on another member (or connection) a request

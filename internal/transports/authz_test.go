@@ -162,3 +162,42 @@ routes:
 		}
 	}
 }
+
+// TestHTTPAuthAddresses: an http_auth agent's addresses are URLs too,
+// each refused at its own line, and cannot share one unix_socket.
+func TestHTTPAuthAddresses(t *testing.T) {
+	for _, tc := range []struct{ addrs, opts, want string }{
+		{`["http://127.0.0.1:4181/auth"]`, "", ""},
+		{`["http://127.0.0.1:4181/auth", "127.0.0.1:4182"]`, "", "line 12: agents[0].addresses[1]: \"127.0.0.1:4182\" is not an http:// or https:// URL"},
+		{`["http://127.0.0.1:4180/auth"]`, "", "is listed twice"},
+		{`["http://127.0.0.1:4181/auth"]`, "\n    options:\n      unix_socket: /run/auth.sock", "line 12: agents[0].addresses: addresses with the unix_socket option"},
+	} {
+		y := `
+listeners:
+  - name: l
+    address: 127.0.0.1:0
+upstreams:
+  - name: app
+    address: 127.0.0.1:9
+agents:
+  - name: auth
+    transport: http_auth
+    address: http://127.0.0.1:4180/auth
+    addresses: ` + tc.addrs + tc.opts + `
+routes:
+  - name: r
+    upstream: app
+    agents: [auth]
+`
+		cfg, err := config.Parse([]byte(y))
+		if err == nil {
+			err = transports.Check(cfg)
+		}
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%s: %v", tc.addrs, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%s%s: error %v, want one with %q", tc.addrs, tc.opts, err, tc.want)
+		}
+	}
+}

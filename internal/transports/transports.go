@@ -170,13 +170,18 @@ func check(cfg *config.Config) error {
 				}
 			}
 		case config.TransportHTTPAuth:
-			if _, err := HTTPAuthConfig(a, zerolog.Nop()); err != nil {
+			c, err := HTTPAuthConfig(a, zerolog.Nop())
+			if err != nil {
 				key := "options"
 				var oe *httpauth.OptionError
 				if errors.As(err, &oe) {
 					key += "." + oe.Key
 				}
 				return agentError(cfg, i, key, err)
+			}
+			if c.UnixSocket != "" && len(a.Addresses) > 0 {
+				// Every member would dial the one socket.
+				return agentError(cfg, i, "addresses", errors.New("addresses with the unix_socket option: every member would dial the same socket; give each member its own agent"))
 			}
 		}
 	}
@@ -333,11 +338,14 @@ func HTTPAuthConfig(a *config.Agent, log zerolog.Logger) (httpauth.Config, error
 }
 
 // NewHTTPAuth is the factory of transport http_auth: an httpauth.Client
-// that makes one subrequest per request to a forward-auth URL.
+// that makes one subrequest per request to a forward-auth URL (one per
+// member with addresses, each URL its own service).
 func NewHTTPAuth(a *config.Agent, log zerolog.Logger) (agentmux.Agent, error) {
-	c, err := HTTPAuthConfig(a, log)
-	if err != nil {
-		return nil, err
-	}
-	return httpauth.NewClient(c)
+	return withMembers(a, log, func(m *config.Agent, log zerolog.Logger) (agentmux.Agent, error) {
+		c, err := HTTPAuthConfig(m, log)
+		if err != nil {
+			return nil, err
+		}
+		return httpauth.NewClient(c)
+	})
 }
