@@ -153,9 +153,17 @@ const checkMethod = "/envoy.service.auth.v3.Authorization/Check"
 // Check implements authcall.Checker: one Check call, its request encoded
 // by the connection's codec straight from m (checkWire).
 func (k checker) Check(ctx context.Context, m *protocol.RequestHeaders, body []byte, d *protocol.Decision) error {
+	return k.CheckBody(ctx, m, body, false, d)
+}
+
+var _ authcall.BodyChecker = checker{}
+
+// CheckBody implements authcall.BodyChecker: Check, telling the server
+// whether body was cut at the limit (x-envoy-auth-partial-body).
+func (k checker) CheckBody(ctx context.Context, m *protocol.RequestHeaders, body []byte, partial bool, d *protocol.Decision) error {
 	c := k.c
 	c.count(evChecks)
-	w := checkWire{cfg: &c.cfg, m: m, body: body, now: time.Now()}
+	w := checkWire{cfg: &c.cfg, m: m, body: body, partial: partial, now: time.Now()}
 	r := new(authv3.CheckResponse)
 	if err := k.cc.Invoke(ctx, checkMethod, &w, r); err != nil {
 		return rpcError(err)

@@ -37,8 +37,14 @@ type Config struct {
 	// MessageTimeout bounds each Check call (Envoy's timeout).
 	MessageTimeout time.Duration
 	// ContextExtensions are sent as the context_extensions of every
-	// CheckRequest (Envoy sets them per route; here per agent).
+	// CheckRequest (the agent's option).
 	ContextExtensions map[string]string
+	// RouteContextExtensions are the context_extensions of routes, by
+	// route name (routes[].agents[].ext_authz.context_extensions): a
+	// request of such a route is sent ContextExtensions with the route's
+	// merged over them, the route's winning, as Envoy merges an
+	// ExtAuthzPerRoute's over the filter's.
+	RouteContextExtensions map[string]map[string]string
 	// IncludeTLSSession sends tls_session (the SNI) for TLS requests, as
 	// Envoy's include_tls_session.
 	IncludeTLSSession bool
@@ -162,6 +168,21 @@ func parseExtensions(v string) (map[string]string, error) {
 		out[k] = strings.TrimSpace(val)
 	}
 	return out, nil
+}
+
+// extensionsFor returns the context_extensions of a request of route:
+// ContextExtensions, with the route's merged over them.
+func (c *Config) extensionsFor(route string) map[string]string {
+	r, ok := c.RouteContextExtensions[route]
+	if !ok {
+		return c.ContextExtensions
+	}
+	out := maps.Clone(c.ContextExtensions)
+	if out == nil {
+		out = make(map[string]string, len(r))
+	}
+	maps.Copy(out, r)
+	return out
 }
 
 // Validate reports the first invalid field.

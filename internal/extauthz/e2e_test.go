@@ -564,6 +564,30 @@ func post(t *testing.T, url, body string) (*http.Response, string) {
 	return resp, string(b)
 }
 
+// postWith sends a POST of body (chunked unless a strings.Reader) with
+// the headers hdr (name, value pairs).
+func postWith(t *testing.T, url string, body io.Reader, hdr ...string) (*http.Response, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Add(hdr[i], hdr[i+1])
+	}
+	cl := &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	resp, err := cl.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp, string(b)
+}
+
 // TestWithRequestBody checks with_request_body: the server gets the
 // whole body (inline when it is one chunk, else after the last chunk),
 // can deny on it before the upstream sees any of it, and a body over
@@ -582,6 +606,16 @@ func TestWithRequestBody(t *testing.T) {
 		h := got[len(got)-1].GetAttributes().GetRequest().GetHttp()
 		return h.GetBody(), h.GetRawBody()
 	}
+	// lastPartial is the last Check's x-envoy-auth-partial-body ("-":
+	// none).
+	lastPartial := func() string {
+		got := s.received()
+		v, ok := got[len(got)-1].GetAttributes().GetRequest().GetHttp().GetHeaders()["x-envoy-auth-partial-body"]
+		if !ok {
+			return "-"
+		}
+		return v
+	}
 	big := strings.Repeat("abcdefgh", 640) // 5 KiB: five 1 KiB chunks
 	t.Run("reject", func(t *testing.T) {
 		url, up, _ := proxy(t, addr, `
@@ -597,11 +631,24 @@ func TestWithRequestBody(t *testing.T) {
 		if b, _ := lastBody(); b != "hello" {
 			t.Errorf("small: server got body %q", b)
 		}
+		if p := lastPartial(); p != "false" {
+			t.Errorf("small: x-envoy-auth-partial-body %q, want false", p)
+		}
+		// A client's own header of that name is not what the server sees.
+		if resp, _ := postWith(t, url+"/claim", strings.NewReader("hello"), "X-Envoy-Auth-Partial-Body", "true"); resp.StatusCode != 200 {
+			t.Errorf("claim: status %d", resp.StatusCode)
+		}
+		if p := lastPartial(); p != "false" {
+			t.Errorf("a client's x-envoy-auth-partial-body: true reached the server as %q", p)
+		}
 		if resp, _ := post(t, url+"/big", big); resp.StatusCode != 200 {
 			t.Errorf("big: status %d", resp.StatusCode)
 		}
 		if b, _ := lastBody(); b != big {
 			t.Errorf("big: server got %d bytes of body", len(b))
+		}
+		if p := lastPartial(); p != "false" {
+			t.Errorf("big: x-envoy-auth-partial-body %q, want false", p)
 		}
 		if h, _ := up.get(); h.Get("X-Body-Checked") != "/big" {
 			t.Errorf("big: the OK's header did not reach the upstream: %q", h.Get("X-Body-Checked"))
@@ -609,19 +656,22 @@ func TestWithRequestBody(t *testing.T) {
 		if resp, _ := post(t, url+"/denied", big+"evil"); resp.StatusCode != 403 {
 			t.Errorf("evil: status %d", resp.StatusCode)
 		}
-		if resp, _ := get(t, url+"/get"); resp.StatusCode != 200 {
+		if resp, _ := get(t, url+"/get", "X-Envoy-Auth-Partial-Body", "true"); resp.StatusCode != 200 {
 			t.Errorf("get: status %d", resp.StatusCode)
 		}
-		if len(s.received())-n0 != 4 {
+		if p := lastPartial(); p != "-" {
+			t.Errorf("get: x-envoy-auth-partial-body %q on a request without a body", p)
+		}
+		if len(s.received())-n0 != 5 {
 			t.Errorf("%d checks, want one per request", len(s.received())-n0)
 		}
-		if _, n := up.get(); n != 3 {
-			t.Errorf("upstream got %d requests, want 3", n)
+		if _, n := up.get(); n != 4 {
+			t.Errorf("upstream got %d requests, want 4", n)
 		}
 		if resp, _ := post(t, url+"/huge", strings.Repeat("x", 9<<10)); resp.StatusCode != 413 {
 			t.Errorf("over the limit: status %d, want 413", resp.StatusCode)
 		}
-		if len(s.received())-n0 != 4 {
+		if len(s.received())-n0 != 5 {
 			t.Error("a body over the limit was checked")
 		}
 	})
@@ -640,14 +690,33 @@ func TestWithRequestBody(t *testing.T) {
 		if b, raw := lastBody(); b != "" || string(raw) != big[:2048] {
 			t.Errorf("server got body %q and %d raw bytes, want the first 2048 raw", b, len(raw))
 		}
+		if p := lastPartial(); p != "true" {
+			t.Errorf("cut at the limit: x-envoy-auth-partial-body %q, want true", p)
+		}
+		// Chunked, its length unknown until read.
+		if resp, _ := postWith(t, url+"/chunked", io.MultiReader(strings.NewReader(big))); resp.StatusCode != 200 {
+			t.Errorf("chunked: status %d", resp.StatusCode)
+		}
+		if _, raw := lastBody(); string(raw) != big[:2048] || lastPartial() != "true" {
+			t.Errorf("chunked, cut: %d raw bytes, x-envoy-auth-partial-body %q", len(raw), lastPartial())
+		}
+		if resp, _ := postWith(t, url+"/chunked-small", io.MultiReader(strings.NewReader(big[:2048]))); resp.StatusCode != 200 {
+			t.Errorf("chunked small: status %d", resp.StatusCode)
+		}
+		if _, raw := lastBody(); string(raw) != big[:2048] || lastPartial() != "false" {
+			t.Errorf("chunked, whole at the limit: %d raw bytes, x-envoy-auth-partial-body %q", len(raw), lastPartial())
+		}
+		if resp, _ := post(t, url+"/whole", "hello"); resp.StatusCode != 200 || lastPartial() != "false" {
+			t.Errorf("whole: status %d, x-envoy-auth-partial-body %q", resp.StatusCode, lastPartial())
+		}
 		if resp, _ := post(t, url+"/late-evil", big+"evil"); resp.StatusCode != 200 {
 			t.Errorf("evil past the prefix: status %d (only the prefix is checked)", resp.StatusCode)
 		}
 		if resp, _ := post(t, url+"/early-evil", "evil"+big); resp.StatusCode != 403 {
 			t.Errorf("evil in the prefix: status %d", resp.StatusCode)
 		}
-		if _, n := up.get(); n != 2 {
-			t.Errorf("upstream got %d requests, want 2", n)
+		if _, n := up.get(); n != 5 {
+			t.Errorf("upstream got %d requests, want 5", n)
 		}
 	})
 }
