@@ -49,6 +49,8 @@ const (
 	evUnsupported
 	evIgnored
 	evProbeRefused
+	evQueryRewrites
+	evBadQuery
 	numEvents
 )
 
@@ -56,7 +58,7 @@ const (
 // (exported as sidecar_authz_events_total).
 var EventNames = [numEvents]string{
 	"checks", "ok", "denied", "error_responses", "unsupported_responses",
-	"fields_ignored", "probes_refused",
+	"fields_ignored", "probes_refused", "query_rewrites", "invalid_query_parameters",
 }
 
 // ErrNotAuthz: the server at the agent's address does not implement

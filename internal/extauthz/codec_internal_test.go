@@ -37,7 +37,7 @@ func wireRequest() *protocol.RequestHeaders {
 func TestWireMatchesProto(t *testing.T) {
 	now := time.Unix(1700000000, 42)
 	for _, tc := range []struct {
-		name string
+		name    string
 		cfg     Config
 		body    []byte
 		m       func(*protocol.RequestHeaders)

@@ -358,8 +358,8 @@ func TestDenied(t *testing.T) {
 }
 
 // TestFailures checks the answers that are not a verdict: a gRPC error,
-// an error_response and an OK with query parameter mutations fail the
-// request closed (status 403, Envoy's status_on_error default, or
+// an error_response and an OK with a query parameter to set that is not
+// one parameter (an '&' in its name) fail the request closed (status 403, Envoy's status_on_error default, or
 // failure_status) or open (failure_mode: open, Envoy's
 // failure_mode_allow).
 func TestFailures(t *testing.T) {
@@ -373,7 +373,7 @@ func TestFailures(t *testing.T) {
 				HttpResponse: &authv3.CheckResponse_ErrorResponse{ErrorResponse: &authv3.DeniedHttpResponse{Body: "oops"}},
 			}, nil
 		case "/query":
-			return okResponse(&authv3.OkHttpResponse{QueryParametersToRemove: []string{"token"}}), nil
+			return okResponse(&authv3.OkHttpResponse{QueryParametersToSet: []*corev3.QueryParameter{{Key: "a&admin", Value: "1"}}}), nil
 		}
 		return okResponse(nil), nil
 	}, nil)
@@ -408,7 +408,7 @@ func TestFailures(t *testing.T) {
 				}
 			}
 			ev := a.Snapshot().Events
-			if ev["error_responses"] != 1 || ev["unsupported_responses"] != 1 {
+			if ev["error_responses"] != 1 || ev["invalid_query_parameters"] != 1 {
 				t.Errorf("events %v", ev)
 			}
 		})
@@ -932,4 +932,136 @@ func TestNonUTF8(t *testing.T) {
 	if p := h.GetPath(); !strings.HasPrefix(p, "/caf") || strings.ContainsRune(p, 0xe9) {
 		t.Errorf("path %q", p)
 	}
+}
+
+// TestQueryParameters checks query_parameters_to_set and _remove with
+// Envoy's semantics: a new parameter set, an existing one replaced (all
+// its values), one removed, a missing one removed; the query rebuilt
+// sorted by name, values in order, undecoded; the upstream and the
+// agents after see the exact new target; a target over the agent's
+// limits.header_value fails the request.
+func TestQueryParameters(t *testing.T) {
+	_, addr := startAuth(t, func(_ context.Context, r *authv3.CheckRequest) (*authv3.CheckResponse, error) {
+		switch path := r.GetAttributes().GetRequest().GetHttp().GetPath(); {
+		case strings.HasPrefix(path, "/rewrite"):
+			return okResponse(&authv3.OkHttpResponse{
+				QueryParametersToSet: []*corev3.QueryParameter{
+					{Key: "user", Value: "alice"}, // new
+					{Key: "page", Value: "2"},     // replaces both values
+					{Key: "q", Value: "a%20b+c"},  // kept as sent
+					{Key: "page", Value: "3"},     // later wins
+				},
+				QueryParametersToRemove: []string{"token", "missing"},
+			}), nil
+		case strings.HasPrefix(path, "/strip"):
+			return okResponse(&authv3.OkHttpResponse{QueryParametersToRemove: []string{"token"}}), nil
+		case strings.HasPrefix(path, "/long"):
+			return okResponse(&authv3.OkHttpResponse{QueryParametersToSet: []*corev3.QueryParameter{{Key: "pad", Value: strings.Repeat("x", 2048)}}}), nil
+		}
+		return okResponse(nil), nil
+	}, nil)
+	var mu sync.Mutex
+	var targets []string
+	us := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		targets = append(targets, r.RequestURI)
+		mu.Unlock()
+	}))
+	t.Cleanup(us.Close)
+	// A second agent after the ext_authz one: it sees the new target.
+	second, addr2 := startAuth(t, func(context.Context, *authv3.CheckRequest) (*authv3.CheckResponse, error) {
+		return okResponse(nil), nil
+	}, nil)
+	y := `
+listeners:
+  - name: test
+    address: 127.0.0.1:0
+upstreams:
+  - name: app
+    address: ` + strings.TrimPrefix(us.URL, "http://") + `
+agents:
+  - name: authz
+    transport: ext_authz
+    address: ` + addr + `
+    limits:
+      header_value: 1KiB
+  - name: after
+    transport: ext_authz
+    address: ` + addr2 + `
+routes:
+  - name: main
+    upstream: app
+    agents: [authz, after]
+`
+	url, agents := serveAgents(t, y, "authz", "after")
+	last := func() string {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(targets) == 0 {
+			return ""
+		}
+		return targets[len(targets)-1]
+	}
+	for _, tc := range []struct{ in, want string }{
+		{"/rewrite?z=9&page=1&token=s3cret&page=5&flag&a=1", "/rewrite?a=1&flag=&page=3&q=a%20b+c&user=alice&z=9"},
+		{"/rewrite", "/rewrite?page=3&q=a%20b+c&user=alice"},
+		{"/strip?token=s3cret", "/strip"},
+		{"/strip?b=2&token=1&token=2&a=1", "/strip?a=1&b=2"},
+		{"/strip?keep=1", "/strip?keep=1"},
+		{"/other?token=x&b=1", "/other?token=x&b=1"}, // no lists: untouched
+	} {
+		resp, _ := get(t, url+tc.in)
+		if resp.StatusCode != 200 {
+			t.Errorf("%s: status %d", tc.in, resp.StatusCode)
+			continue
+		}
+		if got := last(); got != tc.want {
+			t.Errorf("%s: upstream got %q, want %q", tc.in, got, tc.want)
+		}
+		got := second.received()
+		if p := got[len(got)-1].GetAttributes().GetRequest().GetHttp().GetPath(); p != tc.want {
+			t.Errorf("%s: the next agent was shown %q, want %q", tc.in, p, tc.want)
+		}
+	}
+	n := len(targets)
+	if resp, _ := get(t, url+"/long"); resp.StatusCode != 403 {
+		t.Errorf("a target over limits.header_value: status %d, want 403 (failure_status)", resp.StatusCode)
+	}
+	if len(targets) != n {
+		t.Error("a target over the limits reached the upstream")
+	}
+	// Every answer with a list counts, the one the dataplane refused too.
+	if ev := agents["authz"].Snapshot().Events; ev["query_rewrites"] != 6 {
+		t.Errorf("events %v: want 6 query_rewrites", ev)
+	}
+}
+
+// serveAgents builds the named ext_authz agents of the YAML configuration y,
+// waits for them and serves the dataplane.
+func serveAgents(t *testing.T, y string, names ...string) (string, map[string]agentmux.Agent) {
+	t.Helper()
+	cfg, err := config.Parse([]byte(y))
+	if err != nil {
+		t.Fatalf("%v\n%s", err, y)
+	}
+	if err := transports.Check(cfg); err != nil {
+		t.Fatal(err)
+	}
+	agents := map[string]agentmux.Agent{}
+	for _, name := range names {
+		a, err := transports.Dialing()[config.TransportExtAuthz](cfg.Agent(name), zerolog.Nop())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = a.Close() })
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err = a.(interface{ WaitReady(context.Context) error }).WaitReady(ctx)
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		agents[name] = a
+	}
+	url, _ := dptest.Serve(t, cfg, agents)
+	return url, agents
 }

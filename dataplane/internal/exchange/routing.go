@@ -332,6 +332,7 @@ func queryMatch(q []byte, m *strMatch) bool {
 type routeState struct {
 	target    []byte // the rewritten target the upstream gets (nil: the client's)
 	targetBuf []byte
+	queryBuf  []byte // the other target buffer, for an agent's query rewrite (query.go)
 	locBuf    []byte
 	limitBuf  []byte
 	budgeted  bool // the request counts in its route's active requests
@@ -353,7 +354,7 @@ type allowedLimit struct {
 }
 
 func (s *routeState) reset() {
-	*s = routeState{targetBuf: trim(s.targetBuf, 8<<10), locBuf: trim(s.locBuf, 8<<10), limitBuf: trim(s.limitBuf, 256),
+	*s = routeState{targetBuf: trim(s.targetBuf, 8<<10), queryBuf: trim(s.queryBuf, 8<<10), locBuf: trim(s.locBuf, 8<<10), limitBuf: trim(s.limitBuf, 256),
 		rlFields: trimList(s.rlFields, 64), rlBuf: trim(s.rlBuf, 1024)}
 }
 
