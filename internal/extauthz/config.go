@@ -60,6 +60,13 @@ type Config struct {
 	// EncodeRawHeaders sends the headers as header_map with raw values
 	// instead of the headers map, as Envoy's encode_raw_headers.
 	EncodeRawHeaders bool
+	// HealthService is the service name asked of the server's gRPC
+	// health service (grpc.health.v1.Health/Check), "" (the server as a
+	// whole) by default, as Envoy's gRPC health checks ask.
+	HealthService string
+	// HealthInterval is how often a live connection's server is asked
+	// again, when it implements the health service (default 10s).
+	HealthInterval time.Duration
 	// MaxMessageSize caps messages both ways.
 	MaxMessageSize int
 	// TLS secures the connections (mTLS with a client certificate).
@@ -72,6 +79,7 @@ type Config struct {
 // agents[].options).
 var Options = append(slices.Clone(grpcclient.TLSOptions),
 	"context_extensions", "include_tls_session", "encode_raw_headers", "with_request_body", "pack_as_bytes",
+	"health_service", "health_interval",
 )
 
 // refusedOptions are options of Envoy's ext_authz filter that check-config
@@ -100,6 +108,7 @@ func DefaultConfig(name, address string) Config {
 		DialTimeout:    redial.DefaultConnectTimeout + redial.DefaultHandshakeTimeout,
 		MessageTimeout: agentmux.DefaultMessageTimeout,
 		MaxMessageSize: 4 << 20,
+		HealthInterval: 10 * time.Second,
 		Logger:         zerolog.Nop(),
 	}
 }
@@ -132,6 +141,13 @@ func (c *Config) ApplyOptions(opts map[string]string) error {
 			c.WithRequestBody, err = strconv.ParseBool(v)
 		case "pack_as_bytes":
 			c.PackAsBytes, err = strconv.ParseBool(v)
+		case "health_service":
+			c.HealthService = v
+		case "health_interval":
+			c.HealthInterval, err = time.ParseDuration(v)
+			if err == nil && c.HealthInterval < 100*time.Millisecond {
+				err = fmt.Errorf("%v is below 100ms", c.HealthInterval)
+			}
 		default:
 			if why, ok := refusedOptions[k]; ok {
 				err = fmt.Errorf("not supported: %s", why)
@@ -213,6 +229,8 @@ func (c *Config) Validate() error {
 		return fail("tls_server_name without tls")
 	case c.PackAsBytes && !c.WithRequestBody:
 		return fail("pack_as_bytes without with_request_body")
+	case c.HealthInterval <= 0:
+		return fail("health_interval must be positive")
 	}
 	return nil
 }
