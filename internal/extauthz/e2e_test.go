@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -1064,4 +1065,114 @@ func serveAgents(t *testing.T, y string, names ...string) (string, map[string]ag
 	}
 	url, _ := dptest.Serve(t, cfg, agents)
 	return url, agents
+}
+
+// TestPerRoute checks routes[].agents[].ext_authz, Envoy's
+// ExtAuthzPerRoute: each route's context_extensions are merged over the
+// agent's (the route's winning), a route without them sends the agent's,
+// and a disabled route's requests are not checked.
+func TestPerRoute(t *testing.T) {
+	s, addr := startAuth(t, func(context.Context, *authv3.CheckRequest) (*authv3.CheckResponse, error) {
+		return okResponse(nil), nil
+	}, nil)
+	var mu sync.Mutex
+	upstream := 0
+	us := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
+		mu.Lock()
+		upstream++
+		mu.Unlock()
+	}))
+	t.Cleanup(us.Close)
+	y := `
+listeners:
+  - name: test
+    address: 127.0.0.1:0
+upstreams:
+  - name: app
+    address: ` + strings.TrimPrefix(us.URL, "http://") + `
+agents:
+  - name: authz
+    transport: ext_authz
+    address: ` + addr + `
+    options:
+      context_extensions: "env=prod,tier=agent"
+routes:
+  - name: shop
+    path_prefix: /shop
+    upstream: app
+    agents:
+      - name: authz
+        ext_authz:
+          context_extensions: {service: shop, env: staging}
+  - name: admin
+    path_prefix: /admin
+    upstream: app
+    agents:
+      - name: authz
+        ext_authz:
+          context_extensions: {service: admin}
+  - name: health
+    path_prefix: /healthz
+    upstream: app
+    agents:
+      - name: authz
+        ext_authz:
+          disabled: true
+  - name: rest
+    upstream: app
+    agents: [authz]
+`
+	cfg, err := config.Parse([]byte(y))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := transports.Check(cfg); err != nil {
+		t.Fatal(err)
+	}
+	a, err := transports.ForConfig(cfg)[config.TransportExtAuthz](cfg.Agent("authz"), zerolog.Nop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = a.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := a.(interface{ WaitReady(context.Context) error }).WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	url, _ := dptest.Serve(t, cfg, map[string]agentmux.Agent{"authz": a})
+	for _, tc := range []struct {
+		path string
+		want map[string]string // nil: not checked
+	}{
+		{"/shop/cart", map[string]string{"env": "staging", "tier": "agent", "service": "shop"}},
+		{"/admin/users", map[string]string{"env": "prod", "tier": "agent", "service": "admin"}},
+		{"/other", map[string]string{"env": "prod", "tier": "agent"}},
+		{"/healthz", nil},
+		{"/shop/again", map[string]string{"env": "staging", "tier": "agent", "service": "shop"}},
+	} {
+		n0 := len(s.received())
+		if resp, _ := get(t, url+tc.path); resp.StatusCode != 200 {
+			t.Errorf("%s: status %d", tc.path, resp.StatusCode)
+			continue
+		}
+		got := s.received()
+		if tc.want == nil {
+			if len(got) != n0 {
+				t.Errorf("%s: a disabled route's request was checked", tc.path)
+			}
+			continue
+		}
+		if len(got) != n0+1 {
+			t.Errorf("%s: %d checks, want 1", tc.path, len(got)-n0)
+			continue
+		}
+		if ext := got[len(got)-1].GetAttributes().GetContextExtensions(); !maps.Equal(ext, tc.want) {
+			t.Errorf("%s: context_extensions %v, want %v", tc.path, ext, tc.want)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if upstream != 5 {
+		t.Errorf("upstream got %d requests, want 5", upstream)
+	}
 }

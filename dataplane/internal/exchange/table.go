@@ -252,6 +252,9 @@ func BuildTable(cfg *config.Config, agents map[string]agentmux.Agent, ups []Upst
 			if e == nil {
 				return nil, fmt.Errorf("%w: route %q: unknown agent %q", ErrConfig, rc.Name, ra.Name)
 			}
+			if ra.ExtAuthz != nil && ra.ExtAuthz.Disabled {
+				continue // Envoy's ExtAuthzPerRoute disabled: not checked here
+			}
 			p := cfg.Policy(ra)
 			if e.shadow != nil {
 				r.shadows = append(r.shadows, e.shadow)
