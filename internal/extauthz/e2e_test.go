@@ -994,7 +994,7 @@ routes:
     upstream: app
     agents: [authz, after]
 `
-	url, agents := serveAgents(t, y, "authz", "after")
+	url, agents, logs := serveAgents(t, y, "authz", "after")
 	last := func() string {
 		mu.Lock()
 		defer mu.Unlock()
@@ -1031,6 +1031,7 @@ routes:
 	if len(targets) != n {
 		t.Error("a target over the limits reached the upstream")
 	}
+	logs.WaitLog(t, "header limits exceeded: query rewrite makes a 2058-byte target (limit 1024)")
 	// Every answer with a list counts, the one the dataplane refused too.
 	if ev := agents["authz"].Snapshot().Events; ev["query_rewrites"] != 6 {
 		t.Errorf("events %v: want 6 query_rewrites", ev)
@@ -1039,7 +1040,7 @@ routes:
 
 // serveAgents builds the named ext_authz agents of the YAML configuration y,
 // waits for them and serves the dataplane.
-func serveAgents(t *testing.T, y string, names ...string) (string, map[string]agentmux.Agent) {
+func serveAgents(t *testing.T, y string, names ...string) (string, map[string]agentmux.Agent, *testutil.LogBuffer) {
 	t.Helper()
 	cfg, err := config.Parse([]byte(y))
 	if err != nil {
@@ -1063,8 +1064,8 @@ func serveAgents(t *testing.T, y string, names ...string) (string, map[string]ag
 		}
 		agents[name] = a
 	}
-	url, _ := dptest.Serve(t, cfg, agents)
-	return url, agents
+	url, logs := dptest.Serve(t, cfg, agents)
+	return url, agents, logs
 }
 
 // TestPerRoute checks routes[].agents[].ext_authz, Envoy's
