@@ -18,7 +18,7 @@ var (
 	descH2StreamsOpen = prometheus.NewDesc(Namespace+"_http2_streams_open",
 		"HTTP/2 request streams being served now.", nil, nil)
 	descH2Refused = prometheus.NewDesc(Namespace+"_http2_errors_total",
-		"HTTP/2 streams and connections refused, by kind (max_concurrent_streams: a stream past the listener's limit; rapid_reset: a connection closed for resetting too many streams before their response; header_list_too_large: answered 431; protocol: every other protocol error).", []string{"kind"}, nil)
+		"HTTP/2 streams and connections refused, by kind (max_concurrent_streams: a stream past the listener's limit; rapid_reset: a connection closed for resetting too many streams before their response; header_list_too_large: answered 431; frame_too_large: a connection closed for a frame over max_read_frame_size; frame_size: a frame whose length its type does not allow; protocol: every other protocol error).", []string{"kind"}, nil)
 	descH2GRPC = prometheus.NewDesc(Namespace+"_http2_grpc_answers_total",
 		"The sidecar's own answers (blocks, failures) sent to gRPC requests as a gRPC status.", nil, nil)
 	descH2GoAway = prometheus.NewDesc(Namespace+"_http2_shutdown_goaways_total",
@@ -41,6 +41,8 @@ func collectHTTP2(ch chan<- prometheus.Metric, st *observe.Stats) {
 	ch <- prometheus.MustNewConstMetric(descH2Refused, prometheus.CounterValue, float64(h.RefusedStreams), "max_concurrent_streams")
 	ch <- prometheus.MustNewConstMetric(descH2Refused, prometheus.CounterValue, float64(h.RapidResets), "rapid_reset")
 	ch <- prometheus.MustNewConstMetric(descH2Refused, prometheus.CounterValue, float64(h.HeaderListTooLarge), "header_list_too_large")
+	ch <- prometheus.MustNewConstMetric(descH2Refused, prometheus.CounterValue, float64(h.FrameTooLarge), "frame_too_large")
+	ch <- prometheus.MustNewConstMetric(descH2Refused, prometheus.CounterValue, float64(h.FrameSizeErrors), "frame_size")
 	ch <- prometheus.MustNewConstMetric(descH2Refused, prometheus.CounterValue, float64(h.ProtocolErrors), "protocol")
 	ch <- prometheus.MustNewConstMetric(descH2GRPC, prometheus.CounterValue, float64(h.GRPCAnswers))
 	ch <- prometheus.MustNewConstMetric(descH2GoAway, prometheus.CounterValue, float64(h.ShutdownGoAways))

@@ -12,7 +12,8 @@ func TestHTTP2Metrics(t *testing.T) {
 		return observe.Stats{
 			RequestsByProtocol: map[string]uint64{"http1": 7, "h2": 5, "h2c": 3},
 			HTTP2: observe.HTTP2Stats{Connections: 4, ConnectionsOpen: 2, Streams: 8, StreamsOpen: 1, RefusedStreams: 6,
-				RapidResets: 1, HeaderListTooLarge: 2, ProtocolErrors: 9, GRPCAnswers: 11, ShutdownGoAways: 12, IdleClosed: 13},
+				RapidResets: 1, HeaderListTooLarge: 2, ProtocolErrors: 9, GRPCAnswers: 11, ShutdownGoAways: 12, IdleClosed: 13,
+				FrameTooLarge: 14, FrameSizeErrors: 15},
 		}
 	})
 	v := values(t, m.Registry())
@@ -27,6 +28,8 @@ func TestHTTP2Metrics(t *testing.T) {
 		`sidecar_http2_errors_total{kind="rapid_reset"}`:            1,
 		`sidecar_http2_errors_total{kind="header_list_too_large"}`:  2,
 		`sidecar_http2_errors_total{kind="protocol"}`:               9,
+		`sidecar_http2_errors_total{kind="frame_too_large"}`:        14,
+		`sidecar_http2_errors_total{kind="frame_size"}`:             15,
 		`sidecar_http2_grpc_answers_total`:                          11,
 		`sidecar_http2_shutdown_goaways_total`:                      12,
 	} {

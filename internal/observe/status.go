@@ -98,6 +98,12 @@ type HTTP2Stats struct {
 	// IdleClosed counts connections closed after idle_timeout with no
 	// stream open.
 	IdleClosed uint64 `json:"idle_closed"`
+	// FrameTooLarge counts connections closed (GOAWAY FRAME_SIZE_ERROR)
+	// for a frame longer than max_read_frame_size.
+	FrameTooLarge uint64 `json:"frame_too_large"`
+	// FrameSizeErrors counts frames refused for a length their type does
+	// not allow (a PING not 8 bytes long, …).
+	FrameSizeErrors uint64 `json:"frame_size_errors"`
 }
 
 // ConnStats count one listener's client connections.
