@@ -27,8 +27,13 @@ var (
 		"HTTP/2 connections closed after the listener's idle_timeout with no stream open.", nil, nil)
 )
 
+// descTrailers counts trailer fields: a request's (client to upstream)
+// and a response's (upstream to client).
+var descTrailers = prometheus.NewDesc(Namespace+"_trailers_total",
+	"Trailer fields by direction (request, response) and outcome (forwarded; dropped: the far side's framing cannot carry them, as a body with a Content-Length; refused: a field RFC 9110 §6.5.1 keeps out of trailers).", []string{"direction", "outcome"}, nil)
+
 var http2Descs = []*prometheus.Desc{descRequestsByProto, descH2Conns, descH2ConnsOpen, descH2StreamsOpen,
-	descH2Refused, descH2GRPC, descH2GoAway, descH2Idle}
+	descH2Refused, descH2GRPC, descH2GoAway, descH2Idle, descTrailers}
 
 func collectHTTP2(ch chan<- prometheus.Metric, st *observe.Stats) {
 	for _, p := range [...]string{"http1", "h2", "h2c"} {
@@ -47,4 +52,14 @@ func collectHTTP2(ch chan<- prometheus.Metric, st *observe.Stats) {
 	ch <- prometheus.MustNewConstMetric(descH2GRPC, prometheus.CounterValue, float64(h.GRPCAnswers))
 	ch <- prometheus.MustNewConstMetric(descH2GoAway, prometheus.CounterValue, float64(h.ShutdownGoAways))
 	ch <- prometheus.MustNewConstMetric(descH2Idle, prometheus.CounterValue, float64(h.IdleClosed))
+	t := st.Trailers
+	for _, c := range [...]struct {
+		dir, outcome string
+		n            uint64
+	}{
+		{"request", "forwarded", t.RequestForwarded}, {"request", "dropped", t.RequestDropped}, {"request", "refused", t.RequestRefused},
+		{"response", "forwarded", t.ResponseForwarded}, {"response", "dropped", t.ResponseDropped}, {"response", "refused", t.ResponseRefused},
+	} {
+		ch <- prometheus.MustNewConstMetric(descTrailers, prometheus.CounterValue, float64(c.n), c.dir, c.outcome)
+	}
 }

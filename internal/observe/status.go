@@ -50,6 +50,8 @@ type Stats struct {
 	RouteRetries uint64 `json:"route_retries"`
 	// RetryBudgetExhausted counts retries a route's retry budget refused.
 	RetryBudgetExhausted uint64 `json:"retry_budget_exhausted"`
+	// Trailers counts trailer fields forwarded, dropped and refused.
+	Trailers TrailerStats `json:"trailers"`
 	// GlobalRateLimited counts requests the rate limit service said were
 	// over a limit (429).
 	GlobalRateLimited uint64 `json:"global_rate_limited"`
@@ -71,6 +73,19 @@ type Stats struct {
 	// RequestsByProtocol counts requests by the client's protocol:
 	// http1 (HTTP/1.x), h2 (HTTP/2 over TLS), h2c (cleartext HTTP/2).
 	RequestsByProtocol map[string]uint64 `json:"requests_by_protocol"`
+}
+
+// TrailerStats counts trailer fields by direction: forwarded, dropped
+// (the far side's framing cannot carry them: a body with a
+// Content-Length, an HTTP/1.0 client) and refused (a field RFC 9110
+// §6.5.1 keeps out of trailers, or a bad value).
+type TrailerStats struct {
+	RequestForwarded  uint64 `json:"request_forwarded"`
+	RequestDropped    uint64 `json:"request_dropped"`
+	RequestRefused    uint64 `json:"request_refused"`
+	ResponseForwarded uint64 `json:"response_forwarded"`
+	ResponseDropped   uint64 `json:"response_dropped"`
+	ResponseRefused   uint64 `json:"response_refused"`
 }
 
 // HTTP2Stats counts the HTTP/2 front end's connections and streams.
