@@ -13,6 +13,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"slices"
 	"sync"
@@ -25,34 +26,40 @@ import (
 	"github.com/zentinelproxy/sidecar/bench/peers/internal/echo"
 )
 
-func main() {
-	conns := flag.Int("c", 64, "`connections`")
-	streams := flag.Int("m", 10, "calls in flight on each connection")
-	d := flag.Duration("d", 8*time.Second, "load `time`")
-	size := flag.Int("size", 64, "message `bytes`")
-	check := flag.Bool("check", false, "check instead of loading: one /peers.Echo/Echo call succeeds")
-	deny := flag.Bool("deny", false, "with -check: one /admin/Echo call fails too (the proxy's agent denies it)")
-	flag.Parse()
-	if flag.NArg() != 1 || *conns < 1 || *streams < 1 {
-		fmt.Fprintln(os.Stderr, "usage: grpcload [-c N] [-m N] [-d time] [-size N] [-check] host:port")
-		os.Exit(2)
+func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
+
+func run(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("grpcload", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	conns := fs.Int("c", 64, "`connections`")
+	streams := fs.Int("m", 10, "calls in flight on each connection")
+	d := fs.Duration("d", 8*time.Second, "load `time`")
+	size := fs.Int("size", 64, "message `bytes`")
+	check := fs.Bool("check", false, "check instead of loading: one /peers.Echo/Echo call succeeds")
+	deny := fs.Bool("deny", false, "with -check: one /admin/Echo call fails too (the proxy's agent denies it)")
+	if err := fs.Parse(args); err != nil {
+		return 2
 	}
-	target := flag.Arg(0)
+	if fs.NArg() != 1 || *conns < 1 || *streams < 1 {
+		fmt.Fprintln(stderr, "usage: grpcload [-c N] [-m N] [-d time] [-size N] [-check [-deny]] host:port")
+		return 2
+	}
+	target := fs.Arg(0)
 	msg := &wrapperspb.BytesValue{Value: make([]byte, *size)}
 	if *check {
 		if err := checkJob(target, msg, *deny); err != nil {
-			fmt.Fprintln(os.Stderr, "grpcload:", err)
-			os.Exit(1)
+			fmt.Fprintln(stderr, "grpcload:", err)
+			return 1
 		}
-		return
+		return 0
 	}
 
 	ccs := make([]*grpc.ClientConn, *conns)
 	for i := range ccs {
 		cc, err := grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
-			fmt.Fprintln(os.Stderr, "grpcload:", err)
-			os.Exit(1)
+			fmt.Fprintln(stderr, "grpcload:", err)
+			return 1
 		}
 		defer cc.Close()
 		cc.Connect()
@@ -105,14 +112,15 @@ func main() {
 		return lat[min(len(lat)-1, int(q*float64(len(lat))))]
 	}
 	// wrk's lines (bench/peers parseWrk).
-	fmt.Printf("Running %v test @ %s\n  %d connections, %d calls in flight on each\n", *d, target, *conns, *streams)
-	fmt.Printf("  Latency Distribution\n     50%% %.2fus\n     99%% %.2fus\n",
+	fmt.Fprintf(stdout, "Running %v test @ %s\n  %d connections, %d calls in flight on each\n", *d, target, *conns, *streams)
+	fmt.Fprintf(stdout, "  Latency Distribution\n     50%% %.2fus\n     99%% %.2fus\n",
 		float64(at(0.50))/1e3, float64(at(0.99))/1e3)
-	fmt.Printf("  %d requests in %.2fs, 0B read\n", len(lat), elapsed.Seconds())
+	fmt.Fprintf(stdout, "  %d requests in %.2fs, 0B read\n", len(lat), elapsed.Seconds())
 	if failed > 0 {
-		fmt.Printf("  Non-2xx or 3xx responses: %d\n", failed)
+		fmt.Fprintf(stdout, "  Non-2xx or 3xx responses: %d\n", failed)
 	}
-	fmt.Printf("Requests/sec: %.2f\n", float64(len(lat))/elapsed.Seconds())
+	fmt.Fprintf(stdout, "Requests/sec: %.2f\n", float64(len(lat))/elapsed.Seconds())
+	return 0
 }
 
 // checkJob makes one allowed call (it must succeed) and, with deny, one
