@@ -20,7 +20,9 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/zentinelproxy/sidecar/bench/peers/internal/echo"
@@ -68,6 +70,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	type worker struct {
 		lat    []time.Duration
 		failed int64
+		first  error // the first failure, for the log
 	}
 	workers := make([]worker, *conns**streams)
 	start := time.Now()
@@ -89,6 +92,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 				}
 				err := cc.Invoke(ctx, echo.Method, msg, out)
 				if err != nil {
+					if w.failed == 0 {
+						w.first = err
+					}
 					w.failed++
 					continue
 				}
@@ -100,9 +106,17 @@ func run(args []string, stdout, stderr io.Writer) int {
 	elapsed := time.Since(start)
 	var lat []time.Duration
 	var failed int64
+	byCode := map[codes.Code]int64{}
+	var first error
 	for _, w := range workers {
 		lat = append(lat, w.lat...)
 		failed += w.failed
+		if w.first != nil {
+			byCode[status.Code(w.first)] += w.failed
+			if first == nil {
+				first = w.first
+			}
+		}
 	}
 	slices.Sort(lat)
 	at := func(q float64) time.Duration {
@@ -118,6 +132,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fmt.Fprintf(stdout, "  %d requests in %.2fs, 0B read\n", len(lat), elapsed.Seconds())
 	if failed > 0 {
 		fmt.Fprintf(stdout, "  Non-2xx or 3xx responses: %d\n", failed)
+		// Which failures (by the code of each caller's first), for the log.
+		fmt.Fprintf(stdout, "  failed calls by code: %v; first: %v\n", byCode, first)
 	}
 	fmt.Fprintf(stdout, "Requests/sec: %.2f\n", float64(len(lat))/elapsed.Seconds())
 	return 0
