@@ -54,6 +54,8 @@ type Stats struct {
 	// route (a policy whose settings a reload changed starts again from
 	// 0).
 	RouteRetriesBy map[string]RouteRetryStats `json:"route_retries_by,omitempty"`
+	// Trailers counts trailer fields forwarded, dropped and refused.
+	Trailers TrailerStats `json:"trailers"`
 	// GlobalRateLimited counts requests the rate limit service said were
 	// over a limit (429).
 	GlobalRateLimited uint64 `json:"global_rate_limited"`
@@ -90,6 +92,19 @@ type RouteRetryStats struct {
 	NotReplayable uint64 `json:"not_replayable"`
 }
 
+// TrailerStats counts trailer fields by direction: forwarded, dropped
+// (the far side's framing cannot carry them: a body with a
+// Content-Length, an HTTP/1.0 client) and refused (a field RFC 9110
+// §6.5.1 keeps out of trailers, or a bad value).
+type TrailerStats struct {
+	RequestForwarded  uint64 `json:"request_forwarded"`
+	RequestDropped    uint64 `json:"request_dropped"`
+	RequestRefused    uint64 `json:"request_refused"`
+	ResponseForwarded uint64 `json:"response_forwarded"`
+	ResponseDropped   uint64 `json:"response_dropped"`
+	ResponseRefused   uint64 `json:"response_refused"`
+}
+
 // HTTP2Stats counts the HTTP/2 front end's connections and streams.
 type HTTP2Stats struct {
 	Connections     uint64 `json:"connections"`      // HTTP/2 connections served
@@ -115,6 +130,12 @@ type HTTP2Stats struct {
 	// IdleClosed counts connections closed after idle_timeout with no
 	// stream open.
 	IdleClosed uint64 `json:"idle_closed"`
+	// FrameTooLarge counts connections closed (GOAWAY FRAME_SIZE_ERROR)
+	// for a frame longer than max_read_frame_size.
+	FrameTooLarge uint64 `json:"frame_too_large"`
+	// FrameSizeErrors counts frames refused for a length their type does
+	// not allow (a PING not 8 bytes long, …).
+	FrameSizeErrors uint64 `json:"frame_size_errors"`
 }
 
 // ConnStats count one listener's client connections.

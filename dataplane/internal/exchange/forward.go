@@ -29,6 +29,10 @@ func (ex *Exchange) forward() bool {
 	r := &ex.upReq
 	r.Method, r.Target, r.Host, r.Fields = ex.head.Method, ex.fwdTarget(), ex.upHost, ex.hdr
 	ex.upstreamBody(r)
+	r.Trailer = nil
+	if r.Body != nil {
+		r.Trailer = ex.head.Trailer
+	}
 	r.Idempotent = ex.idempotent()
 	r.Head = string(ex.head.Method) == "HEAD"
 	r.Guard = (*guard)(ex)
@@ -79,16 +83,6 @@ func (ex *Exchange) forward() bool {
 		return false
 	}
 	return ex.upstreamFailed(err)
-}
-
-// Trailers are the trailer fields of the upstream's response, once its
-// body ended (nil: none, or an upstream that has none). Valid until
-// Finish.
-func (ex *Exchange) Trailers() []Field {
-	if ts, ok := ex.res.(TrailerSource); ok && ex.upBodyDone {
-		return ts.Trailers()
-	}
-	return nil
 }
 
 // Answered reports that the staged response is the sidecar's own (an
