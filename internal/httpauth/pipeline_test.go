@@ -361,3 +361,25 @@ func TestPipelineFollowerGone(t *testing.T) {
 	formBatches(t, c, 4)
 	checkAll(t, c, []string{"/ok/3", "/deny/4", "/ok/5", "/ok/6"})
 }
+
+// TestPipelineOption checks the option's values: 1–64, 1 by default.
+func TestPipelineOption(t *testing.T) {
+	c := DefaultConfig("auth", "http://auth.internal/")
+	if c.Pipeline != 1 {
+		t.Errorf("default pipeline %d, want 1", c.Pipeline)
+	}
+	if err := c.ApplyOptions(map[string]string{"pipeline": "16"}); err != nil || c.Pipeline != 16 || c.Validate() != nil {
+		t.Errorf("pipeline 16: %v, %d", err, c.Pipeline)
+	}
+	for _, bad := range []string{"0", "65", "-1", "x", ""} {
+		c := DefaultConfig("auth", "http://auth.internal/")
+		var oe *OptionError
+		if err := c.ApplyOptions(map[string]string{"pipeline": bad}); !errors.As(err, &oe) || oe.Key != "pipeline" {
+			t.Errorf("pipeline %q: %v", bad, err)
+		}
+	}
+	c.Pipeline = 0
+	if err := c.Validate(); err == nil {
+		t.Error("Validate accepted pipeline 0")
+	}
+}
