@@ -30,7 +30,9 @@ import (
 // What it changes: an answer waits for those before it on its connection
 // (head-of-line blocking: a slow answer delays the requests that were
 // sent after it, within their deadline), the batch is bounded by its
-// earliest deadline, and the service must frame every answer exactly: a
+// earliest deadline, the leader does not end when its own client goes
+// away (the others' answers come on its connection; the batch's deadline
+// bounds it), and the service must frame every answer exactly: a
 // wrong Content-Length in one answer would be read as part of the next
 // one's. A server that mishandles pipelined requests answers them wrongly
 // or not at all. Hence opt-in, and only for GET subrequests (the traefik
