@@ -20,7 +20,7 @@ import (
 // preempts the proxy in the middle of the burst it is handling. On the
 // peer benchmark (the proxy and a fasthttp auth server on one core, 64
 // connections) the auth server took 15.3–15.9 µs per request and the
-// pair 1.8 context switches; pipelined, about six subrequests a batch,
+// pair 1.8 context switches; pipelined, about eight subrequests a batch,
 // 5.3–5.5 µs and 0.4, and the pair 37.1 µs per request instead of 61.2
 // (nginx with auth_request: 44.7; docs/performance.md). The header style
 // made no difference to the auth server's cost (traefik's six headers or
