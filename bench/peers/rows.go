@@ -61,6 +61,7 @@ var rows = []rowDef{
 	{key: "sidecar-uds-json", name: "sidecar + UDS agent, JSON payloads", bins: []string{"sidecar", "sdkagent"}, agent: true, setup: setupSidecar("sidecar", "sdkagent", true)},
 	{key: "sidecar-uds-yield", name: "sidecar + UDS agent, agent under SCHED_BATCH", bins: []string{"sidecar", "sdkagent"}, agent: true, setup: setupSidecar("sidecar", "sdkagent", false, "-sched", "batch")},
 	{key: "sidecar-httpauth", name: "sidecar + http_auth (forward auth)", bins: []string{"sidecar", "authserver"}, agent: true, setup: setupSidecarHTTPAuth("sidecar", "authserver", true)},
+	{key: "sidecar-httpauth-pipe", name: "sidecar + http_auth, subrequests pipelined (pipeline: 16)", bins: []string{"sidecar", "authserver"}, agent: true, setup: setupSidecarHTTPAuthPipe("sidecar", "authserver", 16)},
 	{key: "sidecar-httpauth-tcp", name: "sidecar + http_auth, auth server over TCP", bins: []string{"sidecar", "authserver"}, agent: true, setup: setupSidecarHTTPAuth("sidecar", "authserver", false)},
 
 	// HTTP/2 from the client (h2c with prior knowledge, loaded by h2load),
@@ -91,6 +92,7 @@ var grpcBins = []string{"grpcupstream", "grpcload"}
 var baselineRows = []rowDef{
 	{key: "sidecar-base", name: "sidecar, no agent (baseline)", bins: []string{"sidecar-base"}, setup: setupSidecar("sidecar-base", "", false)},
 	{key: "sidecar-uds-base", name: "sidecar + UDS agent (baseline)", bins: []string{"sidecar-base", "sdkagent-base"}, agent: true, setup: setupSidecar("sidecar-base", "sdkagent-base", false)},
+	{key: "sidecar-httpauth-base", name: "sidecar + http_auth (baseline)", bins: []string{"sidecar-base", "authserver-base"}, agent: true, setup: setupSidecarHTTPAuth("sidecar-base", "authserver-base", true)},
 	{key: "sidecar-httpauth-tcp-base", name: "sidecar + http_auth over TCP (baseline)", bins: []string{"sidecar-base", "authserver-base"}, agent: true, setup: setupSidecarHTTPAuth("sidecar-base", "authserver-base", false)},
 }
 
@@ -493,6 +495,9 @@ agents:
     failure_mode: closed
     options:
       auth_response_headers: X-Agent-Processed
+{{- if .Pipeline}}
+      pipeline: "{{.Pipeline}}"
+{{- end}}
 {{- if .AuthSock}}
       unix_socket: {{.AuthSock}}
 {{- end}}
@@ -537,6 +542,12 @@ func sidecarRow(h *harness, rc *rowCtx, sidecarBin, agentBin string, json bool, 
 // sidecarRowAuth is sidecarRow; with authUnix, the auth server listens on
 // a Unix socket (option unix_socket), as in the nginx-auth row.
 func sidecarRowAuth(h *harness, rc *rowCtx, sidecarBin, agentBin string, json bool, agentArgs []string, authUnix bool) error {
+	return sidecarRowPipe(h, rc, sidecarBin, agentBin, json, agentArgs, authUnix, 0)
+}
+
+// sidecarRowPipe is sidecarRowAuth; pipeline > 0 sets the http_auth
+// agent's option pipeline.
+func sidecarRowPipe(h *harness, rc *rowCtx, sidecarBin, agentBin string, json bool, agentArgs []string, authUnix bool, pipeline int) error {
 	agent := agentBin != ""
 	addrs, err := freeAddrs(3)
 	if err != nil {
@@ -544,7 +555,7 @@ func sidecarRowAuth(h *harness, rc *rowCtx, sidecarBin, agentBin string, json bo
 	}
 	data := map[string]any{
 		"Listen": addrs[0], "Admin": addrs[1], "Upstream": rc.upstream, "Agent": agent, "JSON": json, "H2": rc.h2, "GRPC": rc.grpc,
-		"AgentSock": filepath.Join(rc.dir, "sdkagent.sock"), "AuthURL": "", "AuthSock": "",
+		"AgentSock": filepath.Join(rc.dir, "sdkagent.sock"), "AuthURL": "", "AuthSock": "", "Pipeline": pipeline,
 	}
 	switch {
 	case strings.HasPrefix(agentBin, "authserver") && authUnix:
@@ -593,6 +604,14 @@ func sidecarRowAuth(h *harness, rc *rowCtx, sidecarBin, agentBin string, json bo
 func setupSidecarHTTPAuth(sidecarBin, authBin string, unix bool) func(*harness, *rowCtx) error {
 	return func(h *harness, rc *rowCtx) error {
 		return sidecarRowAuth(h, rc, sidecarBin, authBin, false, nil, unix)
+	}
+}
+
+// setupSidecarHTTPAuthPipe is setupSidecarHTTPAuth on the Unix socket
+// with the http_auth option pipeline set to n.
+func setupSidecarHTTPAuthPipe(sidecarBin, authBin string, n int) func(*harness, *rowCtx) error {
+	return func(h *harness, rc *rowCtx) error {
+		return sidecarRowPipe(h, rc, sidecarBin, authBin, false, nil, true, n)
 	}
 }
 

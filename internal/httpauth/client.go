@@ -53,12 +53,13 @@ const (
 	evDenied
 	evTruncated
 	evProbeFailed
+	evPipelined
 	numEvents
 )
 
 // EventNames are the labels of the transport's counters, by event
 // (exported as sidecar_authz_events_total).
-var EventNames = [numEvents]string{"checks", "ok", "denied", "bodies_truncated", "probes_failed"}
+var EventNames = [numEvents]string{"checks", "ok", "denied", "bodies_truncated", "probes_failed", "pipelined"}
 
 var _ agentmux.Reporter = (*Client)(nil)
 
@@ -172,7 +173,7 @@ func (c *Client) probe() error {
 	defer c.pool.putCall(cl)
 	cl.buf = c.appendStart(cl.buf[:0], "GET")
 	cl.buf = append(cl.buf, "User-Agent: "+userAgent+"\r\n\r\n"...)
-	_, err := c.roundTrip(cl, agentmux.Wait{Deadline: time.Now().Add(c.cfg.DialTimeout), Cancel: c.ctx.Done()}, false)
+	_, err := c.roundTrip(cl, agentmux.Wait{Deadline: time.Now().Add(c.cfg.DialTimeout), Cancel: c.ctx.Done()}, false, false)
 	return err
 }
 
@@ -261,16 +262,21 @@ func (k checker) CheckWait(w agentmux.Wait, m *protocol.RequestHeaders, _ []byte
 	c := k.c
 	c.count(evChecks)
 	cl := c.pool.getCall()
-	defer c.pool.putCall(cl)
+	var err error
+	defer func() {
+		if !errors.Is(err, errAbandoned) {
+			c.pool.putCall(cl)
+		}
+	}()
 	method := "GET"
 	if c.cfg.Style == StyleNginx && len(m.Method) > 0 {
 		method = string(m.Method) // no copy: the conversion does not escape
 	}
-	var err error
 	if cl.buf, err = c.appendRequest(cl.buf[:0], method, m); err != nil {
 		return err
 	}
-	truncated, err := c.roundTrip(cl, w, method == "HEAD")
+	var truncated bool
+	truncated, err = c.roundTrip(cl, w, method == "HEAD", method == "GET")
 	if err != nil {
 		return err
 	}

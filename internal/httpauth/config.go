@@ -40,6 +40,8 @@ const (
 	MaxMaxBody = 1 << 20
 	// DefaultHealthInterval is how often a ready service is probed.
 	DefaultHealthInterval = 10 * time.Second
+	// MaxPipeline is pipeline's largest value.
+	MaxPipeline = 64
 	// maxResponseHeader bounds the service's response head.
 	maxResponseHeader = 64 << 10
 )
@@ -81,6 +83,10 @@ type Config struct {
 	// listens on, dialed instead of the URL's host and port (which still
 	// give the Host header, and the name TLS checks).
 	UnixSocket string
+	// Pipeline is the most GET subrequests sent together on one
+	// connection (HTTP/1.1 pipelining, pipeline.go); 1 (the default)
+	// sends each on a connection of its own.
+	Pipeline int
 	// TLS sets the CA, client certificate and server name of an https
 	// URL.
 	TLS grpcclient.TLSConfig
@@ -92,7 +98,7 @@ type Config struct {
 // agents[].options).
 var Options = []string{
 	"style", "auth_request_headers", "auth_response_headers", "auth_response_headers_regex",
-	"max_body", "health_interval", "unix_socket", "tls_ca_file", "tls_cert_file", "tls_key_file", "tls_server_name",
+	"max_body", "health_interval", "unix_socket", "pipeline", "tls_ca_file", "tls_cert_file", "tls_key_file", "tls_server_name",
 }
 
 // DefaultConfig returns a Config with defaults for the agent at url.
@@ -107,6 +113,7 @@ func DefaultConfig(name, url string) Config {
 		Style:          StyleTraefik,
 		MaxBody:        DefaultMaxBody,
 		HealthInterval: DefaultHealthInterval,
+		Pipeline:       1,
 		Logger:         zerolog.Nop(),
 	}
 }
@@ -152,6 +159,13 @@ func (c *Config) ApplyOptions(opts map[string]string) error {
 			if err == nil && c.HealthInterval < 100*time.Millisecond {
 				err = fmt.Errorf("%v is below 100ms", c.HealthInterval)
 			}
+		case "pipeline":
+			var n int
+			n, err = strconv.Atoi(strings.TrimSpace(v))
+			if err == nil && (n < 1 || n > MaxPipeline) {
+				err = fmt.Errorf("%d is not in 1..%d", n, MaxPipeline)
+			}
+			c.Pipeline = n
 		case "unix_socket":
 			c.UnixSocket = v
 			err = checkSocketPath(v)
@@ -233,6 +247,8 @@ func (c *Config) Validate() error {
 		return fail("style %q is not traefik or nginx", c.Style)
 	case c.MaxBody < 0 || c.MaxBody > MaxMaxBody:
 		return fail("max_body %d not in 0..%d", c.MaxBody, MaxMaxBody)
+	case c.Pipeline < 1 || c.Pipeline > MaxPipeline:
+		return fail("pipeline %d not in 1..%d", c.Pipeline, MaxPipeline)
 	case c.HealthInterval <= 0:
 		return fail("health_interval must be positive")
 	case c.UnixSocket != "" && checkSocketPath(c.UnixSocket) != nil:

@@ -15,6 +15,7 @@ import (
 
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
 	"github.com/zentinelproxy/sidecar/internal/rawio"
+	"github.com/zentinelproxy/sidecar/internal/yield"
 )
 
 // The subrequests go over keep-alive connections of the client's own
@@ -74,6 +75,15 @@ type call struct {
 	cancel  <-chan struct{}
 	slot    int
 	aborted bool
+
+	// Pipelining (pipeline.go): ready carries a follower's answer from
+	// the leader, res is its outcome; done (the answer is handed over)
+	// and abandoned (the follower left first) are guarded by the pool's
+	// mu.
+	ready     chan struct{}
+	res       result
+	done      bool
+	abandoned bool
 }
 
 // connPool holds the idle connections and the calls in flight.
@@ -89,6 +99,12 @@ type connPool struct {
 	wake    chan struct{}
 	started bool
 	parked  bool
+	// forming is the batch that GET subrequests join (pipelining), until
+	// its leader sends it; batch a spare one; yp decides the leader's
+	// yield.
+	forming *batch
+	batch   *batch
+	yp      yield.Policy
 
 	calls   sync.Pool // *call
 	readers sync.Pool // *bufio.Reader of maxResponseHeader bytes
@@ -229,7 +245,7 @@ func (p *connPool) getCall() *call {
 	if cl, _ := p.calls.Get().(*call); cl != nil {
 		return cl
 	}
-	cl := &call{}
+	cl := &call{ready: make(chan struct{}, 1)}
 	// The answer's headers are passed on as the service sent them: no
 	// Content-Type made up for an answer without one.
 	cl.resp.Header.SetNoDefaultContentType(true)
@@ -294,10 +310,18 @@ func (c *Client) dial(deadline time.Time) (*pconn, error) {
 // of a 2xx answer's (dropped by the caller). head: the subrequest is a
 // HEAD (its answer has no body). The call ends by w.Deadline, and when
 // its client goes away (w.Cancel, polled by reap) or the link aborts.
-func (c *Client) roundTrip(cl *call, w agentmux.Wait, head bool) (truncated bool, err error) {
+//
+// pipe: a GET subrequest, which goes pipelined with others when the
+// option pipeline allows (pipeline.go); its error errAbandoned leaves cl
+// to the batch's leader, not to be put back.
+func (c *Client) roundTrip(cl *call, w agentmux.Wait, head, pipe bool) (truncated bool, err error) {
 	for attempt := 1; ; attempt++ {
 		var reused bool
-		truncated, reused, err = c.try(cl, w, head)
+		if pipe && c.cfg.Pipeline > 1 {
+			truncated, reused, err = c.tryPipelined(cl, w)
+		} else {
+			truncated, reused, err = c.try(cl, w, head)
+		}
 		if err == nil || !reused || attempt == maxAttempts || !errors.Is(err, errStale) {
 			return truncated, err
 		}
@@ -369,32 +393,44 @@ func (c *Client) try(cl *call, w agentmux.Wait, head bool) (truncated, reused bo
 	}
 	br := p.getReader(pc)
 	defer p.putReader(br)
+	complete, err := c.readAnswer(br, cl, head, reused)
+	if err != nil {
+		return false, reused, err
+	}
+	// Reused only when the answer was read to its end and nothing came
+	// after it (a body delimited by the connection's end marks the
+	// answer Connection: close).
+	keep = complete && !cl.resp.ConnectionClose() && br.Buffered() == 0
+	return !complete, reused, nil
+}
+
+// readAnswer reads one answer from br into cl.resp and cl.body (see
+// roundTrip); complete: its body was read to its end. stale: an end of
+// the connection before the answer counts as errStale (a reused
+// connection, or one whose earlier answers were read).
+func (c *Client) readAnswer(br *bufio.Reader, cl *call, head, stale bool) (complete bool, err error) {
 	resp := &cl.resp
 	resp.SkipBody = head
 	resp.StreamBody = true
 	if err = resp.ReadLimitBody(br, 0); err != nil {
-		if reused && errors.Is(err, io.EOF) {
+		if stale && errors.Is(err, io.EOF) {
 			err = fmt.Errorf("%w: %v", errStale, err)
 		}
-		return false, reused, timeoutErr(err)
+		return false, timeoutErr(err)
 	}
 	limit := maxDrain
 	if st := resp.StatusCode(); st < 200 || st > 299 {
 		limit = c.cfg.MaxBody
 	}
 	cl.body = cl.body[:0]
-	complete := true
+	complete = true
 	if s := resp.BodyStream(); s != nil {
 		cl.body, complete, err = readUpTo(s, cl.body, limit)
 		if err != nil {
-			return false, reused, timeoutErr(err)
+			return false, timeoutErr(err)
 		}
 	}
-	// Reused only when the answer was read to its end and nothing came
-	// after it (a body delimited by the connection's end marks the
-	// answer Connection: close).
-	keep = complete && !resp.ConnectionClose() && br.Buffered() == 0
-	return !complete, reused, nil
+	return complete, nil
 }
 
 // readUpTo appends at most limit bytes of r to b; complete: r ended

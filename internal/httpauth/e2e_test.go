@@ -3,6 +3,7 @@ package httpauth_test
 import (
 	"context"
 	"crypto/tls"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -21,6 +22,7 @@ import (
 	"github.com/zentinelproxy/sidecar/internal/httpauth"
 	"github.com/zentinelproxy/sidecar/internal/testutil"
 	"github.com/zentinelproxy/sidecar/internal/transports"
+	"github.com/zentinelproxy/sidecar/internal/yield"
 )
 
 // authService is a forward-auth service: it answers by the original URI
@@ -689,5 +691,59 @@ func TestAddresses(t *testing.T) {
 	}
 	if got := s3.count() - before; got != 6 {
 		t.Errorf("the second member answered %d of the 6 requests", got)
+	}
+}
+
+// TestPipelinedThroughProxy checks the option pipeline end to end: the
+// transport's factory reads it from the configuration, concurrent
+// requests through the proxy go pipelined (counted as pipelined), and
+// each gets its own verdict: the denials' bodies name their request.
+func TestPipelinedThroughProxy(t *testing.T) {
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		uri := r.Header.Get("X-Forwarded-Uri")
+		switch {
+		case strings.HasPrefix(uri, "/deny"):
+			w.WriteHeader(403)
+			_, _ = io.WriteString(w, uri)
+		case uri == "":
+			w.WriteHeader(401) // the probe
+		default:
+			w.Header().Set("X-Auth-User", uri)
+		}
+	}))
+	t.Cleanup(hs.Close)
+	// The batch's leader waits a moment in its yield, so that the
+	// concurrent requests join it whatever the scheduling.
+	yield.SetHook(func(owner any) bool {
+		if fmt.Sprintf("%T", owner) != "*httpauth.connPool" {
+			return false
+		}
+		time.Sleep(20 * time.Millisecond)
+		return true
+	})
+	t.Cleanup(func() { yield.SetHook(nil) })
+	url, _, a := proxy(t, hs.URL+"/auth", `
+    options:
+      pipeline: "8"
+      auth_response_headers: X-Auth-User`, false)
+	var wg sync.WaitGroup
+	for i := range 16 {
+		wg.Go(func() {
+			path := fmt.Sprintf("/ok/%d", i)
+			if i%3 == 0 {
+				path = fmt.Sprintf("/deny/%d", i)
+			}
+			resp, body := get(t, url+path)
+			switch {
+			case strings.HasPrefix(path, "/deny") && (resp.StatusCode != 403 || body != path):
+				t.Errorf("%s: %d %q, want 403 %q", path, resp.StatusCode, body, path)
+			case strings.HasPrefix(path, "/ok") && resp.StatusCode != 200:
+				t.Errorf("%s: %d %q", path, resp.StatusCode, body)
+			}
+		})
+	}
+	wg.Wait()
+	if n := a.(agentmux.Reporter).Snapshot().Events["pipelined"]; n == 0 {
+		t.Error("no subrequest was pipelined")
 	}
 }

@@ -1,0 +1,385 @@
+package httpauth
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/zentinelproxy/sidecar/internal/agentmux"
+	"github.com/zentinelproxy/sidecar/internal/yield"
+	"github.com/zentinelproxy/sidecar/protocol"
+)
+
+// pipeService is a forward-auth service on a raw socket that answers
+// every request it reads with answer(conn, k, uri) (k: the request's
+// number on its connection, from 1; uri: its X-Forwarded-Uri, "" for a
+// probe). It records the connections and the most requests one read
+// brought.
+type pipeService struct {
+	answer  func(conn, k int, uri string) (reply string, close bool)
+	hold    chan struct{} // non-nil: answers wait for it to close
+	mu      sync.Mutex
+	conns   int
+	maxRead int // the most complete requests one read brought
+}
+
+func (s *pipeService) start(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			s.mu.Lock()
+			s.conns++
+			conn := s.conns
+			s.mu.Unlock()
+			go s.serve(c, conn)
+		}
+	}()
+	return "http://" + ln.Addr().String() + "/auth"
+}
+
+func (s *pipeService) serve(c net.Conn, conn int) {
+	defer c.Close()
+	buf := make([]byte, 64<<10)
+	got, k := "", 0
+	for {
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		n, err := c.Read(buf)
+		if err != nil {
+			return
+		}
+		got += string(buf[:n])
+		var out strings.Builder
+		reqs, closing := 0, false
+		for !closing && strings.Contains(got, "\r\n\r\n") {
+			i := strings.Index(got, "\r\n\r\n")
+			head := got[:i]
+			got = got[i+4:]
+			reqs++
+			k++
+			uri := ""
+			for _, l := range strings.Split(head, "\r\n") {
+				if v, ok := strings.CutPrefix(l, "X-Forwarded-Uri: "); ok {
+					uri = v
+				}
+			}
+			var reply string
+			reply, closing = s.answer(conn, k, uri)
+			out.WriteString(reply)
+		}
+		s.mu.Lock()
+		s.maxRead = max(s.maxRead, reqs)
+		s.mu.Unlock()
+		if s.hold != nil && reqs > 0 && k > 1 {
+			<-s.hold // not the probe's answer
+		}
+		if _, err := io.WriteString(c, out.String()); err != nil || closing {
+			return
+		}
+	}
+}
+
+func (s *pipeService) stats() (conns, maxRead int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.conns, s.maxRead
+}
+
+// echo answers a URI under /deny 403 with the URI as its body, any
+// other 200 with the URI in X-Auth-User, and a probe 401.
+func echo(uri string) string {
+	switch {
+	case uri == "":
+		return "HTTP/1.1 401 Unauthorized\r\nContent-Length: 0\r\n\r\n"
+	case strings.HasPrefix(uri, "/deny"):
+		return fmt.Sprintf("HTTP/1.1 403 Forbidden\r\nContent-Length: %d\r\n\r\n%s", len(uri), uri)
+	}
+	return "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nX-Auth-User: " + uri + "\r\n\r\n"
+}
+
+// pipeClient is a ready client of u with pipeline n.
+func pipeClient(t *testing.T, u string, n int) *Client {
+	t.Helper()
+	cfg := DefaultConfig("auth", u)
+	cfg.ResponseHeaders = []string{"X-Auth-User"}
+	cfg.Pipeline = n
+	c, err := NewClient(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := c.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// formBatches makes the next leader of c wait, in its yield, until want
+// subrequests have joined its batch (at most 5 s); later leaders go on
+// at once. It makes the batch a test asks for whatever the scheduling.
+func formBatches(t *testing.T, c *Client, want int) {
+	var left atomic.Int32
+	left.Store(int32(want))
+	yield.SetHook(func(owner any) bool {
+		if owner != &c.pool {
+			return false
+		}
+		w := int(left.Swap(0))
+		for end := time.Now().Add(5 * time.Second); w > 0 && time.Now().Before(end); time.Sleep(time.Millisecond) {
+			c.pool.mu.Lock()
+			n := 0
+			if b := c.pool.forming; b != nil {
+				n = len(b.calls)
+			}
+			c.pool.mu.Unlock()
+			if n >= w {
+				break
+			}
+		}
+		return true
+	})
+	t.Cleanup(func() { yield.SetHook(nil) })
+}
+
+func check(c *Client, uri string, cancel <-chan struct{}) (*protocol.Decision, error) {
+	m := &protocol.RequestHeaders{Method: []byte("GET"), URI: []byte(uri),
+		Headers: protocol.Headers{{Name: []byte("host"), Value: []byte("shop.example")}}}
+	d := &protocol.Decision{}
+	err := checker{c}.CheckWait(agentmux.Wait{Deadline: time.Now().Add(10 * time.Second), Cancel: cancel}, m, nil, d)
+	return d, err
+}
+
+// verdict is a decision in short: "allow <X-Auth-User>" or "block
+// <status> <body>".
+func verdict(d *protocol.Decision) string {
+	if d.Kind == protocol.DecisionAllow {
+		for _, op := range d.RequestHeaderOps {
+			if op.Op == protocol.HeaderAdd {
+				return "allow " + string(op.Value)
+			}
+		}
+		return "allow"
+	}
+	return fmt.Sprintf("block %d %s", d.Status, d.Body)
+}
+
+func want(uri string) string {
+	if strings.HasPrefix(uri, "/deny") {
+		return "block 403 " + uri
+	}
+	return "allow " + uri
+}
+
+// checkAll runs a subrequest for each URI at once and checks that each
+// got its own answer.
+func checkAll(t *testing.T, c *Client, uris []string) {
+	t.Helper()
+	var wg sync.WaitGroup
+	got := make([]string, len(uris))
+	errs := make([]error, len(uris))
+	for i, u := range uris {
+		wg.Go(func() {
+			d, err := check(c, u, nil)
+			got[i], errs[i] = verdict(d), err
+		})
+	}
+	wg.Wait()
+	for i, u := range uris {
+		if errs[i] != nil || got[i] != want(u) {
+			t.Errorf("%s: got %q (error %v), want %q", u, got[i], errs[i], want(u))
+		}
+	}
+}
+
+// TestPipelineAnswersInOrder checks that concurrent GET subrequests go in
+// one write on one connection and that each gets its own answer back.
+func TestPipelineAnswersInOrder(t *testing.T) {
+	s := &pipeService{answer: func(_, _ int, uri string) (string, bool) { return echo(uri), false }}
+	c := pipeClient(t, s.start(t), 8)
+	formBatches(t, c, 8)
+	uris := []string{"/ok/0", "/deny/1", "/ok/2", "/ok/3", "/deny/4", "/ok/5", "/deny/6", "/ok/7"}
+	checkAll(t, c, uris)
+	conns, maxRead := s.stats()
+	if conns != 1 || maxRead < 2 {
+		t.Errorf("the service saw %d connections and at most %d requests in a read; want 1 and 8", conns, maxRead)
+	}
+	if n := c.Counts()["pipelined"]; n != 8 {
+		t.Errorf("pipelined = %d, want 8", n)
+	}
+	// The connection is kept: a lone subrequest after the batch reuses it.
+	checkAll(t, c, []string{"/ok/again"})
+	if conns, _ := s.stats(); conns != 1 {
+		t.Errorf("%d connections after the batch, want 1", conns)
+	}
+}
+
+// TestPipelineOff checks the default (pipeline 1): concurrent
+// subrequests go on connections of their own, and POST subrequests of
+// the nginx style are never pipelined.
+func TestPipelineOff(t *testing.T) {
+	s := &pipeService{answer: func(_, _ int, uri string) (string, bool) { return echo(uri), false }}
+	c := pipeClient(t, s.start(t), 1)
+	checkAll(t, c, []string{"/ok/0", "/ok/1", "/deny/2", "/ok/3"})
+	if _, maxRead := s.stats(); maxRead != 1 {
+		t.Errorf("%d requests in one read without pipelining", maxRead)
+	}
+	if n := c.Counts()["pipelined"]; n != 0 {
+		t.Errorf("pipelined = %d, want 0", n)
+	}
+
+	c = pipeClient(t, s.start(t), 8)
+	c.cfg.Style = StyleNginx
+	formBatches(t, c, 2)
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			m := &protocol.RequestHeaders{Method: []byte("POST"), URI: []byte("/ok")}
+			d := &protocol.Decision{}
+			if err := (checker{c}).CheckWait(agentmux.Wait{Deadline: time.Now().Add(10 * time.Second)}, m, nil, d); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	if n := c.Counts()["pipelined"]; n != 0 {
+		t.Errorf("POST subrequests pipelined: %d", n)
+	}
+}
+
+// TestPipelineConnectionClose checks a service that ends a connection
+// (Connection: close) in the middle of a batch: the subrequests it did
+// not answer go again on a new connection, and each still gets its own
+// answer.
+func TestPipelineConnectionClose(t *testing.T) {
+	s := &pipeService{answer: func(_, k int, uri string) (string, bool) {
+		a := echo(uri)
+		if k == 4 { // the probe and three answers on each connection
+			return strings.Replace(a, "\r\n\r\n", "\r\nConnection: close\r\n\r\n", 1), true
+		}
+		return a, false
+	}}
+	c := pipeClient(t, s.start(t), 8)
+	formBatches(t, c, 8)
+	checkAll(t, c, []string{"/ok/0", "/deny/1", "/ok/2", "/ok/3", "/deny/4", "/ok/5", "/deny/6", "/ok/7"})
+	if conns, _ := s.stats(); conns < 2 {
+		t.Errorf("the service saw %d connections, want a new one after the close", conns)
+	}
+}
+
+// TestPipelineStrayAnswer checks bytes after the last answer of a batch
+// (an answer nobody asked for, here an allow): the connection is not
+// reused, and the stray answer is never anybody's verdict.
+func TestPipelineStrayAnswer(t *testing.T) {
+	s := &pipeService{answer: func(_, k int, uri string) (string, bool) {
+		a := echo(uri)
+		if k == 3 { // the probe and a batch of two: after the second answer
+			a += "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nX-Auth-User: mallory\r\n\r\n"
+		}
+		return a, false
+	}}
+	c := pipeClient(t, s.start(t), 8)
+	formBatches(t, c, 2)
+	checkAll(t, c, []string{"/deny/0", "/deny/1"})
+	checkAll(t, c, []string{"/deny/2"})
+	if conns, _ := s.stats(); conns != 2 {
+		t.Errorf("the service saw %d connections, want 2 (the one with the stray answer closed)", conns)
+	}
+}
+
+// TestPipelineFollowerGone checks a subrequest whose client goes away
+// while it waits in a batch: it ends at once, the others get their
+// answers, and its call is not reused before the leader is done with it
+// (the race detector watches).
+func TestPipelineFollowerGone(t *testing.T) {
+	s := &pipeService{answer: func(_, _ int, uri string) (string, bool) { return echo(uri), false },
+		hold: make(chan struct{})}
+	c := pipeClient(t, s.start(t), 8)
+	formBatches(t, c, 3)
+	gone := make(chan struct{})
+	var wg sync.WaitGroup
+	errs := make([]error, 3)
+	got := make([]string, 3)
+	left := make(chan struct{}) // the second subrequest returned
+	uris := []string{"/ok/0", "/deny/1", "/ok/2"}
+	for i, u := range uris {
+		var cancel <-chan struct{}
+		if i == 1 {
+			cancel = gone
+		}
+		wg.Go(func() {
+			d, err := check(c, u, cancel)
+			got[i], errs[i] = verdict(d), err
+			if i == 1 {
+				close(left)
+			}
+		})
+		time.Sleep(5 * time.Millisecond) // the first leads
+	}
+	// All three are in the batch, sent, and held by the service.
+	for end := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		if _, r := s.stats(); r == 3 {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatal("the batch did not reach the service")
+		}
+	}
+	close(gone)
+	select {
+	case <-left:
+	case <-time.After(5 * time.Second):
+		t.Error("the subrequest whose client went away waited for the answers")
+	}
+	close(s.hold)
+	wg.Wait()
+	if !errors.Is(errs[1], errAborted) {
+		t.Errorf("the subrequest whose client went away: %v, want an abort", errs[1])
+	}
+	for _, i := range []int{0, 2} {
+		if errs[i] != nil || got[i] != want(uris[i]) {
+			t.Errorf("%s: got %q (error %v)", uris[i], got[i], errs[i])
+		}
+	}
+	// The pool is sound: more batches go through.
+	formBatches(t, c, 4)
+	checkAll(t, c, []string{"/ok/3", "/deny/4", "/ok/5", "/ok/6"})
+}
+
+// TestPipelineOption checks the option's values: 1–64, 1 by default.
+func TestPipelineOption(t *testing.T) {
+	c := DefaultConfig("auth", "http://auth.internal/")
+	if c.Pipeline != 1 {
+		t.Errorf("default pipeline %d, want 1", c.Pipeline)
+	}
+	if err := c.ApplyOptions(map[string]string{"pipeline": "16"}); err != nil || c.Pipeline != 16 || c.Validate() != nil {
+		t.Errorf("pipeline 16: %v, %d", err, c.Pipeline)
+	}
+	for _, bad := range []string{"0", "65", "-1", "x", ""} {
+		c := DefaultConfig("auth", "http://auth.internal/")
+		var oe *OptionError
+		if err := c.ApplyOptions(map[string]string{"pipeline": bad}); !errors.As(err, &oe) || oe.Key != "pipeline" {
+			t.Errorf("pipeline %q: %v", bad, err)
+		}
+	}
+	c.Pipeline = 0
+	if err := c.Validate(); err == nil {
+		t.Error("Validate accepted pipeline 0")
+	}
+}
