@@ -115,13 +115,15 @@ func NewServer(cfg *config.Listener, facts exchange.Listener, core *exchange.Cor
 // ServeConn serves c, an HTTP/2 connection whose facts are info, until it
 // ends; sawPreface: the client's connection preface was read from c
 // already (h2c). c is closed when it returns.
-func (s *Server) ServeConn(c net.Conn, info *exchange.Conn, sawPreface bool) {
+func (s *Server) ServeConn(nc net.Conn, info *exchange.Conn, sawPreface bool) {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		_ = c.Close()
+		_ = nc.Close()
 		return
 	}
+	// x/net reads and writes c: reads buffered, writes coalesced (conn).
+	_, c := newConn(nc)
 	track := &connTrack{}
 	s.conns[c] = track
 	s.wg.Add(1)
