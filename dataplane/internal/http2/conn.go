@@ -33,8 +33,9 @@ type conn struct {
 	mu   sync.Mutex
 	cond sync.Cond // a change of writing, pend or err
 	// pend are the bytes written and not yet sent, spare the buffer the
-	// drain sent last (both back to pendPool when the drain ends).
-	pend, spare []byte
+	// drain sent last (both back to pendPool when the drain ends: an
+	// idle connection holds none).
+	pend, spare *pendBuf
 	// writing: a drain goroutine runs (or a large write is being sent
 	// directly); err is the write error that ended the connection.
 	writing bool
@@ -61,7 +62,17 @@ const (
 	closeDrain = time.Second
 )
 
-var pendPool = sync.Pool{New: func() any { b := make([]byte, 0, 8<<10); return &b }}
+type pendBuf struct{ b []byte }
+
+var pendPool = sync.Pool{New: func() any { return &pendBuf{b: make([]byte, 0, 8<<10)} }}
+
+// held is the number of bytes held unsent; c.mu held.
+func (c *conn) held() int {
+	if c.pend == nil {
+		return 0
+	}
+	return len(c.pend.b)
+}
 
 // newConn wraps c for x/net: a TLS connection keeps its
 // ConnectionState, which x/net checks (RFC 9113 §9.2).
@@ -97,7 +108,7 @@ func (c *conn) Write(p []byte) (int, error) {
 		return 0, nil
 	}
 	c.mu.Lock()
-	for c.err == nil && !c.closed && len(c.pend) >= maxPending {
+	for c.err == nil && !c.closed && c.held() >= maxPending {
 		c.cond.Wait()
 	}
 	switch {
@@ -115,7 +126,7 @@ func (c *conn) Write(p []byte) (int, error) {
 		n, err := c.Conn.Write(p)
 		c.mu.Lock()
 		c.wrote(err)
-		if len(c.pend) > 0 && c.err == nil {
+		if c.held() > 0 && c.err == nil {
 			// Another Write came meanwhile (x/net writes one at a time,
 			// so only after a close).
 			go c.drain()
@@ -127,9 +138,9 @@ func (c *conn) Write(p []byte) (int, error) {
 		return n, err
 	}
 	if c.pend == nil {
-		c.pend = (*pendPool.Get().(*[]byte))[:0]
+		c.pend = pendPool.Get().(*pendBuf)
 	}
-	c.pend = append(c.pend, p...)
+	c.pend.b = append(c.pend.b, p...)
 	if !c.writing {
 		c.writing = true
 		go c.drain()
@@ -155,27 +166,25 @@ func (c *conn) drain() {
 	// write.
 	runtime.Gosched()
 	c.mu.Lock()
-	for len(c.pend) > 0 && c.err == nil {
+	for c.held() > 0 && c.err == nil {
 		b := c.pend
-		c.pend = c.spare
-		c.spare = nil
+		c.pend, c.spare = c.spare, nil
 		c.mu.Unlock()
-		_, err := c.Conn.Write(b)
+		_, err := c.Conn.Write(b.b)
 		c.mu.Lock()
 		c.wrote(err)
+		b.b = b.b[:0]
 		if c.pend == nil {
-			c.pend = b[:0]
+			c.pend = b
 		} else {
-			c.spare = b[:0]
+			c.spare = b
 		}
 		c.cond.Broadcast()
 	}
-	// Idle: the buffers go back to the pool (an idle connection holds
-	// none).
-	for _, b := range [][]byte{c.pend, c.spare} {
-		if b != nil && cap(b) <= 2*maxPending {
-			b = b[:0]
-			pendPool.Put(&b)
+	for _, b := range [...]*pendBuf{c.pend, c.spare} {
+		if b != nil && cap(b.b) <= 2*maxPending {
+			b.b = b.b[:0]
+			pendPool.Put(b)
 		}
 	}
 	c.pend, c.spare = nil, nil

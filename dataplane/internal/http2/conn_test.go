@@ -137,7 +137,7 @@ func TestConnStalledPeer(t *testing.T) {
 				return
 			}
 			w.mu.Lock()
-			most.Store(max(most.Load(), int64(len(w.pend))))
+			most.Store(max(most.Load(), int64(w.held())))
 			w.mu.Unlock()
 		}
 	}()
