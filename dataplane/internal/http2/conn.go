@@ -208,6 +208,9 @@ func (c *conn) Close() error {
 	return c.closeConn()
 }
 
+// abort closes the connection without sending what is held.
+func (c *conn) abort() { _ = c.closeConn() }
+
 func (c *conn) closeConn() error {
 	var err error
 	c.stop.Do(func() { err = c.Conn.Close() })

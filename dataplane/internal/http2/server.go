@@ -123,8 +123,8 @@ func (s *Server) ServeConn(nc net.Conn, info *exchange.Conn, sawPreface bool) {
 		return
 	}
 	// x/net reads and writes c: reads buffered, writes coalesced (conn).
-	_, c := newConn(nc)
-	track := &connTrack{}
+	w, c := newConn(nc)
+	track := &connTrack{c: w}
 	s.conns[c] = track
 	s.wg.Add(1)
 	s.mu.Unlock()
@@ -178,8 +178,10 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	case <-ctx.Done():
 	}
 	s.mu.Lock()
-	for c := range s.conns {
-		_ = c.Close()
+	for _, t := range s.conns {
+		// At once: Close would wait for a client that does not read,
+		// one connection after another.
+		t.c.abort()
 	}
 	s.mu.Unlock()
 	<-done
@@ -188,6 +190,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 
 // connTrack is what the server follows of a connection's state.
 type connTrack struct {
+	c *conn
 	// idleSince is when its last stream ended (zero: streams open).
 	idleSince time.Time
 }
