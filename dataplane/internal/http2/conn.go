@@ -163,7 +163,9 @@ func (c *conn) wrote(err error) {
 func (c *conn) drain() {
 	// The goroutines already runnable (the handlers of other streams
 	// finishing their responses) go first: what they write joins this
-	// write.
+	// write. Without the yield (a new goroutine runs next) the sidecar-h2
+	// and sidecar-uds-h2 rows cost 7% (3–7%) more CPU per request,
+	// measured at the same time (bench/peers -together).
 	runtime.Gosched()
 	c.mu.Lock()
 	for c.held() > 0 && c.err == nil {
