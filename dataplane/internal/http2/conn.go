@@ -51,11 +51,13 @@ const (
 	readBufSize = 4 << 10
 	// maxPending bounds the bytes a connection holds unsent: past it
 	// Write waits for the drain, so a client that stops reading stops
-	// the server's writes as before, with this much more buffered.
-	maxPending = 64 << 10
-	// directWrite: a write this large to an idle connection is sent
-	// at once (a large DATA frame gains nothing from waiting, and is not
-	// copied).
+	// the server's writes as before, with less than maxPending +
+	// directWrite more buffered. The frames of a hundred small
+	// responses are about 10KiB.
+	maxPending = 16 << 10
+	// directWrite: a write this large waits for what is held to go out,
+	// then is sent at once (a large DATA frame gains nothing from
+	// waiting, and is not copied).
 	directWrite = 16 << 10
 	// closeDrain bounds how long Close waits for the held bytes to go
 	// out (the last frames, a GOAWAY) to a client that does not read.
@@ -107,8 +109,9 @@ func (c *conn) Write(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
+	large := len(p) >= directWrite
 	c.mu.Lock()
-	for c.err == nil && !c.closed && c.held() >= maxPending {
+	for c.err == nil && !c.closed && (c.held() >= maxPending || large && c.writing) {
 		c.cond.Wait()
 	}
 	switch {
@@ -120,7 +123,7 @@ func (c *conn) Write(p []byte) (int, error) {
 		c.mu.Unlock()
 		return 0, net.ErrClosed
 	}
-	if !c.writing && len(p) >= directWrite {
+	if large {
 		c.writing = true
 		c.mu.Unlock()
 		n, err := c.Conn.Write(p)

@@ -118,36 +118,48 @@ func TestConnCoalescesWrites(t *testing.T) {
 	}
 }
 
-// TestConnStalledPeer: a peer that does not read holds at most
-// maxPending bytes (Write waits past it), and Close gives up on it,
-// failing the waiting Write.
+// TestConnStalledPeer: a peer that does not read makes the connection
+// hold at most maxPending bytes and one small write (Write waits past
+// it, and a large write waits for the held bytes to go out instead of
+// joining them), and Close gives up on it, failing the waiting Write.
 func TestConnStalledPeer(t *testing.T) {
 	s, c := tcpPair(t)
 	_ = c.(*net.TCPConn).SetReadBuffer(4 << 10)
 	_ = s.Conn.(*net.TCPConn).SetWriteBuffer(4 << 10)
 	_ = s.SetWriteDeadline(time.Time{})
 	w, _ := newConn(s)
-	chunk := make([]byte, 4<<10)
+	small, large := make([]byte, 4<<10), make([]byte, 100<<10)
 	failed := make(chan error, 1)
-	var most atomic.Int64
+	var most, larges atomic.Int64
 	go func() {
-		for {
-			if _, err := w.Write(chunk); err != nil {
+		for i := 0; ; i++ {
+			p := small
+			if i%4 == 3 {
+				p = large
+			}
+			if _, err := w.Write(p); err != nil {
 				failed <- err
 				return
+			}
+			if len(p) == len(large) {
+				larges.Add(1)
 			}
 			w.mu.Lock()
 			most.Store(max(most.Load(), int64(w.held())))
 			w.mu.Unlock()
 		}
 	}()
-	// Wait for the held bytes to reach the bound: the socket is full.
+	// Wait until the socket is full and the writes stop: a second with
+	// no large write done, or the held bytes at their bound.
 	deadline := time.Now().Add(testGuard)
-	for most.Load() < maxPending {
+	for n, quiet := larges.Load(), 0; quiet < 1000 && most.Load() < maxPending; quiet++ {
 		if time.Now().After(deadline) {
-			t.Fatalf("held bytes reached %d, never %d", most.Load(), maxPending)
+			t.Fatal("the writes never stopped")
 		}
 		time.Sleep(time.Millisecond)
+		if m := larges.Load(); m != n {
+			n, quiet = m, 0
+		}
 	}
 	closed := make(chan error, 1)
 	go func() { closed <- w.Close() }()
@@ -158,10 +170,10 @@ func TestConnStalledPeer(t *testing.T) {
 			t.Fatal("Close or the waiting Write did not return")
 		}
 	}
-	if m := most.Load(); m > maxPending+int64(len(chunk)) {
-		t.Errorf("held %d bytes, bound %d", m, maxPending)
+	if m := most.Load(); m > maxPending+int64(len(small)) {
+		t.Errorf("held %d bytes, bound %d", m, maxPending+len(small))
 	}
-	if _, err := w.Write(chunk); err == nil {
+	if _, err := w.Write(small); err == nil {
 		t.Error("Write after Close succeeded")
 	}
 }
