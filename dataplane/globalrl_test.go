@@ -2,9 +2,11 @@ package dataplane_test
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"net"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -13,6 +15,7 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/zentinelproxy/sidecar/internal/config"
@@ -23,11 +26,12 @@ import (
 // joined) may be hit limit times; it records what it was asked.
 type rlServer struct {
 	rlsv3.UnimplementedRateLimitServiceServer
-	limit int
-	delay time.Duration
-	mu    sync.Mutex
-	hits  map[string]int
-	seen  []string
+	limit  int
+	limits map[string]int // by descriptor, the default limit's exceptions
+	delay  time.Duration
+	mu     sync.Mutex
+	hits   map[string]int
+	seen   []string
 }
 
 func (s *rlServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
@@ -50,9 +54,14 @@ func (s *rlServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequ
 		key := strings.Join(parts, ",")
 		descs = append(descs, key)
 		s.hits[key]++
+		limit := s.limit
+		if l, ok := s.limits[key]; ok {
+			limit = l
+		}
 		st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK,
-			CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: uint32(s.limit), Unit: rlsv3.RateLimitResponse_RateLimit_MINUTE}}
-		if s.hits[key] > s.limit {
+			CurrentLimit:   &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: uint32(limit), Unit: rlsv3.RateLimitResponse_RateLimit_MINUTE},
+			LimitRemaining: uint32(max(limit-s.hits[key], 0)), DurationUntilReset: durationpb.New(29*time.Second + 100*time.Millisecond)}
+		if s.hits[key] > limit {
 			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 			st.DurationUntilReset = durationpb.New(42*time.Second + 300*time.Millisecond)
 			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
@@ -65,18 +74,20 @@ func (s *rlServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequ
 		resp.ResponseHeadersToAdd = []*corev3.HeaderValue{{Key: "X-Limited-By", Value: "rls"}, {Key: "Content-Length", Value: "1"}}
 	} else {
 		resp.RequestHeadersToAdd = []*corev3.HeaderValue{{Key: "X-Rls", Value: "ok"}}
+		// The second breaks the header rules: dropped.
+		resp.ResponseHeadersToAdd = []*corev3.HeaderValue{{Key: "X-Quota-Checked", Value: "yes"}, {Key: "X-Sidecar-Fail-Open", Value: "forged"}}
 	}
 	return resp, nil
 }
 
-func serveRLS(t *testing.T, s *rlServer) string {
+func serveRLS(t *testing.T, s *rlServer, opts ...grpc.ServerOption) string {
 	t.Helper()
 	s.hits = map[string]int{}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := grpc.NewServer()
+	g := grpc.NewServer(opts...)
 	rlsv3.RegisterRateLimitServiceServer(g, s)
 	go g.Serve(ln)
 	t.Cleanup(g.Stop)
@@ -141,6 +152,54 @@ func TestGlobalRateLimit(t *testing.T) {
 	}
 }
 
+// TestGlobalRateLimitHeaders: an OK answer's response_headers_to_add
+// reach the client's response (as Envoy adds them), those the header
+// rules allow; with headers: always, RateLimit-Policy and RateLimit of
+// the descriptor status with the fewest requests left too.
+func TestGlobalRateLimitHeaders(t *testing.T) {
+	s := &rlServer{limit: 3, limits: map[string]int{"generic_key=wide": 10}}
+	addr := serveRLS(t, s)
+	u := newUpstream(t, nil)
+	for _, headers := range []string{"always", "on_limit"} {
+		cfg, err := config.Parse([]byte(fmt.Sprintf(`
+listeners: [{address: "127.0.0.1:0"}]
+upstreams: [{name: app, address: %q}]
+rate_limit_service: {address: %q, domain: edge, timeout: 10s}
+routes:
+  - name: api
+    upstream: app
+    global_rate_limit:
+      headers: %s
+      descriptors:
+        - entries: [{generic_key: wide}]
+        - entries: [{remote_address: true}]
+`, u.addr(), addr, headers)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := startProxy(t, cfg, nil, nil)
+		s.mu.Lock()
+		clear(s.hits)
+		s.mu.Unlock()
+		for i := 1; i <= 2; i++ {
+			resp, _ := p.do(t, "GET", "/", nil)
+			if resp.StatusCode != 200 || resp.Header.Get("X-Quota-Checked") != "yes" || resp.Header.Get("X-Sidecar-Fail-Open") != "" {
+				t.Errorf("%s, request %d: %d, X-Quota-Checked %q, X-Sidecar-Fail-Open %q", headers, i, resp.StatusCode,
+					resp.Header.Get("X-Quota-Checked"), resp.Header.Get("X-Sidecar-Fail-Open"))
+			}
+			pol, rl := resp.Header.Values("RateLimit-Policy"), resp.Header.Values("RateLimit")
+			want, wantPol := []string(nil), []string(nil)
+			if headers == "always" {
+				// remote_address: 3 a minute, the tighter.
+				wantPol, want = []string{`"global";q=3;w=60`}, []string{`"global";r=` + strconv.Itoa(3-i) + `;t=30`}
+			}
+			if fmt.Sprint(pol) != fmt.Sprint(wantPol) || fmt.Sprint(rl) != fmt.Sprint(want) {
+				t.Errorf("%s, request %d: RateLimit-Policy %q, RateLimit %q; want %q, %q", headers, i, pol, rl, wantPol, want)
+			}
+		}
+	}
+}
+
 // TestGlobalRateLimitFailure: a service that does not answer within its
 // timeout lets requests through by default and answers 500 with
 // failure_mode deny; both counted.
@@ -162,5 +221,70 @@ func TestGlobalRateLimitFailure(t *testing.T) {
 	p3, _ := globalProxy(t, gone, "")
 	if resp, _ := p3.do(t, "GET", "/", nil); resp.StatusCode != 200 {
 		t.Errorf("unreachable service, allow: %d", resp.StatusCode)
+	}
+}
+
+// TestGlobalRateLimitTLS: rate_limit_service.tls reaches a service over
+// TLS (its CA and name checked) and over mTLS (the sidecar's client
+// certificate); a service whose certificate another CA signed, or one
+// that requires a client certificate the sidecar lacks, is a failed call:
+// the failure mode applies and the call is counted.
+func TestGlobalRateLimitTLS(t *testing.T) {
+	pki := testutil.NewPKI(t, "rls")
+	rogue := testutil.NewPKI(t, "rogue")
+	srvCert := pki.Server(t, "rls", "rls.example")
+	client := pki.Client(t, "sidecar", "sidecar")
+	serverTLS := func(mtls bool) grpc.ServerOption {
+		c := &tls.Config{Certificates: []tls.Certificate{srvCert.TLS}, MinVersion: tls.VersionTLS12}
+		if mtls {
+			c.ClientCAs, c.ClientAuth = pki.Pool, tls.RequireAndVerifyClientCert
+		}
+		return grpc.Creds(credentials.NewTLS(c))
+	}
+	tlsAddr := serveRLS(t, &rlServer{limit: 1}, serverTLS(false))
+	mtlsAddr := serveRLS(t, &rlServer{limit: 1}, serverTLS(true))
+
+	for _, tc := range []struct {
+		name, addr, tls string
+	}{
+		{"tls", tlsAddr, fmt.Sprintf("{ca_file: %q, server_name: rls.example}", pki.CAFile)},
+		{"mtls", mtlsAddr, fmt.Sprintf("{ca_file: %q, server_name: rls.example, cert_file: %q, key_file: %q}",
+			pki.CAFile, client.CertFile, client.KeyFile)},
+	} {
+		p, u := globalProxy(t, tc.addr, ", timeout: 5s, tls: "+tc.tls)
+		// The service answers: OK once (its request header reaches the
+		// upstream), then OVER_LIMIT.
+		if resp, _ := p.do(t, "GET", "/", nil); resp.StatusCode != 200 || u.last(t).Header.Get("X-Rls") != "ok" {
+			t.Errorf("%s: first request %d, X-Rls %q", tc.name, resp.StatusCode, u.last(t).Header.Get("X-Rls"))
+		}
+		if resp, _ := p.do(t, "GET", "/", nil); resp.StatusCode != 429 {
+			t.Errorf("%s: second request %d, want 429", tc.name, resp.StatusCode)
+		}
+		if st := p.srv.Stats(); st.GlobalRateLimitErrors != 0 || st.GlobalRateLimited != 1 {
+			t.Errorf("%s: errors %d, limited %d", tc.name, st.GlobalRateLimitErrors, st.GlobalRateLimited)
+		}
+	}
+
+	for _, tc := range []struct {
+		name, addr, tls string
+	}{
+		{"wrong CA", tlsAddr, fmt.Sprintf("{ca_file: %q, server_name: rls.example}", rogue.CAFile)},
+		{"wrong name", tlsAddr, fmt.Sprintf("{ca_file: %q, server_name: other.example}", pki.CAFile)},
+		{"no client certificate", mtlsAddr, fmt.Sprintf("{ca_file: %q, server_name: rls.example}", pki.CAFile)},
+	} {
+		p, u := globalProxy(t, tc.addr, ", timeout: 5s, tls: "+tc.tls)
+		if resp, _ := p.do(t, "GET", "/", nil); resp.StatusCode != 200 || u.count() != 1 {
+			t.Errorf("%s, allow: %d, upstream saw %d", tc.name, resp.StatusCode, u.count())
+		}
+		if st := p.srv.Stats(); st.GlobalRateLimitErrors != 1 {
+			t.Errorf("%s, allow: errors %d, want 1", tc.name, st.GlobalRateLimitErrors)
+		}
+		p2, u2 := globalProxy(t, tc.addr, ", timeout: 5s, failure_mode: deny, tls: "+tc.tls)
+		if resp, _ := p2.do(t, "GET", "/", nil); resp.StatusCode != 500 || u2.count() != 0 {
+			t.Errorf("%s, deny: %d, upstream saw %d", tc.name, resp.StatusCode, u2.count())
+		}
+		if st := p2.srv.Stats(); st.GlobalRateLimitErrors != 1 {
+			t.Errorf("%s, deny: errors %d, want 1", tc.name, st.GlobalRateLimitErrors)
+		}
 	}
 }

@@ -241,6 +241,22 @@ func TestHTTP2IdleAndFrameSize(t *testing.T) {
 	if up.count() != 1 {
 		t.Errorf("the upstream saw %d requests, want 1", up.count())
 	}
+	// x/net closes the connection without calling CountError: the
+	// listener's frame watch counts it.
+	testutil.WaitFor(t, "the oversized frame counted", func() bool { return p.srv.Stats().HTTP2.FrameTooLarge == 1 })
+
+	// A frame whose length its type does not allow (a 7-byte PING).
+	r = dialRawH2(t, p.addr)
+	if err := r.fr.WriteRawFrame(http2.FramePing, 0, 0, make([]byte, 7)); err != nil {
+		t.Fatal(err)
+	}
+	f, err = r.until(func(f http2.Frame) bool { _, ok := f.(*http2.GoAwayFrame); return ok })
+	if err != nil || f.(*http2.GoAwayFrame).ErrCode != http2.ErrCodeFrameSize {
+		t.Errorf("7-byte PING: %v %v, want GOAWAY FRAME_SIZE_ERROR", f, err)
+	}
+	if st := p.srv.Stats().HTTP2; st.FrameSizeErrors != 1 || st.FrameTooLarge != 1 {
+		t.Errorf("frame size errors %d, frames too large %d; want 1 and 1", st.FrameSizeErrors, st.FrameTooLarge)
+	}
 }
 
 // TestHTTP2Malformed: requests RFC 9113 §8.2 calls malformed are refused

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -155,7 +156,8 @@ func TestAllocsRateLimited(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector allocates")
 	}
-	for _, limit := range []string{`{requests: 1000000000, key: client_ip}`, `{requests: 1000000000}`, `{requests: 1000000000, key: method_path}`} {
+	for _, limit := range []string{`{requests: 1000000000, key: client_ip}`, `{requests: 1000000000}`, `{requests: 1000000000, key: method_path}`,
+		`{requests: 1000000000, key: client_ip, headers: always}`} {
 		up := fastUpstream(t)
 		p := startProxy(t, configText(t, limitBenchConfig, map[string]any{"Upstream": up, "Limit": limit}), nil, nil)
 		req := fasthttp.AcquireRequest()
@@ -202,6 +204,53 @@ func BenchmarkProxyRateLimit(b *testing.B) {
 			cpu := time.Duration(ru1.Utime.Nano()+ru1.Stime.Nano()-ru0.Utime.Nano()-ru0.Stime.Nano()) / time.Duration(b.N)
 			b.ReportMetric(float64(cpu.Nanoseconds()), "cpu-ns/op")
 		})
+	}
+}
+
+// TestRateLimitHeadersAlways: with headers: always the responses to
+// allowed requests carry RateLimit-Policy and RateLimit with the
+// bucket's remaining requests and the seconds until it is full again (a
+// listener's limit and a route's, one field each); with the default
+// on_limit only the 429 does.
+func TestRateLimitHeadersAlways(t *testing.T) {
+	u := newUpstream(t, nil)
+	cfg, err := config.Parse([]byte(fmt.Sprintf(`
+listeners: [{name: pub, address: "127.0.0.1:0", rate_limit: {requests: 100, period: 1h, key: client_ip, headers: always}}]
+upstreams: [{name: app, address: %q}]
+routes:
+  - {name: a, upstream: app, path_prefix: /a, rate_limit: {requests: 3, period: 1m, headers: always}}
+  - {name: b, upstream: app, path_prefix: /b, rate_limit: {requests: 3, period: 1m}}
+`, u.addr())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := startProxy(t, cfg, nil, nil)
+	start := time.Now()
+	// t: the bucket is full again i·20 s after the first request (one
+	// token per 20 s), less a second if the machine took that long.
+	within := func(got string, prefix string, want int) bool {
+		return got == prefix+strconv.Itoa(want) || time.Since(start) > time.Second && got == prefix+strconv.Itoa(want-1)
+	}
+	for i := 1; i <= 3; i++ {
+		resp, _ := p.do(t, "GET", "/a", nil)
+		if resp.StatusCode != 200 {
+			t.Fatalf("request %d: %d", i, resp.StatusCode)
+		}
+		pol, rl := resp.Header.Values("RateLimit-Policy"), resp.Header.Values("RateLimit")
+		if len(pol) != 2 || pol[0] != `"pub";q=100;w=3600` || pol[1] != `"a";q=3;w=60` || len(rl) != 2 ||
+			!within(rl[0], `"pub";r=`+strconv.Itoa(100-i)+`;t=`, i*36) || !within(rl[1], `"a";r=`+strconv.Itoa(3-i)+`;t=`, i*20) {
+			t.Errorf("request %d: RateLimit-Policy %q, RateLimit %q", i, pol, rl)
+		}
+	}
+	resp, _ := p.do(t, "GET", "/a", nil)
+	if rl := resp.Header.Values("RateLimit"); resp.StatusCode != 429 || len(rl) != 2 || rl[0] != `"pub";r=96;t=144` && rl[0] != `"pub";r=96;t=143` ||
+		!strings.HasPrefix(rl[1], `"a";r=0;t=`) {
+		t.Errorf("4th: %d, RateLimit %q (the listener's allowed it, the route's refused it)", resp.StatusCode, rl)
+	}
+	// Route b: on_limit (the default); only the listener's fields.
+	resp, _ = p.do(t, "GET", "/b", nil)
+	if pol := resp.Header.Values("RateLimit-Policy"); resp.StatusCode != 200 || len(pol) != 1 || pol[0] != `"pub";q=100;w=3600` {
+		t.Errorf("route without headers: always: %d, RateLimit-Policy %q", resp.StatusCode, pol)
 	}
 }
 

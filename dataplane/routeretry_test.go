@@ -49,8 +49,12 @@ func TestRouteRetry503Then200(t *testing.T) {
 	if resp.StatusCode != 200 || body != "ok" || u.count() != 2 {
 		t.Fatalf("%d %q after %d upstream requests, want 200 after 2", resp.StatusCode, body, u.count())
 	}
-	if st := p.srv.Stats(); st.RouteRetries != 1 {
+	st := p.srv.Stats()
+	if st.RouteRetries != 1 {
 		t.Errorf("route_retries %d", st.RouteRetries)
+	}
+	if rs := st.RouteRetriesBy["r"]; rs.Retries["503"] != 1 || len(rs.Retries) != 1 || rs.BudgetExhausted != 0 || rs.NotReplayable != 0 {
+		t.Errorf("route r's retries %+v, want one for 503", rs)
 	}
 	// Without 503 in retry_on, no retry.
 	n.Store(0)
@@ -73,8 +77,12 @@ func TestRouteRetryConnectFailure(t *testing.T) {
 	if resp, _ := p.do(t, "GET", "/x", nil); resp.StatusCode != 502 {
 		t.Fatalf("refused twice: %d, want 502", resp.StatusCode)
 	}
-	if st := p.srv.Stats(); st.RouteRetries != 1 {
+	st := p.srv.Stats()
+	if st.RouteRetries != 1 {
 		t.Errorf("route_retries %d after a refused request with one retry", st.RouteRetries)
+	}
+	if rs := st.RouteRetriesBy["r"]; rs.Retries["refused"] != 1 {
+		t.Errorf("route r's retries %+v, want one for refused", rs)
 	}
 }
 
@@ -103,8 +111,12 @@ func TestRouteRetryStreamedPostNotReplayed(t *testing.T) {
 	if got := string(u.last(t).Body); got != "chunk0;chunk1;chunk2;chunk3;" {
 		t.Errorf("body %q", got)
 	}
-	if st := p.srv.Stats(); st.RouteRetries != 0 {
+	st := p.srv.Stats()
+	if st.RouteRetries != 0 {
 		t.Errorf("route_retries %d", st.RouteRetries)
+	}
+	if rs := st.RouteRetriesBy["r"]; rs.NotReplayable != 1 || rs.Retries["503"] != 0 {
+		t.Errorf("route r's retries %+v, want one not replayable", rs)
 	}
 }
 
@@ -176,6 +188,9 @@ func TestRouteRetryBudget(t *testing.T) {
 		t.Errorf("%d upstream requests, %d retries, %d refused by the budget; want %d, 3, %d",
 			got, st.RouteRetries, st.RetryBudgetExhausted, clients+3, clients-1)
 	}
+	if rs := st.RouteRetriesBy["r"]; rs.BudgetExhausted != clients-1 || rs.Retries["503"] != 3 {
+		t.Errorf("route r's retries %+v, want 3 for 503 and %d refused by the budget", rs, clients-1)
+	}
 }
 
 // TestRouteTimeouts: upstream_timeout bounds a route's wait for the
@@ -234,7 +249,11 @@ func TestRouteRetryReset(t *testing.T) {
 	if resp, _ := p.do(t, "POST", "/x", nil); resp.StatusCode != 502 {
 		t.Errorf("POST after a reset: %d, want 502 (not retried)", resp.StatusCode)
 	}
-	if st := p.srv.Stats(); st.RouteRetries != 1 {
+	st := p.srv.Stats()
+	if st.RouteRetries != 1 {
 		t.Errorf("route_retries %d, want 1", st.RouteRetries)
+	}
+	if rs := st.RouteRetriesBy["r"]; rs.Retries["reset"] != 1 || rs.NotReplayable != 1 {
+		t.Errorf("route r's retries %+v, want one for reset and the POST not replayable", rs)
 	}
 }

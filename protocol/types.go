@@ -415,6 +415,15 @@ type Decision struct {
 	// configured).
 	Cache CacheDirective
 
+	// SetQuery replaces the query of the upstream request's target with
+	// Query (without the '?'; empty: the target has no query), in an
+	// allow of the request phase. It is not on the wire: only in-process
+	// transports set it (ext_authz, for its query_parameters_to_set and
+	// _remove), and the dataplane holds it to its rules and limits as a
+	// header operation.
+	SetQuery bool
+	Query    []byte
+
 	raw []byte
 }
 
@@ -438,7 +447,7 @@ func (m *Decision) Reset() {
 	raw := m.raw[:0]
 	bh, rq, rs := m.BlockHeaders[:0], m.RequestHeaderOps[:0], m.ResponseHeaderOps[:0]
 	tags, rules, codes := m.Audit.Tags[:0], m.Audit.RuleIDs[:0], m.Audit.ReasonCodes[:0]
-	*m = Decision{raw: raw, BlockHeaders: bh, RequestHeaderOps: rq, ResponseHeaderOps: rs}
+	*m = Decision{raw: raw, BlockHeaders: bh, RequestHeaderOps: rq, ResponseHeaderOps: rs, Query: m.Query[:0]}
 	m.Audit.Tags, m.Audit.RuleIDs, m.Audit.ReasonCodes = tags, rules, codes
 }
 

@@ -178,7 +178,7 @@ func run() int {
 	}
 	built := map[string]error{}
 	fmt.Fprintln(os.Stderr, "peers: building the sidecar, the agents, the auth server and the upstream …")
-	progs := []string{"upstream", "authserver", "spoeagent", "sdkagent", "fhproxy", "loopproxy", "fixedrate"}
+	progs := []string{"upstream", "authserver", "spoeagent", "sdkagent", "fhproxy", "loopproxy", "fixedrate", "grpcupstream", "grpcload"}
 	for _, b := range progs {
 		built[b] = h.goBuild(src, b, "./cmd/"+b)
 	}

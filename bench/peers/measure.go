@@ -58,6 +58,14 @@ func (r *result) totalUS() float64 { return r.proxyUS + r.agentUS }
 // kernelUS is the part of totalUS spent in the kernel.
 func (r *result) kernelUS() float64 { return r.proxyKernelUS + r.agentKernelUS }
 
+// statsAddr is where the row's upstream answers /__peers/stats.
+func (rc *rowCtx) statsAddr() string {
+	if rc.stats != "" {
+		return rc.stats
+	}
+	return rc.upstream
+}
+
 // upstreamStats are the upstream's counters (cmd/upstream).
 type upstreamStats struct{ total, marked, admin int64 }
 
@@ -116,7 +124,10 @@ func status(url string, h2 bool) (int, error) {
 // /admin gets 403 and never reaches the upstream; another path gets 200 and
 // reaches the upstream with X-Agent-Processed: true. A row without an agent
 // only has to answer 200.
-func checkJob(rc *rowCtx, withAgent bool) error {
+func checkJob(h *harness, rc *rowCtx, withAgent bool) error {
+	if rc.grpc {
+		return checkGRPCJob(h, rc, withAgent)
+	}
 	before, err := getStats(rc.upstream)
 	if err != nil {
 		return fmt.Errorf("upstream stats: %w", err)
@@ -165,7 +176,10 @@ type wrkOut struct {
 // runWrk runs wrk against url for d, pinned to the load CPUs; with -rate,
 // cmd/fixedrate instead, which reports in wrk's lines; with h2, h2load
 // (h2c with prior knowledge).
-func (h *harness) runWrk(dir, name, url string, d time.Duration, h2 bool) (wrkOut, error) {
+func (h *harness) runWrk(dir, name, url string, d time.Duration, h2, grpc bool) (wrkOut, error) {
+	if grpc {
+		return h.runGRPCLoad(dir, name, url, d)
+	}
 	if h2 {
 		return h.runH2load(dir, name, url, d)
 	}
@@ -318,7 +332,7 @@ func (h *harness) runRows(defs []rowDef, round int) []result {
 	h.waitQuiet(strings.Join(names, " and "))
 	if h.warmup > 0 {
 		h.eachRow(live, func(r *rowRun) error {
-			if _, err := h.runWrk(r.rc.dir, "wrk-warmup", r.rc.target+"/", h.warmup, r.def.h2); err != nil {
+			if _, err := h.runWrk(r.rc.dir, "wrk-warmup", r.rc.target+"/", h.warmup, r.def.h2, r.def.grpc); err != nil {
 				return fmt.Errorf("warm-up: %w", err)
 			}
 			return nil
@@ -331,7 +345,7 @@ func (h *harness) runRows(defs []rowDef, round int) []result {
 
 	for _, r := range live {
 		var err1, err2, err3, err4 error
-		r.s0, err1 = getStats(r.rc.upstream)
+		r.s0, err1 = getStats(r.rc.statsAddr())
 		r.p0, err2 = cpuSplitOf(r.proxyPIDs)
 		r.a0, err3 = cpuSplitOf(r.agentPIDs)
 		r.u0, err4 = cpuOf(r.upPIDs)
@@ -342,7 +356,7 @@ func (h *harness) runRows(defs []rowDef, round int) []result {
 	live = still(live)
 	m0, st0 := machineBusy(), machineSteal()
 	h.eachRow(live, func(r *rowRun) (err error) {
-		r.w, err = h.runWrk(r.rc.dir, "wrk", r.rc.target+"/", h.duration, r.def.h2)
+		r.w, err = h.runWrk(r.rc.dir, "wrk", r.rc.target+"/", h.duration, r.def.h2, r.def.grpc)
 		return err
 	})
 	m1, st1 := machineBusy(), machineSteal()
@@ -378,8 +392,22 @@ func (h *harness) startRow(r *rowRun, round int) error {
 		return err
 	}
 	rc.upstream = addrs[0]
-	rc.up, err = h.procs.start("upstream", h.loadCPUs, filepath.Join(rc.dir, "upstream.log"), h.goEnv(),
-		h.bin("upstream"), "-addr", rc.upstream)
+	if r.def.grpc {
+		rc.grpc = true
+		var stats []string
+		if stats, err = freeAddrs(1); err != nil {
+			return err
+		}
+		rc.stats = stats[0]
+		rc.up, err = h.procs.start("grpcupstream", h.loadCPUs, filepath.Join(rc.dir, "grpcupstream.log"), h.goEnv(),
+			h.bin("grpcupstream"), "-addr", rc.upstream, "-stats", rc.stats)
+		if err == nil {
+			err = waitDial(rc.up, "tcp", rc.stats, startTimeout)
+		}
+	} else {
+		rc.up, err = h.procs.start("upstream", h.loadCPUs, filepath.Join(rc.dir, "upstream.log"), h.goEnv(),
+			h.bin("upstream"), "-addr", rc.upstream)
+	}
 	if err == nil {
 		err = waitDial(rc.up, "tcp", rc.upstream, startTimeout)
 	}
@@ -389,7 +417,7 @@ func (h *harness) startRow(r *rowRun, round int) error {
 	if err != nil {
 		return fmt.Errorf("start: %w", err)
 	}
-	if err := checkJob(rc, r.def.agent); err != nil {
+	if err := checkJob(h, rc, r.def.agent); err != nil {
 		return fmt.Errorf("job check: %w", err)
 	}
 	if rc.proxy != nil && rc.proxyPIDs == nil {
@@ -424,7 +452,7 @@ func (h *harness) finishRow(r *rowRun) {
 	p1, err2 := cpuSplitOf(r.proxyPIDs)
 	a1, err3 := cpuSplitOf(r.agentPIDs)
 	u1, err4 := cpuOf(r.upPIDs)
-	s1, err1 := getStats(rc.upstream)
+	s1, err1 := getStats(rc.statsAddr())
 	if err := errors.Join(err1, err2, err3, err4); err != nil {
 		res.err = err
 		return

@@ -27,6 +27,10 @@ func printHeader(w io.Writer, h *harness, defs []rowDef) {
 		fmt.Fprintf(w, "- HTTP/2 rows (-h2): h2load -t%d -c%d -m%d -D %s (h2c with prior knowledge; %d concurrent streams on each connection), after a %s warm-up; HTTP/1.1 to the upstream\n",
 			min(h.threads, h.conns), h.conns, h.h2Streams, h.duration, h.h2Streams, h.warmup)
 	}
+	if slices.ContainsFunc(defs, func(d rowDef) bool { return d.grpc }) {
+		fmt.Fprintf(w, "- gRPC rows (grpc-*): cmd/grpcload -c %d -m %d -d %s (unary Echo of 64 bytes; %d grpc-go ClientConns, %d calls in flight on each; GOMAXPROCS=%d), after a %s warm-up; h2c to the proxy and from it to a grpc-go upstream (cmd/grpcupstream)\n",
+			h.conns, h.h2Streams, h.duration, h.conns, h.h2Streams, h.threads, h.warmup)
+	}
 	if h.proxyCPUs != "" {
 		fmt.Fprintf(w, "- placement: proxy + agent pinned to CPU %s; wrk + upstream pinned to CPU %s (taskset)\n", h.proxyCPUs, h.loadCPUs)
 	} else {

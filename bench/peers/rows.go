@@ -19,6 +19,9 @@ type rowDef struct {
 	bins  []string // programs of this module (or the sidecar) it needs
 	agent bool     // it does the job (agent or auth server), so it is checked
 	h2    bool     // the client side is HTTP/2 (h2c, prior knowledge), loaded by h2load
+	// grpc: gRPC unary calls end to end (h2c both sides), loaded by
+	// cmd/grpcload, to cmd/grpcupstream (h2 is set too).
+	grpc  bool
 	setup func(h *harness, rc *rowCtx) error
 }
 
@@ -28,6 +31,8 @@ type rowCtx struct {
 	upstream string // host:port of the upstream
 	target   string // base URL the load goes to
 	h2       bool   // the proxy listens for h2c (prior knowledge), not HTTP/1
+	grpc     bool   // gRPC rows: the upstream is cmd/grpcupstream (h2c)
+	stats    string // host:port of the upstream's stats ("": upstream)
 	up       *proc
 	proxy    *proc
 	agent    *proc
@@ -67,7 +72,19 @@ var rows = []rowDef{
 	{key: "nginx-auth-h2", name: "HTTP/2: nginx + auth_request", tools: []string{"nginx", "h2load"}, bins: []string{"authserver"}, agent: true, h2: true, setup: setupNginx(true)},
 	{key: "sidecar-h2", name: "HTTP/2: sidecar, no agent", tools: []string{"h2load"}, bins: []string{"sidecar"}, h2: true, setup: setupSidecar("sidecar", "", false)},
 	{key: "sidecar-uds-h2", name: "HTTP/2: sidecar + UDS agent (Go SDK)", tools: []string{"h2load"}, bins: []string{"sidecar", "sdkagent"}, agent: true, h2: true, setup: setupSidecar("sidecar", "sdkagent", false)},
+
+	// gRPC unary calls (cmd/grpcload: -connections ClientConns, -h2-streams
+	// calls in flight on each), h2c to the proxy and from it to a grpc-go
+	// upstream (cmd/grpcupstream). Their ratios are to grpc-haproxy-spoe.
+	{key: "grpc-direct", name: "gRPC: upstream direct", bins: grpcBins, h2: true, grpc: true, setup: setupDirect},
+	{key: "grpc-haproxy", name: "gRPC: HAProxy, no agent", tools: []string{"haproxy"}, bins: grpcBins, h2: true, grpc: true, setup: setupHAProxy(false)},
+	{key: "grpc-haproxy-spoe", name: "gRPC: HAProxy + SPOE agent", tools: []string{"haproxy"}, bins: append([]string{"spoeagent"}, grpcBins...), agent: true, h2: true, grpc: true, setup: setupHAProxy(true)},
+	{key: "grpc-sidecar", name: "gRPC: sidecar, no agent", bins: append([]string{"sidecar"}, grpcBins...), h2: true, grpc: true, setup: setupSidecar("sidecar", "", false)},
+	{key: "grpc-sidecar-uds", name: "gRPC: sidecar + UDS agent (Go SDK)", bins: append([]string{"sidecar", "sdkagent"}, grpcBins...), agent: true, h2: true, grpc: true, setup: setupSidecar("sidecar", "sdkagent", false)},
 }
+
+// grpcBins are the programs every gRPC row needs.
+var grpcBins = []string{"grpcupstream", "grpcload"}
 
 // baselineRows are the sidecar rows again, built from another checkout
 // (-baseline): the same rows of two builds, measured in the same rounds.
@@ -82,13 +99,17 @@ var baselineRows = []rowDef{
 // reference is the row the ratios divide by; referenceH2 that of the
 // HTTP/2 rows.
 const (
-	reference   = "haproxy-spoe"
-	referenceH2 = "haproxy-spoe-h2"
+	reference     = "haproxy-spoe"
+	referenceH2   = "haproxy-spoe-h2"
+	referenceGRPC = "grpc-haproxy-spoe"
 )
 
 // referenceOf is the row whose ratios d's are: HAProxy + SPOE on the same
 // client protocol.
 func referenceOf(d rowDef) string {
+	if d.grpc {
+		return referenceGRPC
+	}
 	if d.h2 {
 		return referenceH2
 	}
@@ -161,7 +182,7 @@ frontend fe
     default_backend app
 
 backend app
-    server app {{.Upstream}} maxconn 1024
+    server app {{.Upstream}} maxconn 1024{{if .GRPC}} proto h2{{end}}
 {{- if .Agent}}
 
 backend spoe-agents
@@ -194,7 +215,7 @@ func setupHAProxy(agent bool) func(*harness, *rowCtx) error {
 			return err
 		}
 		data := map[string]any{
-			"Listen": addrs[0], "Upstream": rc.upstream, "Agent": agent, "H2": rc.h2,
+			"Listen": addrs[0], "Upstream": rc.upstream, "Agent": agent, "H2": rc.h2, "GRPC": rc.grpc,
 			"AgentSock": filepath.Join(rc.dir, "spoe.sock"),
 			"SPOEConf":  filepath.Join(rc.dir, "spoe.conf"),
 		}
@@ -463,6 +484,9 @@ const sidecarCfg = `listeners:
 upstreams:
   - name: app
     address: {{.Upstream}}
+{{- if .GRPC}}
+    protocol: h2c
+{{- end}}
 {{- if .AuthURL}}
 agents:
   - name: peers
@@ -521,7 +545,7 @@ func sidecarRowAuth(h *harness, rc *rowCtx, sidecarBin, agentBin string, json bo
 		return err
 	}
 	data := map[string]any{
-		"Listen": addrs[0], "Admin": addrs[1], "Upstream": rc.upstream, "Agent": agent, "JSON": json, "H2": rc.h2,
+		"Listen": addrs[0], "Admin": addrs[1], "Upstream": rc.upstream, "Agent": agent, "JSON": json, "H2": rc.h2, "GRPC": rc.grpc,
 		"AgentSock": filepath.Join(rc.dir, "sdkagent.sock"), "AuthURL": "", "AuthSock": "",
 	}
 	switch {

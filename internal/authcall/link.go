@@ -49,6 +49,18 @@ type Checker interface {
 	Check(ctx context.Context, m *protocol.RequestHeaders, body []byte, d *protocol.Decision) error
 }
 
+// BodyChecker is a Checker that is told, with a request's body, whether
+// the body is whole or was cut at the agent's limit (request_body
+// over_limit prefix): Envoy's ext_authz tells its server so in the
+// x-envoy-auth-partial-body header. A Link over a BodyChecker calls
+// CheckBody for every call with a body, Check for the others.
+type BodyChecker interface {
+	Checker
+	// CheckBody is Check with partial: body is the first bytes of a
+	// longer request body.
+	CheckBody(ctx context.Context, m *protocol.RequestHeaders, body []byte, partial bool, d *protocol.Decision) error
+}
+
 // WaitChecker is a Checker that keeps to the request's wait itself,
 // without a context: its call ends by w.Deadline (an error wrapping
 // context.DeadlineExceeded), soon after w.Cancel is closed, and when
@@ -78,6 +90,7 @@ type Link struct {
 	name     string
 	chk      Checker
 	wchk     WaitChecker // chk, when it is one
+	bchk     BodyChecker // chk, when it is one
 	withBody bool
 	sess     atomic.Pointer[agentmux.Session]
 
@@ -108,6 +121,7 @@ type heldRequest struct {
 func NewLink(name string, chk Checker, withBody bool) *Link {
 	l := &Link{name: name, chk: chk, withBody: withBody, held: map[uint64]*heldRequest{}}
 	l.wchk, _ = chk.(WaitChecker)
+	l.bchk, _ = chk.(BodyChecker)
 	l.base, l.stop = context.WithCancel(context.Background())
 	return l
 }
@@ -138,10 +152,10 @@ func (l *Link) Send(m protocol.Message, w agentmux.Wait) error {
 	switch m := m.(type) {
 	case *protocol.RequestHeaders:
 		if !l.withBody || !m.HasBody {
-			return l.call(m, nil, w)
+			return l.call(m, nil, false, w)
 		}
-		if m.HasInlineBody && m.InlineBody.IsLast {
-			return l.call(m, m.InlineBody.Data, w)
+		if ib := &m.InlineBody; m.HasInlineBody && ib.IsLast {
+			return l.call(m, ib.Data, cut(len(ib.Data), ib.TotalSize, ib.Progress), w)
 		}
 		h := &heldRequest{m: cloneHeaders(m)}
 		if m.HasInlineBody {
@@ -172,7 +186,7 @@ func (l *Link) Send(m protocol.Message, w agentmux.Wait) error {
 			l.deliver(m.RequestID, more)
 			return nil
 		}
-		return l.call(h.m, h.body, w)
+		return l.call(h.m, h.body, cut(len(h.body), m.TotalSize, m.Progress), w)
 	case *protocol.ResponseHeaders:
 		l.deliver(m.RequestID, allow)
 	case *protocol.ResponseBodyChunk:
@@ -181,6 +195,15 @@ func (l *Link) Send(m protocol.Message, w agentmux.Wait) error {
 		return fmt.Errorf("%w: %s: cannot send %s", agentmux.ErrAgentConnLost, l.name, m.MsgType())
 	}
 	return nil
+}
+
+// cut reports whether a body of n bytes, given with its last chunk, is
+// the prefix of a longer one: the client's body is longer (total, its
+// Content-Length) or more of it was read (progress). The dataplane gives
+// an agent the first limit bytes of a body over its limit (over_limit
+// prefix) as a whole buffered body, its last chunk marked is_last.
+func cut(n int, total, progress int64) bool {
+	return total > int64(n) || progress > int64(n)
 }
 
 // Finished implements agentmux.Finisher: a request that ended before the
@@ -194,9 +217,10 @@ func (l *Link) Finished(id uint64) {
 	l.heldMu.Unlock()
 }
 
-// call makes the call about rh (body: its body, or nil) within w and
-// delivers the verdict to rh's exchange.
-func (l *Link) call(rh *protocol.RequestHeaders, body []byte, w agentmux.Wait) error {
+// call makes the call about rh (body: its body, or nil; partial: the
+// body was cut at the limit) within w and delivers the verdict to rh's
+// exchange.
+func (l *Link) call(rh *protocol.RequestHeaders, body []byte, partial bool, w agentmux.Wait) error {
 	base, err := l.ctx()
 	if err != nil {
 		return err
@@ -228,7 +252,12 @@ func (l *Link) call(rh *protocol.RequestHeaders, body []byte, w agentmux.Wait) e
 	}
 	var cerr error
 	l.deliver(rh.RequestID, func(d *protocol.Decision) error {
-		err := l.chk.Check(ctx, rh, body, d)
+		var err error
+		if l.bchk != nil && body != nil {
+			err = l.bchk.CheckBody(ctx, rh, body, partial, d)
+		} else {
+			err = l.chk.Check(ctx, rh, body, d)
+		}
 		if err == nil || errors.Is(err, ErrBadAnswer) {
 			return err // delivered: a verdict, or the service's fault
 		}

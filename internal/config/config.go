@@ -387,7 +387,8 @@ type Agent struct {
 	// default).
 	DecisionCache DecisionCache `yaml:"decision_cache"`
 	// Addresses are more members of the agent besides Address (uds: more
-	// sockets, grpc: more targets), each a separate agent process; new
+	// sockets, grpc and ext_authz: more targets, http_auth: more URLs),
+	// each a separate agent process; new
 	// requests go to the members in turn.
 	Addresses []string `yaml:"addresses"`
 	// Failover retries, once, on another member (or connection) a request
@@ -464,6 +465,45 @@ type RouteAgent struct {
 	// RequestBody and ResponseBody override the fields they set.
 	RequestBody  *BodyPolicy `yaml:"request_body"`
 	ResponseBody *BodyPolicy `yaml:"response_body"`
+	// ExtAuthz are the settings of an ext_authz agent on this route, as
+	// Envoy's ExtAuthzPerRoute.
+	ExtAuthz *RouteExtAuthz `yaml:"ext_authz"`
+}
+
+// RouteExtAuthz is an ext_authz agent's settings on one route (Envoy's
+// ExtAuthzPerRoute).
+type RouteExtAuthz struct {
+	// Disabled skips the agent on this route: its requests are not
+	// checked (Envoy's disabled).
+	Disabled bool `yaml:"disabled"`
+	// ContextExtensions are sent in the route's CheckRequests, merged
+	// over the agent's context_extensions option, the route's winning
+	// (Envoy's check_settings.context_extensions).
+	ContextExtensions map[string]string `yaml:"context_extensions"`
+}
+
+// MaxRouteContextExtensions bounds the context_extensions of one route's
+// ext_authz settings.
+const MaxRouteContextExtensions = 64
+
+// RouteContextExtensions returns the context_extensions routes set for
+// the ext_authz agent name, by route name (none: nil).
+func (c *Config) RouteContextExtensions(name string) map[string]map[string]string {
+	var out map[string]map[string]string
+	for i := range c.Routes {
+		r := &c.Routes[i]
+		for j := range r.Agents {
+			ra := &r.Agents[j]
+			if ra.Name != name || ra.ExtAuthz == nil || ra.ExtAuthz.Disabled || len(ra.ExtAuthz.ContextExtensions) == 0 {
+				continue
+			}
+			if out == nil {
+				out = make(map[string]map[string]string)
+			}
+			out[r.Name] = ra.ExtAuthz.ContextExtensions
+		}
+	}
+	return out
 }
 
 // Route matches requests by host and path prefix and sends them through

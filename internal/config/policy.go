@@ -212,8 +212,8 @@ func (v *validator) agentPolicy(p string, a *Agent) {
 		v.failf(dp+".max_key_bytes", "%s is not in 64..%s", dc.MaxKeyBytes, Size(MaxCacheKeyBytes))
 	}
 	if len(a.Addresses) > 0 {
-		if a.Transport != TransportUDS && a.Transport != TransportGRPC && a.Transport != TransportExtAuthz {
-			v.failf(p+".addresses", "addresses is for uds, grpc and ext_authz agents (a reverse agent's members register themselves)")
+		if a.Transport != TransportUDS && a.Transport != TransportGRPC && a.Transport != TransportExtAuthz && a.Transport != TransportHTTPAuth {
+			v.failf(p+".addresses", "addresses is for uds, grpc, ext_authz and http_auth agents (a reverse agent's members register themselves)")
 		}
 		if len(a.Addresses)+1 > MaxAgentMembers {
 			v.failf(p+".addresses", "%d members (at most %d with address)", len(a.Addresses)+1, MaxAgentMembers)
@@ -230,6 +230,8 @@ func (v *validator) agentPolicy(p string, a *Agent) {
 				v.failf(ap, "socket path longer than 107 bytes")
 			case a.Transport == TransportGRPC || a.Transport == TransportExtAuthz:
 				v.address(ap, addr, false)
+			case a.Transport == TransportHTTPAuth:
+				v.authURL(ap, addr)
 			}
 			seenAddr[addr] = true
 		}

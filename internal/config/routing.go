@@ -169,6 +169,17 @@ const (
 	RateAfterAgents  = "after_agents"
 )
 
+// When a rate limit's RateLimit-Policy and RateLimit fields
+// (draft-ietf-httpapi-ratelimit-headers) are sent.
+const (
+	// RateHeadersOnLimit: on the 429 of a refused request only (as
+	// Envoy's rate limit filters without enable_x_ratelimit_headers).
+	RateHeadersOnLimit = "on_limit"
+	// RateHeadersAlways: on every response, an allowed request's with
+	// the quota left.
+	RateHeadersAlways = "always"
+)
+
 // RateLimit is a local token bucket: Requests per Period on average, at
 // most Burst at once, per key. Past it a request is answered 429 with
 // Retry-After, RateLimit-Policy and RateLimit fields
@@ -191,6 +202,11 @@ type RateLimit struct {
 	MaxKeys int `yaml:"max_keys"`
 	// Stage is before_agents (default) or after_agents.
 	Stage string `yaml:"stage"`
+	// Headers is on_limit (default: RateLimit-Policy and RateLimit on the
+	// 429 only) or always (also on the responses to allowed requests,
+	// with the bucket's remaining requests and the seconds until it is
+	// full again).
+	Headers string `yaml:"headers"`
 }
 
 // Failure modes of the rate limit service.
@@ -203,9 +219,11 @@ const (
 // (envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit) that
 // routes with global_rate_limit ask.
 type RateLimitService struct {
-	// Address is host:port of the service (gRPC without TLS: a
-	// loopback or mesh-local service).
+	// Address is host:port of the service.
 	Address string `yaml:"address"`
+	// TLS secures the connection (nil: gRPC without TLS, for a loopback
+	// or mesh-local service).
+	TLS *RateLimitServiceTLS `yaml:"tls"`
 	// Domain is the request's domain (required).
 	Domain string `yaml:"domain"`
 	// Timeout bounds each call (default 20ms).
@@ -213,6 +231,32 @@ type RateLimitService struct {
 	// FailureMode is allow (default: an unanswered call lets the request
 	// through) or deny (500, as Envoy's failure_mode_deny).
 	FailureMode string `yaml:"failure_mode"`
+}
+
+// RateLimitServiceTLS connects to the rate limit service over TLS
+// (rate_limit_service.tls); its files are read when the connection is
+// made (at start, and at a reload that changes rate_limit_service).
+type RateLimitServiceTLS struct {
+	// CAFile is a PEM bundle of the CAs the service's certificate must
+	// chain to (default: the system roots).
+	CAFile string `yaml:"ca_file"`
+	// CertFile and KeyFile are a client certificate presented to the
+	// service (mTLS; both or neither).
+	CertFile string `yaml:"cert_file"`
+	KeyFile  string `yaml:"key_file"`
+	// ServerName is the name checked against the service's certificate
+	// (default: the host of the address).
+	ServerName string `yaml:"server_name"`
+}
+
+// Equal reports whether s and o are the same service settings.
+func (s *RateLimitService) Equal(o *RateLimitService) bool {
+	a, b := *s, *o
+	a.TLS, b.TLS = nil, nil
+	if a != b || (s.TLS == nil) != (o.TLS == nil) {
+		return false
+	}
+	return s.TLS == nil || *s.TLS == *o.TLS
 }
 
 // DescriptorEntry is one entry of a descriptor, as Envoy's rate limit
@@ -245,6 +289,17 @@ type GlobalRateLimit struct {
 	Descriptors []RateLimitDescriptor `yaml:"descriptors"`
 	// Stage is before_agents (default) or after_agents.
 	Stage string `yaml:"stage"`
+	// Headers is on_limit (default: RateLimit-Policy and RateLimit on the
+	// 429 only) or always (also on the responses to allowed requests,
+	// from the service's descriptor statuses, as Envoy's
+	// enable_x_ratelimit_headers).
+	Headers string `yaml:"headers"`
+}
+
+func (v *validator) rateHeaders(p, h string) {
+	if h != RateHeadersOnLimit && h != RateHeadersAlways {
+		v.failf(p+".headers", "unknown headers %q (want on_limit or always)", h)
+	}
 }
 
 func (v *validator) rateLimitService() {
@@ -257,6 +312,20 @@ func (v *validator) rateLimitService() {
 		v.failf("rate_limit_service.domain", "domain is required")
 	}
 	v.positive("rate_limit_service.timeout", s.Timeout)
+	if t := s.TLS; t != nil {
+		const p = "rate_limit_service.tls"
+		if t.CertFile != "" || t.KeyFile != "" {
+			v.keyPair(p, t.CertFile, t.KeyFile, false)
+		}
+		if t.CAFile != "" {
+			if _, err := LoadCertPool(t.CAFile); err != nil {
+				v.failf(p+".ca_file", "%v", err)
+			}
+		}
+		if t.ServerName == "" && strings.HasPrefix(s.Address, "unix:") {
+			v.failf(p+".server_name", "a unix: address over TLS needs server_name")
+		}
+	}
 	if s.FailureMode != RateLimitFailAllow && s.FailureMode != RateLimitFailDeny {
 		v.failf("rate_limit_service.failure_mode", "unknown failure mode %q (want allow or deny)", s.FailureMode)
 	}
@@ -296,6 +365,7 @@ func (v *validator) globalRateLimit(p string, g *GlobalRateLimit) {
 	if g.Stage != RateBeforeAgents && g.Stage != RateAfterAgents {
 		v.failf(p+".stage", "unknown stage %q (want before_agents or after_agents)", g.Stage)
 	}
+	v.rateHeaders(p, g.Headers)
 }
 
 // routeActions counts the actions of r that answer without an upstream.
@@ -321,8 +391,13 @@ func (r *Route) setRoutingDefaults() {
 	if rl := r.RateLimit; rl != nil {
 		rl.setDefaults()
 	}
-	if g := r.GlobalRateLimit; g != nil && g.Stage == "" {
-		g.Stage = RateBeforeAgents
+	if g := r.GlobalRateLimit; g != nil {
+		if g.Stage == "" {
+			g.Stage = RateBeforeAgents
+		}
+		if g.Headers == "" {
+			g.Headers = RateHeadersOnLimit
+		}
 	}
 }
 
@@ -335,6 +410,9 @@ func (rl *RateLimit) setDefaults() {
 	setInt(&rl.MaxKeys, 100000)
 	if rl.Stage == "" {
 		rl.Stage = RateBeforeAgents
+	}
+	if rl.Headers == "" {
+		rl.Headers = RateHeadersOnLimit
 	}
 }
 
@@ -630,6 +708,7 @@ func (v *validator) rateLimit(p string, rl *RateLimit) {
 	if rl.Stage != RateBeforeAgents && rl.Stage != RateAfterAgents {
 		v.failf(p+".stage", "unknown stage %q (want before_agents or after_agents)", rl.Stage)
 	}
+	v.rateHeaders(p, rl.Headers)
 }
 
 func validMethod(m string) bool { return validToken(m) }

@@ -55,6 +55,12 @@ func TestRoutingInvalid(t *testing.T) {
 		{"  - {name: r, upstream: app, global_rate_limit: {descriptors: [{entries: [{request_header: x-a}]}]}}\nrate_limit_service: {address: \"127.0.0.1:1\", domain: d}", `routes[0].global_rate_limit.descriptors[0].entries[0].descriptor_key: request_header needs a descriptor_key`},
 		{"  - {name: r, upstream: app}\nrate_limit_service: {address: \"127.0.0.1:1\"}", `rate_limit_service.domain: domain is required`},
 		{"  - {name: r, upstream: app}\nrate_limit_service:\n  address: \"127.0.0.1:1\"\n  domain: d\n  failure_mode: open", `line 11: rate_limit_service.failure_mode: unknown failure mode "open" (want allow or deny)`},
+		{"  - {name: r, upstream: app}\nrate_limit_service:\n  address: \"127.0.0.1:1\"\n  domain: d\n  tls:\n    ca_file: /nonexistent/ca.pem", `line 12: rate_limit_service.tls.ca_file: `},
+		{"  - {name: r, upstream: app}\nrate_limit_service:\n  address: \"127.0.0.1:1\"\n  domain: d\n  tls: {cert_file: /nonexistent/c.pem}", `rate_limit_service.tls.key_file: key_file is required`},
+		{"  - {name: r, upstream: app}\nrate_limit_service:\n  address: \"unix:/run/rls.sock\"\n  domain: d\n  tls: {}", `rate_limit_service.tls.server_name: a unix: address over TLS needs server_name`},
+		{"  - name: r\n    upstream: app\n    rate_limit: {requests: 1, headers: sometimes}", `line 9: routes[0].rate_limit.headers: unknown headers "sometimes" (want on_limit or always)`},
+		{"  - {name: r, upstream: app, global_rate_limit: {headers: yes, descriptors: [{entries: [{route_name: true}]}]}}\nrate_limit_service: {address: \"127.0.0.1:1\", domain: d}", `routes[0].global_rate_limit.headers: unknown headers "yes"`},
+		{"listener {requests: 1, headers: never}", `listeners[0].rate_limit.headers: unknown headers "never"`},
 		{"listener {requests: 1, stage: after_agents}", `line 3: listeners[0].rate_limit.stage: a listener's limit is checked before routing`},
 		{"listener {requests: 0}", `listeners[0].rate_limit.requests: must be at least 1`},
 		{"  - {name: r, upstream: app, methods: [GET]}\n  - {name: s, upstream: app, methods: [get]}", `routes[1].hosts[0]: host "*" with the same conditions is already routed by routes[0]`},
@@ -90,7 +96,8 @@ func TestRoutingDefaults(t *testing.T) {
 	if rt.NumRetries != 1 || rt.BackoffBase.Milliseconds() != 25 || rt.BackoffMax.Milliseconds() != 250 || rt.Budget.Percent != 20 || rt.Budget.MinRetries != 3 {
 		t.Errorf("retry defaults %+v", *rt)
 	}
-	if rl.Period.Seconds() != 1 || rl.Burst != 10 || rl.Key != config.RateKeyNone || rl.MaxKeys != 100000 || rl.Stage != config.RateBeforeAgents {
+	if rl.Period.Seconds() != 1 || rl.Burst != 10 || rl.Key != config.RateKeyNone || rl.MaxKeys != 100000 || rl.Stage != config.RateBeforeAgents ||
+		rl.Headers != config.RateHeadersOnLimit {
 		t.Errorf("rate_limit defaults %+v", *rl)
 	}
 }

@@ -300,7 +300,25 @@ func (v *validator) routes() {
 			if ra.ResponseBody != nil {
 				v.body(ap+".response_body", ra.ResponseBody, true)
 			}
+			if ra.ExtAuthz != nil {
+				v.routeExtAuthz(ap+".ext_authz", ra)
+			}
 		}
+	}
+}
+
+// routeExtAuthz checks a route's ext_authz settings for agent ra.
+func (v *validator) routeExtAuthz(p string, ra *RouteAgent) {
+	if a := v.c.Agent(ra.Name); a != nil && a.Transport != TransportExtAuthz {
+		v.failf(p, "agent %q is of transport %s: ext_authz settings are for ext_authz agents", ra.Name, a.Transport)
+		return
+	}
+	ext := ra.ExtAuthz.ContextExtensions
+	if len(ext) > MaxRouteContextExtensions {
+		v.failf(p+".context_extensions", "%d entries (at most %d)", len(ext), MaxRouteContextExtensions)
+	}
+	if _, empty := ext[""]; empty {
+		v.failf(p+".context_extensions", "an empty key")
 	}
 }
 

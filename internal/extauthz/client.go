@@ -29,6 +29,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
@@ -49,6 +50,9 @@ const (
 	evUnsupported
 	evIgnored
 	evProbeRefused
+	evQueryRewrites
+	evBadQuery
+	evNotServing
 	numEvents
 )
 
@@ -56,7 +60,8 @@ const (
 // (exported as sidecar_authz_events_total).
 var EventNames = [numEvents]string{
 	"checks", "ok", "denied", "error_responses", "unsupported_responses",
-	"fields_ignored", "probes_refused",
+	"fields_ignored", "probes_refused", "query_rewrites", "invalid_query_parameters",
+	"not_serving",
 }
 
 // ErrNotAuthz: the server at the agent's address does not implement
@@ -153,14 +158,51 @@ const checkMethod = "/envoy.service.auth.v3.Authorization/Check"
 // Check implements authcall.Checker: one Check call, its request encoded
 // by the connection's codec straight from m (checkWire).
 func (k checker) Check(ctx context.Context, m *protocol.RequestHeaders, body []byte, d *protocol.Decision) error {
+	return k.CheckBody(ctx, m, body, false, d)
+}
+
+var _ authcall.BodyChecker = checker{}
+
+// CheckBody implements authcall.BodyChecker: Check, telling the server
+// whether body was cut at the limit (x-envoy-auth-partial-body).
+func (k checker) CheckBody(ctx context.Context, m *protocol.RequestHeaders, body []byte, partial bool, d *protocol.Decision) error {
 	c := k.c
 	c.count(evChecks)
-	w := checkWire{cfg: &c.cfg, m: m, body: body, now: time.Now()}
+	w := checkWire{cfg: &c.cfg, m: m, body: body, partial: partial, now: time.Now()}
 	r := new(authv3.CheckResponse)
 	if err := k.cc.Invoke(ctx, checkMethod, &w, r); err != nil {
 		return rpcError(err)
 	}
 	return c.mapResponse(m, r, d)
+}
+
+// ErrNotServing: the server's gRPC health service says it does not serve
+// (NOT_SERVING, UNKNOWN, or the service name unknown to it).
+var ErrNotServing = errors.New("extauthz: the server's health service says it is not serving")
+
+// health asks the server's grpc.health.v1.Health service about
+// HealthService. noHealth reports that the server does not implement it
+// (Unimplemented): the Authorization probe decides instead, as before
+// health checks.
+func (c *Client) health(cli healthpb.HealthClient) (noHealth bool, err error) {
+	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.DialTimeout)
+	defer cancel()
+	r, err := cli.Check(ctx, &healthpb.HealthCheckRequest{Service: c.cfg.HealthService})
+	switch status.Code(err) {
+	case codes.OK:
+	case codes.Unimplemented:
+		return true, nil
+	case codes.NotFound:
+		c.count(evNotServing)
+		return false, fmt.Errorf("%w: health service: service %q unknown to the server", ErrNotServing, c.cfg.HealthService)
+	default:
+		return false, fmt.Errorf("health check: %v", rpcError(err))
+	}
+	if st := r.GetStatus(); st != healthpb.HealthCheckResponse_SERVING {
+		c.count(evNotServing)
+		return false, fmt.Errorf("%w: health service: %s (service %q)", ErrNotServing, st, c.cfg.HealthService)
+	}
+	return false, nil
 }
 
 // probe asks the server whether it implements Authorization: a Check of
@@ -190,12 +232,34 @@ func (c *Client) maintain(slot int) {
 	defer c.wg.Done()
 	cc := c.conns[slot]
 	cli := authv3.NewAuthorizationClient(cc)
+	hcli := healthpb.NewHealthClient(cc)
+	// noHealth: the server on this connection has no health service, as
+	// its last probe found (kept by the maintaining goroutine only).
+	noHealth := false
 	grpckeep.Keep(c.ctx, cc, grpckeep.Conn{
 		Pool: c.Pool, What: "authorization server", Address: c.cfg.Address,
-		Log:       c.log.With().Int("conn", slot).Logger(),
-		Probe:     func() error { return c.probe(cli) },
-		Refused:   ErrNotAuthz,
-		OnRefused: func() { c.count(evProbeRefused) },
+		Log: c.log.With().Int("conn", slot).Logger(),
+		// The health service first, where the server has one; else (and
+		// for a server without one) the probe Check.
+		Probe: func() error {
+			var err error
+			if noHealth, err = c.health(hcli); err != nil || !noHealth {
+				return err
+			}
+			return c.probe(cli)
+		},
+		Health: func() error {
+			if noHealth {
+				return nil
+			}
+			var err error
+			noHealth, err = c.health(hcli)
+			return err
+		},
+		HealthInterval: c.cfg.HealthInterval,
+		Drain:          c.cfg.MessageTimeout + time.Second,
+		Refused:        ErrNotAuthz,
+		OnRefused:      func() { c.count(evProbeRefused) },
 		NewSession: func() *agentmux.Session {
 			l := authcall.NewLink(c.cfg.Name, checker{c: c, cc: cc}, c.cfg.WithRequestBody)
 			sess := agentmux.NewSession(l, c.caps, agentmux.SessionConfig{

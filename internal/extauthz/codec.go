@@ -29,22 +29,46 @@ import (
 // to 270 allocations. Anything else goes to the proto codec unchanged.
 type codec struct {
 	// ext is the encoding of the configured context_extensions (field
-	// 10 entries of AttributeContext), the same for every request.
-	ext []byte
+	// 10 entries of AttributeContext), the same for every request;
+	// routes those of the routes that have their own, merged, by route
+	// name.
+	ext    []byte
+	routes map[string][]byte
 }
 
 var protoCodec = encoding.GetCodecV2(grpcproto.Name)
 
 func newCodec(cfg *Config) *codec {
-	c := &codec{}
-	for k, v := range cfg.ContextExtensions {
+	c := &codec{ext: appendExtensions(nil, cfg.ContextExtensions)}
+	for r := range cfg.RouteContextExtensions {
+		if c.routes == nil {
+			c.routes = make(map[string][]byte, len(cfg.RouteContextExtensions))
+		}
+		c.routes[r] = appendExtensions(nil, cfg.extensionsFor(r))
+	}
+	return c
+}
+
+// appendExtensions appends the context_extensions entries of ext.
+func appendExtensions(b []byte, ext map[string]string) []byte {
+	for k, v := range ext {
 		var e []byte
 		e = appendString(e, 1, k)
 		e = appendString(e, 2, v)
-		c.ext = protowire.AppendTag(c.ext, 10, protowire.BytesType)
-		c.ext = protowire.AppendBytes(c.ext, e)
+		b = protowire.AppendTag(b, 10, protowire.BytesType)
+		b = protowire.AppendBytes(b, e)
 	}
-	return c
+	return b
+}
+
+// extFor returns the encoded context_extensions of a request of route.
+func (c *codec) extFor(route []byte) []byte {
+	if c.routes != nil {
+		if e, ok := c.routes[string(route)]; ok {
+			return e
+		}
+	}
+	return c.ext
 }
 
 // Name implements encoding.CodecV2: empty, so that the content-type stays
@@ -78,7 +102,25 @@ type checkWire struct {
 	cfg  *Config
 	m    *protocol.RequestHeaders
 	body []byte
-	now  time.Time
+	// partial: body is the first bytes of a longer one (sent as the
+	// x-envoy-auth-partial-body header).
+	partial bool
+	now     time.Time
+}
+
+// partialBodyHeader tells the server whether the body it is sent is the
+// whole request body ("false") or was cut at the limit ("true"), as
+// Envoy's ext_authz filter sets it on a Check with a body. The client's
+// own header of that name is never sent (as Envoy drops it), so that a
+// client cannot claim either.
+const partialBodyHeader = "x-envoy-auth-partial-body"
+
+// partialValue is partialBodyHeader's value.
+func partialValue(partial bool) []byte {
+	if partial {
+		return []byte("true")
+	}
+	return []byte("false")
 }
 
 // ProtoReflect is absent on purpose: a checkWire is not a proto.Message,
@@ -162,16 +204,20 @@ func (w *checkWire) encode(c *codec) []byte {
 		k string
 		v []byte
 	}{{":authority", host}, {":method", m.Method}, {":path", m.URI}, {":scheme", []byte(scheme)}}
+	withBody := cfg.WithRequestBody && w.body != nil
 	if cfg.EncodeRawHeaders {
 		hm := bufs.tmp[:0]
 		for _, p := range pseudo {
 			hm = appendHeaderValue(hm, p.k, nil, p.v)
 		}
 		for i := range m.Headers {
-			if isHost(m.Headers[i].Name) {
+			if isHost(m.Headers[i].Name) || isPartial(m.Headers[i].Name) {
 				continue
 			}
 			hm = appendHeaderValue(hm, "", m.Headers[i].Name, m.Headers[i].Value)
+		}
+		if withBody {
+			hm = appendHeaderValue(hm, partialBodyHeader, nil, partialValue(w.partial))
 		}
 		h = protowire.AppendTag(h, fHTTPHeaderMap, protowire.BytesType)
 		h = protowire.AppendBytes(h, hm)
@@ -182,10 +228,13 @@ func (w *checkWire) encode(c *codec) []byte {
 		}
 		hs := m.Headers
 		for i := range hs {
-			if isHost(hs[i].Name) || seenBefore(hs, i) {
+			if isHost(hs[i].Name) || isPartial(hs[i].Name) || seenBefore(hs, i) {
 				continue // Host is :authority, as Envoy's codecs make it
 			}
 			h = appendMapEntry(h, fHTTPHeaders, "", hs[i].Name, hs[i].Value, hs[i+1:])
+		}
+		if withBody {
+			h = appendMapEntry(h, fHTTPHeaders, partialBodyHeader, nil, partialValue(w.partial), nil)
 		}
 	}
 	h = appendUTF8(h, fHTTPPath, m.URI)
@@ -197,7 +246,7 @@ func (w *checkWire) encode(c *codec) []byte {
 		h = protowire.AppendVarint(h, uint64(size))
 	}
 	h = appendUTF8(h, fHTTPProtocol, md.Protocol)
-	if cfg.WithRequestBody && w.body != nil {
+	if withBody {
 		if cfg.PackAsBytes {
 			if len(w.body) > 0 {
 				h = protowire.AppendTag(h, fHTTPRawBody, protowire.BytesType)
@@ -241,7 +290,7 @@ func (w *checkWire) encode(c *codec) []byte {
 	a = appendPeer(a, fAttrDestination, md.ServerIP, md.ServerPort, nil)
 	a = protowire.AppendTag(a, fAttrRequest, protowire.BytesType)
 	a = protowire.AppendBytes(a, r)
-	a = append(a, c.ext...)
+	a = append(a, c.extFor(md.RouteID)...)
 	a = protowire.AppendTag(a, fAttrMetadata, protowire.BytesType)
 	a = protowire.AppendVarint(a, 0) // an empty metadata_context, as Envoy sends
 	if tls && cfg.IncludeTLSSession {
@@ -359,6 +408,8 @@ func appendHeaderValue(b []byte, k string, name, v []byte) []byte {
 }
 
 func isHost(name []byte) bool { return equalFold(name, []byte("host")) }
+
+func isPartial(name []byte) bool { return equalFold(name, []byte(partialBodyHeader)) }
 
 // seenBefore reports whether a header before i has hs[i]'s name.
 func seenBefore(hs protocol.Headers, i int) bool {

@@ -37,45 +37,58 @@ func wireRequest() *protocol.RequestHeaders {
 func TestWireMatchesProto(t *testing.T) {
 	now := time.Unix(1700000000, 42)
 	for _, tc := range []struct {
-		name string
-		cfg  Config
-		body []byte
-		m    func(*protocol.RequestHeaders)
+		name    string
+		cfg     Config
+		body    []byte
+		m       func(*protocol.RequestHeaders)
+		partial bool
 	}{
-		{"defaults", Config{}, nil, nil},
-		{"extensions and tls session", Config{ContextExtensions: map[string]string{"a": "1", "env": "prod", "empty": ""}, IncludeTLSSession: true}, nil, nil},
-		{"raw headers", Config{EncodeRawHeaders: true}, nil, nil},
-		{"body", Config{WithRequestBody: true}, []byte("hello \xe9 world"), nil},
-		{"raw body", Config{WithRequestBody: true, PackAsBytes: true}, []byte{0, 1, 2, 0xff}, nil},
-		{"empty body", Config{WithRequestBody: true, PackAsBytes: true}, []byte{}, nil},
+		{"defaults", Config{}, nil, nil, false},
+		{"extensions and tls session", Config{ContextExtensions: map[string]string{"a": "1", "env": "prod", "empty": ""}, IncludeTLSSession: true}, nil, nil, false},
+		{"raw headers", Config{EncodeRawHeaders: true}, nil, nil, false},
+		{"body", Config{WithRequestBody: true}, []byte("hello \xe9 world"), nil, false},
+		{"raw body", Config{WithRequestBody: true, PackAsBytes: true}, []byte{0, 1, 2, 0xff}, nil, false},
+		{"empty body", Config{WithRequestBody: true, PackAsBytes: true}, []byte{}, nil, false},
 		{"plain, no timestamp, no addresses", Config{}, nil, func(m *protocol.RequestHeaders) {
 			m.Metadata = protocol.Metadata{}
 			m.HasBody = false
 			m.Headers = m.Headers[:2]
 			m.URI = []byte("/")
-		}},
-		{"unknown length", Config{}, nil, func(m *protocol.RequestHeaders) { m.Headers[2].Value = []byte("+12") }},
-		{"no host", Config{}, nil, func(m *protocol.RequestHeaders) { m.Headers = m.Headers[1:] }},
+		}, false},
+		{"unknown length", Config{}, nil, func(m *protocol.RequestHeaders) { m.Headers[2].Value = []byte("+12") }, false},
+		{"no host", Config{}, nil, func(m *protocol.RequestHeaders) { m.Headers = m.Headers[1:] }, false},
+		{"partial body, the client's header dropped", Config{WithRequestBody: true}, []byte("hello"), func(m *protocol.RequestHeaders) {
+			m.Headers = append(m.Headers, protocol.Header{Name: []byte("X-Envoy-Auth-Partial-Body"), Value: []byte("false")})
+		}, true},
+		{"raw headers, partial body", Config{WithRequestBody: true, EncodeRawHeaders: true}, []byte("hello"), func(m *protocol.RequestHeaders) {
+			m.Headers = append(m.Headers, protocol.Header{Name: []byte("x-envoy-auth-partial-body"), Value: []byte("false")})
+		}, true},
+		{"route extensions merged", Config{ContextExtensions: map[string]string{"a": "1", "env": "prod"},
+			RouteContextExtensions: map[string]map[string]string{"r1": {"env": "dev", "route": "r1"}, "r2": {"x": "y"}}}, nil,
+			func(m *protocol.RequestHeaders) { m.Metadata.RouteID = []byte("r1") }, false},
+		{"route extensions, other route", Config{ContextExtensions: map[string]string{"a": "1"},
+			RouteContextExtensions: map[string]map[string]string{"r1": {"a": "2"}}}, nil,
+			func(m *protocol.RequestHeaders) { m.Metadata.RouteID = []byte("r9") }, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := wireRequest()
 			if tc.m != nil {
 				tc.m(m)
 			}
-			checkWireMatches(t, &tc.cfg, m, tc.body, now)
+			checkWireMatches(t, &tc.cfg, m, tc.body, tc.partial, now)
 		})
 	}
 }
 
-func checkWireMatches(t *testing.T, cfg *Config, m *protocol.RequestHeaders, body []byte, now time.Time) {
+func checkWireMatches(t *testing.T, cfg *Config, m *protocol.RequestHeaders, body []byte, partial bool, now time.Time) {
 	t.Helper()
-	w := checkWire{cfg: cfg, m: m, body: body, now: now}
+	w := checkWire{cfg: cfg, m: m, body: body, partial: partial, now: now}
 	b := w.encode(newCodec(cfg))
 	var got authv3.CheckRequest
 	if err := proto.Unmarshal(b, &got); err != nil {
 		t.Fatalf("the hand encoding does not decode: %v", err)
 	}
-	want := cfg.checkRequest(m, body, now)
+	want := cfg.checkRequest(m, body, partial, now)
 	if !proto.Equal(&got, want) {
 		t.Errorf("hand encoding decodes to\n%v\nwant\n%v", &got, want)
 	}
@@ -105,6 +118,6 @@ func FuzzWire(f *testing.F) {
 				cfg.ContextExtensions = nil // the configuration is UTF-8 YAML
 			}
 		}
-		checkWireMatches(t, cfg, m, body, time.Unix(int64(port), 0))
+		checkWireMatches(t, cfg, m, body, flags&128 != 0, time.Unix(int64(port), 0))
 	})
 }

@@ -37,8 +37,14 @@ type Config struct {
 	// MessageTimeout bounds each Check call (Envoy's timeout).
 	MessageTimeout time.Duration
 	// ContextExtensions are sent as the context_extensions of every
-	// CheckRequest (Envoy sets them per route; here per agent).
+	// CheckRequest (the agent's option).
 	ContextExtensions map[string]string
+	// RouteContextExtensions are the context_extensions of routes, by
+	// route name (routes[].agents[].ext_authz.context_extensions): a
+	// request of such a route is sent ContextExtensions with the route's
+	// merged over them, the route's winning, as Envoy merges an
+	// ExtAuthzPerRoute's over the filter's.
+	RouteContextExtensions map[string]map[string]string
 	// IncludeTLSSession sends tls_session (the SNI) for TLS requests, as
 	// Envoy's include_tls_session.
 	IncludeTLSSession bool
@@ -54,6 +60,13 @@ type Config struct {
 	// EncodeRawHeaders sends the headers as header_map with raw values
 	// instead of the headers map, as Envoy's encode_raw_headers.
 	EncodeRawHeaders bool
+	// HealthService is the service name asked of the server's gRPC
+	// health service (grpc.health.v1.Health/Check), "" (the server as a
+	// whole) by default, as Envoy's gRPC health checks ask.
+	HealthService string
+	// HealthInterval is how often a live connection's server is asked
+	// again, when it implements the health service (default 10s).
+	HealthInterval time.Duration
 	// MaxMessageSize caps messages both ways.
 	MaxMessageSize int
 	// TLS secures the connections (mTLS with a client certificate).
@@ -66,6 +79,7 @@ type Config struct {
 // agents[].options).
 var Options = append(slices.Clone(grpcclient.TLSOptions),
 	"context_extensions", "include_tls_session", "encode_raw_headers", "with_request_body", "pack_as_bytes",
+	"health_service", "health_interval",
 )
 
 // refusedOptions are options of Envoy's ext_authz filter that check-config
@@ -94,6 +108,7 @@ func DefaultConfig(name, address string) Config {
 		DialTimeout:    redial.DefaultConnectTimeout + redial.DefaultHandshakeTimeout,
 		MessageTimeout: agentmux.DefaultMessageTimeout,
 		MaxMessageSize: 4 << 20,
+		HealthInterval: 10 * time.Second,
 		Logger:         zerolog.Nop(),
 	}
 }
@@ -126,6 +141,13 @@ func (c *Config) ApplyOptions(opts map[string]string) error {
 			c.WithRequestBody, err = strconv.ParseBool(v)
 		case "pack_as_bytes":
 			c.PackAsBytes, err = strconv.ParseBool(v)
+		case "health_service":
+			c.HealthService = v
+		case "health_interval":
+			c.HealthInterval, err = time.ParseDuration(v)
+			if err == nil && c.HealthInterval < 100*time.Millisecond {
+				err = fmt.Errorf("%v is below 100ms", c.HealthInterval)
+			}
 		default:
 			if why, ok := refusedOptions[k]; ok {
 				err = fmt.Errorf("not supported: %s", why)
@@ -164,6 +186,21 @@ func parseExtensions(v string) (map[string]string, error) {
 	return out, nil
 }
 
+// extensionsFor returns the context_extensions of a request of route:
+// ContextExtensions, with the route's merged over them.
+func (c *Config) extensionsFor(route string) map[string]string {
+	r, ok := c.RouteContextExtensions[route]
+	if !ok {
+		return c.ContextExtensions
+	}
+	out := maps.Clone(c.ContextExtensions)
+	if out == nil {
+		out = make(map[string]string, len(r))
+	}
+	maps.Copy(out, r)
+	return out
+}
+
 // Validate reports the first invalid field.
 func (c *Config) Validate() error {
 	fail := func(f string, a ...any) error {
@@ -192,6 +229,8 @@ func (c *Config) Validate() error {
 		return fail("tls_server_name without tls")
 	case c.PackAsBytes && !c.WithRequestBody:
 		return fail("pack_as_bytes without with_request_body")
+	case c.HealthInterval <= 0:
+		return fail("health_interval must be positive")
 	}
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -358,8 +359,8 @@ func TestDenied(t *testing.T) {
 }
 
 // TestFailures checks the answers that are not a verdict: a gRPC error,
-// an error_response and an OK with query parameter mutations fail the
-// request closed (status 403, Envoy's status_on_error default, or
+// an error_response and an OK with a query parameter to set that is not
+// one parameter (an '&' in its name) fail the request closed (status 403, Envoy's status_on_error default, or
 // failure_status) or open (failure_mode: open, Envoy's
 // failure_mode_allow).
 func TestFailures(t *testing.T) {
@@ -373,7 +374,7 @@ func TestFailures(t *testing.T) {
 				HttpResponse: &authv3.CheckResponse_ErrorResponse{ErrorResponse: &authv3.DeniedHttpResponse{Body: "oops"}},
 			}, nil
 		case "/query":
-			return okResponse(&authv3.OkHttpResponse{QueryParametersToRemove: []string{"token"}}), nil
+			return okResponse(&authv3.OkHttpResponse{QueryParametersToSet: []*corev3.QueryParameter{{Key: "a&admin", Value: "1"}}}), nil
 		}
 		return okResponse(nil), nil
 	}, nil)
@@ -408,7 +409,7 @@ func TestFailures(t *testing.T) {
 				}
 			}
 			ev := a.Snapshot().Events
-			if ev["error_responses"] != 1 || ev["unsupported_responses"] != 1 {
+			if ev["error_responses"] != 1 || ev["invalid_query_parameters"] != 1 {
 				t.Errorf("events %v", ev)
 			}
 		})
@@ -564,6 +565,30 @@ func post(t *testing.T, url, body string) (*http.Response, string) {
 	return resp, string(b)
 }
 
+// postWith sends a POST of body (chunked unless a strings.Reader) with
+// the headers hdr (name, value pairs).
+func postWith(t *testing.T, url string, body io.Reader, hdr ...string) (*http.Response, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Add(hdr[i], hdr[i+1])
+	}
+	cl := &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	resp, err := cl.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp, string(b)
+}
+
 // TestWithRequestBody checks with_request_body: the server gets the
 // whole body (inline when it is one chunk, else after the last chunk),
 // can deny on it before the upstream sees any of it, and a body over
@@ -582,6 +607,16 @@ func TestWithRequestBody(t *testing.T) {
 		h := got[len(got)-1].GetAttributes().GetRequest().GetHttp()
 		return h.GetBody(), h.GetRawBody()
 	}
+	// lastPartial is the last Check's x-envoy-auth-partial-body ("-":
+	// none).
+	lastPartial := func() string {
+		got := s.received()
+		v, ok := got[len(got)-1].GetAttributes().GetRequest().GetHttp().GetHeaders()["x-envoy-auth-partial-body"]
+		if !ok {
+			return "-"
+		}
+		return v
+	}
 	big := strings.Repeat("abcdefgh", 640) // 5 KiB: five 1 KiB chunks
 	t.Run("reject", func(t *testing.T) {
 		url, up, _ := proxy(t, addr, `
@@ -597,11 +632,24 @@ func TestWithRequestBody(t *testing.T) {
 		if b, _ := lastBody(); b != "hello" {
 			t.Errorf("small: server got body %q", b)
 		}
+		if p := lastPartial(); p != "false" {
+			t.Errorf("small: x-envoy-auth-partial-body %q, want false", p)
+		}
+		// A client's own header of that name is not what the server sees.
+		if resp, _ := postWith(t, url+"/claim", strings.NewReader("hello"), "X-Envoy-Auth-Partial-Body", "true"); resp.StatusCode != 200 {
+			t.Errorf("claim: status %d", resp.StatusCode)
+		}
+		if p := lastPartial(); p != "false" {
+			t.Errorf("a client's x-envoy-auth-partial-body: true reached the server as %q", p)
+		}
 		if resp, _ := post(t, url+"/big", big); resp.StatusCode != 200 {
 			t.Errorf("big: status %d", resp.StatusCode)
 		}
 		if b, _ := lastBody(); b != big {
 			t.Errorf("big: server got %d bytes of body", len(b))
+		}
+		if p := lastPartial(); p != "false" {
+			t.Errorf("big: x-envoy-auth-partial-body %q, want false", p)
 		}
 		if h, _ := up.get(); h.Get("X-Body-Checked") != "/big" {
 			t.Errorf("big: the OK's header did not reach the upstream: %q", h.Get("X-Body-Checked"))
@@ -609,19 +657,22 @@ func TestWithRequestBody(t *testing.T) {
 		if resp, _ := post(t, url+"/denied", big+"evil"); resp.StatusCode != 403 {
 			t.Errorf("evil: status %d", resp.StatusCode)
 		}
-		if resp, _ := get(t, url+"/get"); resp.StatusCode != 200 {
+		if resp, _ := get(t, url+"/get", "X-Envoy-Auth-Partial-Body", "true"); resp.StatusCode != 200 {
 			t.Errorf("get: status %d", resp.StatusCode)
 		}
-		if len(s.received())-n0 != 4 {
+		if p := lastPartial(); p != "-" {
+			t.Errorf("get: x-envoy-auth-partial-body %q on a request without a body", p)
+		}
+		if len(s.received())-n0 != 5 {
 			t.Errorf("%d checks, want one per request", len(s.received())-n0)
 		}
-		if _, n := up.get(); n != 3 {
-			t.Errorf("upstream got %d requests, want 3", n)
+		if _, n := up.get(); n != 4 {
+			t.Errorf("upstream got %d requests, want 4", n)
 		}
 		if resp, _ := post(t, url+"/huge", strings.Repeat("x", 9<<10)); resp.StatusCode != 413 {
 			t.Errorf("over the limit: status %d, want 413", resp.StatusCode)
 		}
-		if len(s.received())-n0 != 4 {
+		if len(s.received())-n0 != 5 {
 			t.Error("a body over the limit was checked")
 		}
 	})
@@ -640,14 +691,33 @@ func TestWithRequestBody(t *testing.T) {
 		if b, raw := lastBody(); b != "" || string(raw) != big[:2048] {
 			t.Errorf("server got body %q and %d raw bytes, want the first 2048 raw", b, len(raw))
 		}
+		if p := lastPartial(); p != "true" {
+			t.Errorf("cut at the limit: x-envoy-auth-partial-body %q, want true", p)
+		}
+		// Chunked, its length unknown until read.
+		if resp, _ := postWith(t, url+"/chunked", io.MultiReader(strings.NewReader(big))); resp.StatusCode != 200 {
+			t.Errorf("chunked: status %d", resp.StatusCode)
+		}
+		if _, raw := lastBody(); string(raw) != big[:2048] || lastPartial() != "true" {
+			t.Errorf("chunked, cut: %d raw bytes, x-envoy-auth-partial-body %q", len(raw), lastPartial())
+		}
+		if resp, _ := postWith(t, url+"/chunked-small", io.MultiReader(strings.NewReader(big[:2048]))); resp.StatusCode != 200 {
+			t.Errorf("chunked small: status %d", resp.StatusCode)
+		}
+		if _, raw := lastBody(); string(raw) != big[:2048] || lastPartial() != "false" {
+			t.Errorf("chunked, whole at the limit: %d raw bytes, x-envoy-auth-partial-body %q", len(raw), lastPartial())
+		}
+		if resp, _ := post(t, url+"/whole", "hello"); resp.StatusCode != 200 || lastPartial() != "false" {
+			t.Errorf("whole: status %d, x-envoy-auth-partial-body %q", resp.StatusCode, lastPartial())
+		}
 		if resp, _ := post(t, url+"/late-evil", big+"evil"); resp.StatusCode != 200 {
 			t.Errorf("evil past the prefix: status %d (only the prefix is checked)", resp.StatusCode)
 		}
 		if resp, _ := post(t, url+"/early-evil", "evil"+big); resp.StatusCode != 403 {
 			t.Errorf("evil in the prefix: status %d", resp.StatusCode)
 		}
-		if _, n := up.get(); n != 2 {
-			t.Errorf("upstream got %d requests, want 2", n)
+		if _, n := up.get(); n != 5 {
+			t.Errorf("upstream got %d requests, want 5", n)
 		}
 	})
 }
@@ -862,5 +932,248 @@ func TestNonUTF8(t *testing.T) {
 	}
 	if p := h.GetPath(); !strings.HasPrefix(p, "/caf") || strings.ContainsRune(p, 0xe9) {
 		t.Errorf("path %q", p)
+	}
+}
+
+// TestQueryParameters checks query_parameters_to_set and _remove with
+// Envoy's semantics: a new parameter set, an existing one replaced (all
+// its values), one removed, a missing one removed; the query rebuilt
+// sorted by name, values in order, undecoded; the upstream and the
+// agents after see the exact new target; a target over the agent's
+// limits.header_value fails the request.
+func TestQueryParameters(t *testing.T) {
+	_, addr := startAuth(t, func(_ context.Context, r *authv3.CheckRequest) (*authv3.CheckResponse, error) {
+		switch path := r.GetAttributes().GetRequest().GetHttp().GetPath(); {
+		case strings.HasPrefix(path, "/rewrite"):
+			return okResponse(&authv3.OkHttpResponse{
+				QueryParametersToSet: []*corev3.QueryParameter{
+					{Key: "user", Value: "alice"}, // new
+					{Key: "page", Value: "2"},     // replaces both values
+					{Key: "q", Value: "a%20b+c"},  // kept as sent
+					{Key: "page", Value: "3"},     // later wins
+				},
+				QueryParametersToRemove: []string{"token", "missing"},
+			}), nil
+		case strings.HasPrefix(path, "/strip"):
+			return okResponse(&authv3.OkHttpResponse{QueryParametersToRemove: []string{"token"}}), nil
+		case strings.HasPrefix(path, "/long"):
+			return okResponse(&authv3.OkHttpResponse{QueryParametersToSet: []*corev3.QueryParameter{{Key: "pad", Value: strings.Repeat("x", 2048)}}}), nil
+		}
+		return okResponse(nil), nil
+	}, nil)
+	var mu sync.Mutex
+	var targets []string
+	us := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		targets = append(targets, r.RequestURI)
+		mu.Unlock()
+	}))
+	t.Cleanup(us.Close)
+	// A second agent after the ext_authz one: it sees the new target.
+	second, addr2 := startAuth(t, func(context.Context, *authv3.CheckRequest) (*authv3.CheckResponse, error) {
+		return okResponse(nil), nil
+	}, nil)
+	y := `
+listeners:
+  - name: test
+    address: 127.0.0.1:0
+upstreams:
+  - name: app
+    address: ` + strings.TrimPrefix(us.URL, "http://") + `
+agents:
+  - name: authz
+    transport: ext_authz
+    address: ` + addr + `
+    limits:
+      header_value: 1KiB
+  - name: after
+    transport: ext_authz
+    address: ` + addr2 + `
+routes:
+  - name: main
+    upstream: app
+    agents: [authz, after]
+`
+	url, agents, logs := serveAgents(t, y, "authz", "after")
+	last := func() string {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(targets) == 0 {
+			return ""
+		}
+		return targets[len(targets)-1]
+	}
+	for _, tc := range []struct{ in, want string }{
+		{"/rewrite?z=9&page=1&token=s3cret&page=5&flag&a=1", "/rewrite?a=1&flag=&page=3&q=a%20b+c&user=alice&z=9"},
+		{"/rewrite", "/rewrite?page=3&q=a%20b+c&user=alice"},
+		{"/strip?token=s3cret", "/strip"},
+		{"/strip?b=2&token=1&token=2&a=1", "/strip?a=1&b=2"},
+		{"/strip?keep=1", "/strip?keep=1"},
+		{"/other?token=x&b=1", "/other?token=x&b=1"}, // no lists: untouched
+	} {
+		resp, _ := get(t, url+tc.in)
+		if resp.StatusCode != 200 {
+			t.Errorf("%s: status %d", tc.in, resp.StatusCode)
+			continue
+		}
+		if got := last(); got != tc.want {
+			t.Errorf("%s: upstream got %q, want %q", tc.in, got, tc.want)
+		}
+		got := second.received()
+		if p := got[len(got)-1].GetAttributes().GetRequest().GetHttp().GetPath(); p != tc.want {
+			t.Errorf("%s: the next agent was shown %q, want %q", tc.in, p, tc.want)
+		}
+	}
+	n := len(targets)
+	if resp, _ := get(t, url+"/long"); resp.StatusCode != 403 {
+		t.Errorf("a target over limits.header_value: status %d, want 403 (failure_status)", resp.StatusCode)
+	}
+	if len(targets) != n {
+		t.Error("a target over the limits reached the upstream")
+	}
+	logs.WaitLog(t, "header limits exceeded: query rewrite makes a 2058-byte target (limit 1024)")
+	// Every answer with a list counts, the one the dataplane refused too.
+	if ev := agents["authz"].Snapshot().Events; ev["query_rewrites"] != 6 {
+		t.Errorf("events %v: want 6 query_rewrites", ev)
+	}
+}
+
+// serveAgents builds the named ext_authz agents of the YAML configuration y,
+// waits for them and serves the dataplane.
+func serveAgents(t *testing.T, y string, names ...string) (string, map[string]agentmux.Agent, *testutil.LogBuffer) {
+	t.Helper()
+	cfg, err := config.Parse([]byte(y))
+	if err != nil {
+		t.Fatalf("%v\n%s", err, y)
+	}
+	if err := transports.Check(cfg); err != nil {
+		t.Fatal(err)
+	}
+	agents := map[string]agentmux.Agent{}
+	for _, name := range names {
+		a, err := transports.Dialing()[config.TransportExtAuthz](cfg.Agent(name), zerolog.Nop())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = a.Close() })
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err = a.(interface{ WaitReady(context.Context) error }).WaitReady(ctx)
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		agents[name] = a
+	}
+	url, logs := dptest.Serve(t, cfg, agents)
+	return url, agents, logs
+}
+
+// TestPerRoute checks routes[].agents[].ext_authz, Envoy's
+// ExtAuthzPerRoute: each route's context_extensions are merged over the
+// agent's (the route's winning), a route without them sends the agent's,
+// and a disabled route's requests are not checked.
+func TestPerRoute(t *testing.T) {
+	s, addr := startAuth(t, func(context.Context, *authv3.CheckRequest) (*authv3.CheckResponse, error) {
+		return okResponse(nil), nil
+	}, nil)
+	var mu sync.Mutex
+	upstream := 0
+	us := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
+		mu.Lock()
+		upstream++
+		mu.Unlock()
+	}))
+	t.Cleanup(us.Close)
+	y := `
+listeners:
+  - name: test
+    address: 127.0.0.1:0
+upstreams:
+  - name: app
+    address: ` + strings.TrimPrefix(us.URL, "http://") + `
+agents:
+  - name: authz
+    transport: ext_authz
+    address: ` + addr + `
+    options:
+      context_extensions: "env=prod,tier=agent"
+routes:
+  - name: shop
+    path_prefix: /shop
+    upstream: app
+    agents:
+      - name: authz
+        ext_authz:
+          context_extensions: {service: shop, env: staging}
+  - name: admin
+    path_prefix: /admin
+    upstream: app
+    agents:
+      - name: authz
+        ext_authz:
+          context_extensions: {service: admin}
+  - name: health
+    path_prefix: /healthz
+    upstream: app
+    agents:
+      - name: authz
+        ext_authz:
+          disabled: true
+  - name: rest
+    upstream: app
+    agents: [authz]
+`
+	cfg, err := config.Parse([]byte(y))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := transports.Check(cfg); err != nil {
+		t.Fatal(err)
+	}
+	a, err := transports.ForConfig(cfg)[config.TransportExtAuthz](cfg.Agent("authz"), zerolog.Nop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = a.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := a.(interface{ WaitReady(context.Context) error }).WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	url, _ := dptest.Serve(t, cfg, map[string]agentmux.Agent{"authz": a})
+	for _, tc := range []struct {
+		path string
+		want map[string]string // nil: not checked
+	}{
+		{"/shop/cart", map[string]string{"env": "staging", "tier": "agent", "service": "shop"}},
+		{"/admin/users", map[string]string{"env": "prod", "tier": "agent", "service": "admin"}},
+		{"/other", map[string]string{"env": "prod", "tier": "agent"}},
+		{"/healthz", nil},
+		{"/shop/again", map[string]string{"env": "staging", "tier": "agent", "service": "shop"}},
+	} {
+		n0 := len(s.received())
+		if resp, _ := get(t, url+tc.path); resp.StatusCode != 200 {
+			t.Errorf("%s: status %d", tc.path, resp.StatusCode)
+			continue
+		}
+		got := s.received()
+		if tc.want == nil {
+			if len(got) != n0 {
+				t.Errorf("%s: a disabled route's request was checked", tc.path)
+			}
+			continue
+		}
+		if len(got) != n0+1 {
+			t.Errorf("%s: %d checks, want 1", tc.path, len(got)-n0)
+			continue
+		}
+		if ext := got[len(got)-1].GetAttributes().GetContextExtensions(); !maps.Equal(ext, tc.want) {
+			t.Errorf("%s: context_extensions %v, want %v", tc.path, ext, tc.want)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if upstream != 5 {
+		t.Errorf("upstream got %d requests, want 5", upstream)
 	}
 }

@@ -98,9 +98,10 @@ func lowerName(b []byte) string {
 // OVERWRITE_IF_EXISTS_OR_ADD sets, ADD_IF_ABSENT and OVERWRITE_IF_EXISTS
 // are decided here against the request's headers as the agent was shown
 // them, in order. On the client's response they cannot be (its headers
-// are not known yet): such an answer fails the request, as do
-// query_parameters_to_set and query_parameters_to_remove (the proxy does
-// not rewrite the request target on an agent's word). Envoy refuses to
+// are not known yet): such an answer fails the request.
+// query_parameters_to_set and query_parameters_to_remove rebuild the
+// query of the target the agent was shown (query.go) into the
+// Decision's query rewrite. Envoy refuses to
 // remove pseudo-headers and Host; so does this mapping (the dataplane's
 // rules refuse the rest it refuses for every agent).
 
@@ -116,11 +117,16 @@ func (cl *Client) mapResponse(m *protocol.RequestHeaders, r *authv3.CheckRespons
 		if ok.GetDynamicMetadata() != nil {
 			cl.count(evIgnored)
 		}
-		if len(ok.GetQueryParametersToSet()) > 0 || len(ok.GetQueryParametersToRemove()) > 0 {
-			cl.count(evUnsupported)
-			return fmt.Errorf("%w: query_parameters_to_set and query_parameters_to_remove are not supported", authcall.ErrBadAnswer)
-		}
 		d.Kind = protocol.DecisionAllow
+		if set, rm := ok.GetQueryParametersToSet(), ok.GetQueryParametersToRemove(); len(set) > 0 || len(rm) > 0 {
+			q, err := rewriteQuery(d.Query[:0], m.URI, set, rm)
+			if err != nil {
+				cl.count(evBadQuery)
+				return err
+			}
+			d.SetQuery, d.Query = true, q
+			cl.count(evQueryRewrites)
+		}
 		present := presence(m.Headers)
 		for _, h := range ok.GetHeaders() {
 			if h.GetHeader() == nil {

@@ -15,7 +15,7 @@ import (
 // checkRequest builds the CheckRequest of a request headers event with
 // the generated types: the reference the hand encoding (checkWire) is
 // held to.
-func (c *Config) checkRequest(m *protocol.RequestHeaders, body []byte, now time.Time) *authv3.CheckRequest {
+func (c *Config) checkRequest(m *protocol.RequestHeaders, body []byte, partial bool, now time.Time) *authv3.CheckRequest {
 	md := &m.Metadata
 	tls := len(md.TLSVersion) > 0
 	scheme := "http"
@@ -67,12 +67,15 @@ func (c *Config) checkRequest(m *protocol.RequestHeaders, body []byte, now time.
 			hs = append(hs, v)
 		}
 		for i := range m.Headers {
-			if lowerName(m.Headers[i].Name) == "host" {
+			if k := lowerName(m.Headers[i].Name); k == "host" || k == partialBodyHeader {
 				continue
 			}
 			v := &vals[len(hs)]
 			v.Key, v.RawValue = lowerName(m.Headers[i].Name), bytes.Clone(m.Headers[i].Value)
 			hs = append(hs, v)
+		}
+		if c.WithRequestBody && body != nil {
+			hs = append(hs, &corev3.HeaderValue{Key: partialBodyHeader, RawValue: partialValue(partial)})
 		}
 		hr.HeaderMap = &corev3.HeaderMap{Headers: hs}
 	} else {
@@ -82,8 +85,8 @@ func (c *Config) checkRequest(m *protocol.RequestHeaders, body []byte, now time.
 		}
 		for i := range m.Headers {
 			k := lowerName(m.Headers[i].Name)
-			if k == "host" {
-				continue
+			if k == "host" || k == partialBodyHeader {
+				continue // Envoy drops a client's x-envoy-auth-partial-body
 			}
 			v := utf8Str(m.Headers[i].Value)
 			if old, ok := h[k]; ok {
@@ -91,6 +94,10 @@ func (c *Config) checkRequest(m *protocol.RequestHeaders, body []byte, now time.
 				continue
 			}
 			h[k] = v
+		}
+		if c.WithRequestBody && body != nil {
+			// Envoy: whether the body sent is cut at max_request_bytes.
+			h[partialBodyHeader] = string(partialValue(partial))
 		}
 		hr.Headers = h
 	}
@@ -102,7 +109,7 @@ func (c *Config) checkRequest(m *protocol.RequestHeaders, body []byte, now time.
 		Source:            &authv3.AttributeContext_Peer{Address: socketAddress(md.ClientIP, md.ClientPort)},
 		Destination:       &authv3.AttributeContext_Peer{Address: socketAddress(md.ServerIP, md.ServerPort)},
 		Request:           &authv3.AttributeContext_Request{Time: ts, Http: hr},
-		ContextExtensions: c.ContextExtensions,
+		ContextExtensions: c.extensionsFor(string(md.RouteID)),
 		MetadataContext:   &corev3.Metadata{},
 	}
 	if tls && len(md.TLSClientSubject) > 0 {

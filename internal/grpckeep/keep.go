@@ -9,6 +9,11 @@
 // probed again after a delay that doubles from RetryMin to RetryMax, and
 // logged once until it is accepted; /readyz and /status give the reason
 // through the pool's last error.
+//
+// With Health, a live session is checked every HealthInterval: a failed
+// check takes it out of the pool at once (no new requests), lets the
+// requests in flight on it finish within Drain, and probes again from
+// RetryMin, as after a refusal.
 package grpckeep
 
 import (
@@ -47,6 +52,12 @@ type Conn struct {
 	OnRefused func()
 	// NewSession makes the connection's session once a probe passed.
 	NewSession func() *agentmux.Session
+	// Health, when set, is asked every HealthInterval whether a live
+	// session's server still serves; an error takes the session out of
+	// the pool (its requests in flight get Drain to finish).
+	Health         func() error
+	HealthInterval time.Duration
+	Drain          time.Duration
 }
 
 // Keep runs c's connection cc until ctx is done.
@@ -74,6 +85,20 @@ func Keep(ctx context.Context, cc *grpc.ClientConn, c Conn) {
 		switch st {
 		case connectivity.Ready:
 			if sess != nil {
+				if c.Health == nil {
+					break
+				}
+				if err := c.Health(); err != nil {
+					c.Pool.SetLastError(fmt.Errorf("%s %s: %v", c.What, c.Address, err))
+					c.Log.Warn().Err(err).Msg(c.What + " not serving; draining its connection")
+					c.Pool.Remove(sess)
+					go drain(sess, c.Drain, fmt.Errorf("%s not serving: %v", c.What, err))
+					sess = nil
+					recheck = retry
+					retry = min(2*retry, RetryMax)
+					break
+				}
+				recheck = c.HealthInterval
 				break
 			}
 			if err := c.Probe(); err != nil {
@@ -93,6 +118,9 @@ func Keep(ctx context.Context, cc *grpc.ClientConn, c Conn) {
 			sess = c.NewSession()
 			c.Pool.SetLastError(nil)
 			c.Pool.Add(sess)
+			if c.Health != nil {
+				recheck = c.HealthInterval
+			}
 		case connectivity.Idle:
 			// Idle after a quiet period or a GOAWAY: reconnect now, and
 			// keep the session (new requests wait for the connection).
@@ -118,4 +146,19 @@ func waitState(ctx context.Context, cc *grpc.ClientConn, st connectivity.State, 
 	defer cancel()
 	cc.WaitForStateChange(wctx, st)
 	return ctx.Err() == nil
+}
+
+// drain ends sess, out of the pool, once its requests in flight are done
+// or within d; what is left then fails with err.
+func drain(sess *agentmux.Session, d time.Duration, err error) {
+	deadline := time.Now().Add(d)
+	for sess.InFlight() > 0 && time.Now().Before(deadline) {
+		select {
+		case <-sess.Done():
+			return
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	sess.Fail(err)
+	_ = sess.Close()
 }

@@ -320,7 +320,7 @@ func (c *Client) try(cl *call, w agentmux.Wait, head bool) (truncated, reused bo
 	reused = pc != nil
 	if pc == nil {
 		if pc, err = c.dial(w.Deadline); err != nil {
-			return false, false, timeoutErr(err)
+			return false, false, c.dialErr(err, now, w.Deadline)
 		}
 	}
 	if !p.attach(cl, pc, w.Cancel) {

@@ -641,3 +641,53 @@ func TestKeepAlive(t *testing.T) {
 		t.Errorf("the service saw %d connections, want 1", conns)
 	}
 }
+
+// TestAddresses: an agent with addresses is one service per URL. A
+// first member that is down from the start is never chosen (its probe
+// fails); one that goes away after it was ready costs its requests
+// nothing: a refused connection fails over to the other member.
+func TestAddresses(t *testing.T) {
+	down := "http://" + testutil.RefusedAddr(t) + "/auth"
+	s2, u2 := startService(t)
+	url, up, a := proxy(t, down, "\n    addresses: ["+u2+"]", false)
+	for i := range 4 {
+		resp, _ := get(t, url+"/ok")
+		if _, n := up.get(); resp.StatusCode != 200 || n != i+1 {
+			t.Fatalf("request %d with the first member down: status %d, upstream got %d", i, resp.StatusCode, n)
+		}
+	}
+	if n := s2.count(); n != 4 {
+		t.Errorf("the second member answered %d subrequests, want 4", n)
+	}
+	if m, ok := a.(*agentmux.Multi); !ok || len(m.Members()) != 2 {
+		t.Fatalf("agent %T, want an agentmux.Multi of 2 members", a)
+	}
+
+	// Both up, then the first goes away: every request still passes.
+	s1 := &authService{}
+	hs1 := httptest.NewServer(s1)
+	s3, u3 := startService(t)
+	url, _, a = proxy(t, hs1.URL+"/auth", "\n    addresses: ["+u3+"]", false)
+	testutil.WaitFor(t, "both members ready", func() bool {
+		ms := a.(*agentmux.Multi).Members()
+		return ms[0].Snapshot().Ready && ms[1].Snapshot().Ready
+	})
+	for range 4 {
+		if resp, _ := get(t, url+"/ok"); resp.StatusCode != 200 {
+			t.Fatalf("status %d with both members up", resp.StatusCode)
+		}
+	}
+	if s1.count() == 0 || s3.count() == 0 {
+		t.Fatalf("members answered %d and %d: requests do not go to both in turn", s1.count(), s3.count())
+	}
+	hs1.Close()
+	before := s3.count()
+	for i := range 6 {
+		if resp, body := get(t, url+"/ok"); resp.StatusCode != 200 {
+			t.Fatalf("request %d after the first member went away: status %d %q", i, resp.StatusCode, body)
+		}
+	}
+	if got := s3.count() - before; got != 6 {
+		t.Errorf("the second member answered %d of the 6 requests", got)
+	}
+}

@@ -82,15 +82,19 @@ var (
 	// Routes: local rate limits and retry policies (routing.go).
 	descRateLimited = prometheus.NewDesc(Namespace+"_rate_limited_total",
 		"Requests answered 429 by a local rate limit, per limit (scope route or listener, and its name).", []string{"scope", "name"}, nil)
+	// Per route: route names come from the configuration, reasons are
+	// the retry_on kinds the route's policy lists.
 	descRouteRetries = prometheus.NewDesc(Namespace+"_route_retries_total",
-		"Retries made under routes' retry policies.", nil, nil)
+		"Retries made under a route's retry policy, per route and reason (the retry_on kind that triggered it).", []string{"route", "reason"}, nil)
 	descRetryBudget = prometheus.NewDesc(Namespace+"_route_retry_budget_exhausted_total",
-		"Retries a route's retry budget refused (too many retries in progress on the route).", nil, nil)
+		"Retries a route's retry budget refused (too many retries in progress on the route), per route.", []string{"route"}, nil)
+	descRetryNotReplayable = prometheus.NewDesc(Namespace+"_route_retries_not_replayable_total",
+		"Retries a route's policy called for but not made because the request could not be sent again (its body was consumed, or it is not idempotent after a reset or timeout), per route.", []string{"route"}, nil)
 	descGlobalLimited = prometheus.NewDesc(Namespace+"_global_rate_limited_total",
 		"Requests the rate limit service said were over a limit (429).", nil, nil)
 	descGlobalErrors = prometheus.NewDesc(Namespace+"_global_rate_limit_errors_total",
 		"Calls to the rate limit service that failed (error, timeout, UNKNOWN); rate_limit_service.failure_mode applied.", nil, nil)
-	routeDescs = []*prometheus.Desc{descRateLimited, descRouteRetries, descRetryBudget, descGlobalLimited, descGlobalErrors}
+	routeDescs = []*prometheus.Desc{descRateLimited, descRouteRetries, descRetryBudget, descRetryNotReplayable, descGlobalLimited, descGlobalErrors}
 
 	// descLate shares its family with the per-event agent errors counter.
 	descLate = prometheus.NewDesc(Namespace+"_agent_errors_total", agentErrorsHelp, []string{"agent", "kind"}, nil)
@@ -184,8 +188,13 @@ func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
 			scope, name, _ := strings.Cut(k, "/")
 			ch <- prometheus.MustNewConstMetric(descRateLimited, prometheus.CounterValue, float64(n), scope, name)
 		}
-		ch <- prometheus.MustNewConstMetric(descRouteRetries, prometheus.CounterValue, float64(st.RouteRetries))
-		ch <- prometheus.MustNewConstMetric(descRetryBudget, prometheus.CounterValue, float64(st.RetryBudgetExhausted))
+		for route, rs := range st.RouteRetriesBy {
+			for reason, n := range rs.Retries {
+				ch <- prometheus.MustNewConstMetric(descRouteRetries, prometheus.CounterValue, float64(n), route, reason)
+			}
+			ch <- prometheus.MustNewConstMetric(descRetryBudget, prometheus.CounterValue, float64(rs.BudgetExhausted), route)
+			ch <- prometheus.MustNewConstMetric(descRetryNotReplayable, prometheus.CounterValue, float64(rs.NotReplayable), route)
+		}
 		ch <- prometheus.MustNewConstMetric(descGlobalLimited, prometheus.CounterValue, float64(st.GlobalRateLimited))
 		ch <- prometheus.MustNewConstMetric(descGlobalErrors, prometheus.CounterValue, float64(st.GlobalRateLimitErrors))
 		collectTLSTunnels(ch, &st)

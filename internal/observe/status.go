@@ -50,6 +50,12 @@ type Stats struct {
 	RouteRetries uint64 `json:"route_retries"`
 	// RetryBudgetExhausted counts retries a route's retry budget refused.
 	RetryBudgetExhausted uint64 `json:"retry_budget_exhausted"`
+	// RouteRetriesBy splits the current retry policies' counters by
+	// route (a policy whose settings a reload changed starts again from
+	// 0).
+	RouteRetriesBy map[string]RouteRetryStats `json:"route_retries_by,omitempty"`
+	// Trailers counts trailer fields forwarded, dropped and refused.
+	Trailers TrailerStats `json:"trailers"`
 	// GlobalRateLimited counts requests the rate limit service said were
 	// over a limit (429).
 	GlobalRateLimited uint64 `json:"global_rate_limited"`
@@ -71,6 +77,32 @@ type Stats struct {
 	// RequestsByProtocol counts requests by the client's protocol:
 	// http1 (HTTP/1.x), h2 (HTTP/2 over TLS), h2c (cleartext HTTP/2).
 	RequestsByProtocol map[string]uint64 `json:"requests_by_protocol"`
+}
+
+// RouteRetryStats is one route's retry policy's counters.
+type RouteRetryStats struct {
+	// Retries counts the retries made, by the retry_on kind that
+	// triggered them (every kind the policy lists).
+	Retries map[string]uint64 `json:"retries"`
+	// BudgetExhausted counts retries the route's retry budget refused.
+	BudgetExhausted uint64 `json:"budget_exhausted"`
+	// NotReplayable counts retries not made because the request could not
+	// be sent again: its body was consumed by the try, or it is not
+	// idempotent and the try ended in a reset or timeout.
+	NotReplayable uint64 `json:"not_replayable"`
+}
+
+// TrailerStats counts trailer fields by direction: forwarded, dropped
+// (the far side's framing cannot carry them: a body with a
+// Content-Length, an HTTP/1.0 client) and refused (a field RFC 9110
+// §6.5.1 keeps out of trailers, or a bad value).
+type TrailerStats struct {
+	RequestForwarded  uint64 `json:"request_forwarded"`
+	RequestDropped    uint64 `json:"request_dropped"`
+	RequestRefused    uint64 `json:"request_refused"`
+	ResponseForwarded uint64 `json:"response_forwarded"`
+	ResponseDropped   uint64 `json:"response_dropped"`
+	ResponseRefused   uint64 `json:"response_refused"`
 }
 
 // HTTP2Stats counts the HTTP/2 front end's connections and streams.
@@ -98,6 +130,12 @@ type HTTP2Stats struct {
 	// IdleClosed counts connections closed after idle_timeout with no
 	// stream open.
 	IdleClosed uint64 `json:"idle_closed"`
+	// FrameTooLarge counts connections closed (GOAWAY FRAME_SIZE_ERROR)
+	// for a frame longer than max_read_frame_size.
+	FrameTooLarge uint64 `json:"frame_too_large"`
+	// FrameSizeErrors counts frames refused for a length their type does
+	// not allow (a PING not 8 bytes long, …).
+	FrameSizeErrors uint64 `json:"frame_size_errors"`
 }
 
 // ConnStats count one listener's client connections.

@@ -126,12 +126,12 @@ func (r *Agents) Build(cfg *config.Config) (_ *Build, err error) {
 	if err := b.planListeners(cfg); err != nil {
 		return nil, err
 	}
-	factories := Dialing()
+	factories := ForConfig(cfg)
 	factories[config.TransportReverse] = b.newReverse
 	next := b.set
 	for i := range cfg.Agents {
 		a := &cfg.Agents[i]
-		key := InstanceKey(*a)
+		key := RouteKey(cfg, a)
 		next.keys[a.Name] = key
 		if old := prev.agents[a.Name]; old != nil && prev.keys[a.Name] == key {
 			next.agents[a.Name] = old

@@ -162,3 +162,101 @@ routes:
 		}
 	}
 }
+
+// TestHTTPAuthAddresses: an http_auth agent's addresses are URLs too,
+// each refused at its own line, and cannot share one unix_socket.
+func TestHTTPAuthAddresses(t *testing.T) {
+	for _, tc := range []struct{ addrs, opts, want string }{
+		{`["http://127.0.0.1:4181/auth"]`, "", ""},
+		{`["http://127.0.0.1:4181/auth", "127.0.0.1:4182"]`, "", "line 12: agents[0].addresses[1]: \"127.0.0.1:4182\" is not an http:// or https:// URL"},
+		{`["http://127.0.0.1:4180/auth"]`, "", "is listed twice"},
+		{`["http://127.0.0.1:4181/auth"]`, "\n    options:\n      unix_socket: /run/auth.sock", "line 12: agents[0].addresses: addresses with the unix_socket option"},
+	} {
+		y := `
+listeners:
+  - name: l
+    address: 127.0.0.1:0
+upstreams:
+  - name: app
+    address: 127.0.0.1:9
+agents:
+  - name: auth
+    transport: http_auth
+    address: http://127.0.0.1:4180/auth
+    addresses: ` + tc.addrs + tc.opts + `
+routes:
+  - name: r
+    upstream: app
+    agents: [auth]
+`
+		cfg, err := config.Parse([]byte(y))
+		if err == nil {
+			err = transports.Check(cfg)
+		}
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%s: %v", tc.addrs, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%s%s: error %v, want one with %q", tc.addrs, tc.opts, err, tc.want)
+		}
+	}
+}
+
+// TestRouteExtAuthz: a route's ext_authz settings are for ext_authz
+// agents, refused at their line otherwise; a change of a route's
+// context_extensions changes the agent's instance key.
+func TestRouteExtAuthz(t *testing.T) {
+	const tmpl = `
+listeners:
+  - name: l
+    address: 127.0.0.1:0
+upstreams:
+  - name: app
+    address: 127.0.0.1:9
+agents:
+  - name: authz
+    transport: ext_authz
+    address: 127.0.0.1:9191
+  - name: waf
+    transport: uds
+    address: /run/waf.sock
+routes:
+  - name: r
+    upstream: app
+    agents:
+      - name: AGENT
+        ext_authz:
+SETTINGS
+`
+	for _, tc := range []struct{ agent, settings, want string }{
+		{"authz", "          disabled: true", ""},
+		{"authz", "          context_extensions: {a: \"1\"}", ""},
+		{"waf", "          disabled: true", "line 20: routes[0].agents[0].ext_authz: agent \"waf\" is of transport uds"},
+		{"nope", "          disabled: true", "line 19: routes[0].agents[0]: unknown agent \"nope\""},
+		{"authz", "          context_extensions: {\"\": x}", "routes[0].agents[0].ext_authz.context_extensions: an empty key"},
+		{"authz", "          nonsense: 1", "line 21: routes[0].agents[0].ext_authz.nonsense: unknown key"},
+	} {
+		y := strings.NewReplacer("AGENT", tc.agent, "SETTINGS", tc.settings).Replace(tmpl)
+		cfg, err := config.Parse([]byte(y))
+		if err == nil {
+			err = transports.Check(cfg)
+		}
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%s: %v", tc.settings, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%s %s: error %v, want one with %q", tc.agent, tc.settings, err, tc.want)
+		}
+	}
+	key := func(ext string) transports.Key {
+		y := strings.NewReplacer("AGENT", "authz", "SETTINGS", "          context_extensions: {a: \""+ext+"\"}").Replace(tmpl)
+		cfg, err := config.Parse([]byte(y))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return transports.RouteKey(cfg, cfg.Agent("authz"))
+	}
+	if key("1") == key("2") || key("1") != key("1") {
+		t.Error("a route's context_extensions do not decide the agent's instance key")
+	}
+}

@@ -48,6 +48,29 @@ type Key struct {
 	// opens an exchange on another member (only with Members).
 	Members  string
 	Failover bool
+	// Routes are the context_extensions the routes set for an ext_authz
+	// agent, in a canonical form: the instance sends them (RouteKey).
+	Routes string
+}
+
+// RouteKey returns the Key of agent a of cfg: InstanceKey, and for an
+// ext_authz agent the context_extensions cfg's routes set for it, so
+// that a reload that changes them builds a new instance.
+func RouteKey(cfg *config.Config, a *config.Agent) Key {
+	k := InstanceKey(*a)
+	if a.Transport != config.TransportExtAuthz {
+		return k
+	}
+	routes := cfg.RouteContextExtensions(a.Name)
+	var b strings.Builder
+	for _, r := range sortedKeys(routes) {
+		b.WriteString(strconv.Quote(r))
+		b.WriteByte(':')
+		b.WriteString(canonicalOptions(routes[r]))
+		b.WriteByte('\n')
+	}
+	k.Routes = b.String()
+	return k
 }
 
 // InstanceKey returns the Key of a: the fields that need a new instance

@@ -51,6 +51,17 @@ func Dialing() Factories {
 	}
 }
 
+// ForConfig returns the factories of Dialing for the agents of cfg: the
+// ext_authz factory gives each agent the context_extensions cfg's routes
+// set for it (routes[].agents[].ext_authz), which Dialing's cannot know.
+func ForConfig(cfg *config.Config) Factories {
+	f := Dialing()
+	f[config.TransportExtAuthz] = func(a *config.Agent, log zerolog.Logger) (agentmux.Agent, error) {
+		return newExtAuthz(a, cfg.RouteContextExtensions(a.Name), log)
+	}
+	return f
+}
+
 // UDSConfig maps a configured agent of transport uds to the client's
 // configuration.
 func UDSConfig(a *config.Agent, log zerolog.Logger) udsclient.Config {
@@ -170,13 +181,18 @@ func check(cfg *config.Config) error {
 				}
 			}
 		case config.TransportHTTPAuth:
-			if _, err := HTTPAuthConfig(a, zerolog.Nop()); err != nil {
+			c, err := HTTPAuthConfig(a, zerolog.Nop())
+			if err != nil {
 				key := "options"
 				var oe *httpauth.OptionError
 				if errors.As(err, &oe) {
 					key += "." + oe.Key
 				}
 				return agentError(cfg, i, key, err)
+			}
+			if c.UnixSocket != "" && len(a.Addresses) > 0 {
+				// Every member would dial the one socket.
+				return agentError(cfg, i, "addresses", errors.New("addresses with the unix_socket option: every member would dial the same socket; give each member its own agent"))
 			}
 		}
 	}
@@ -252,7 +268,7 @@ func agentError(cfg *config.Config, i int, key string, err error) error {
 	return fmt.Errorf("config: %s: %w", path, err)
 }
 
-func sortedKeys(m map[string]string) []string { return slices.Sorted(maps.Keys(m)) }
+func sortedKeys[V any](m map[string]V) []string { return slices.Sorted(maps.Keys(m)) }
 
 // ExtProcConfig maps a configured agent of transport ext_proc to the
 // client's configuration, options included (extproc.Options), and
@@ -306,12 +322,22 @@ func ExtAuthzConfig(a *config.Agent, log zerolog.Logger) (extauthz.Config, error
 // NewExtAuthz is the factory of transport ext_authz: an extauthz.Client
 // that makes one Check call per request to an Envoy external
 // authorization server (one per member with addresses).
+//
+// It knows nothing of the routes: ForConfig's factory gives the agent the
+// context_extensions its routes set.
 func NewExtAuthz(a *config.Agent, log zerolog.Logger) (agentmux.Agent, error) {
+	return newExtAuthz(a, nil, log)
+}
+
+// newExtAuthz is NewExtAuthz with the routes' context_extensions (by
+// route name).
+func newExtAuthz(a *config.Agent, routes map[string]map[string]string, log zerolog.Logger) (agentmux.Agent, error) {
 	return withMembers(a, log, func(m *config.Agent, log zerolog.Logger) (agentmux.Agent, error) {
 		c, err := ExtAuthzConfig(m, log)
 		if err != nil {
 			return nil, err
 		}
+		c.RouteContextExtensions = routes
 		return extauthz.NewClient(c)
 	})
 }
@@ -333,11 +359,14 @@ func HTTPAuthConfig(a *config.Agent, log zerolog.Logger) (httpauth.Config, error
 }
 
 // NewHTTPAuth is the factory of transport http_auth: an httpauth.Client
-// that makes one subrequest per request to a forward-auth URL.
+// that makes one subrequest per request to a forward-auth URL (one per
+// member with addresses, each URL its own service).
 func NewHTTPAuth(a *config.Agent, log zerolog.Logger) (agentmux.Agent, error) {
-	c, err := HTTPAuthConfig(a, log)
-	if err != nil {
-		return nil, err
-	}
-	return httpauth.NewClient(c)
+	return withMembers(a, log, func(m *config.Agent, log zerolog.Logger) (agentmux.Agent, error) {
+		c, err := HTTPAuthConfig(m, log)
+		if err != nil {
+			return nil, err
+		}
+		return httpauth.NewClient(c)
+	})
 }

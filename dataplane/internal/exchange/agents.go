@@ -344,6 +344,16 @@ func (ex *Exchange) decide(i int, phase protocol.Phase, body bool, d *protocol.D
 			return ex.failure(i, phase, body, err)
 		}
 	}
+	if d.SetQuery && phase == protocol.PhaseRequest && (d.Kind == protocol.DecisionAllow || d.Kind == protocol.DecisionNeedsMore) {
+		if over, err := ex.checkQuery(i, d); err != nil {
+			if over {
+				ex.core.stats.limits.Add(1)
+			}
+			obs.AgentEvent(ex.rt.idx, sl.ra.a.idx, phase, body, observe.OutcomeInvalid, wait)
+			return ex.failure(i, phase, body, err)
+		}
+		ex.applyQuery(i, d)
+	}
 	switch d.Kind {
 	case protocol.DecisionAllow, protocol.DecisionNeedsMore:
 		ex.applyOps(i, d)

@@ -65,6 +65,9 @@ type bodyState struct {
 	reqBodyEOF bool
 	streaming  bool  // the response body is streamed
 	written    int64 // bytes of a streamed body the front end wrote
+	// The trailers that go on (trailers.go), in storage kept with the
+	// exchange.
+	reqTrailers, respTrailers []Field
 }
 
 func (b *bodyState) reset() {
@@ -76,6 +79,9 @@ func (b *bodyState) reset() {
 		buf:     trim(b.buf, 256<<10),
 		dup:     trim(b.dup, 256<<10),
 		mut:     trim(b.mut, 1<<20),
+
+		reqTrailers:  trimList(b.reqTrailers, 256),
+		respTrailers: trimList(b.respTrailers, 256),
 	}
 }
 

@@ -450,7 +450,9 @@ func (ex *Exchange) applyCached(i int, d *protocol.Decision) bool {
 func (ex *Exchange) cacheStore(i int, d *protocol.Decision) {
 	sl := &ex.slots[i]
 	dc := sl.ra.a.cache
-	if d.Cache.NoStore || !d.Final() || ex.rh.HasInlineBody || d.HasRequestBodyMutation || !ex.cacheable(sl) {
+	// A query rewrite is made from the target the agent was shown, which
+	// the key need not cover: never stored.
+	if d.Cache.NoStore || !d.Final() || ex.rh.HasInlineBody || d.HasRequestBodyMutation || d.SetQuery || !ex.cacheable(sl) {
 		return
 	}
 	if ex.checkLimits(i, d) != nil {

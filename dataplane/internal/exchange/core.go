@@ -159,6 +159,7 @@ type counters struct {
 	rateLimited, retries, retryBudget                         atomic.Uint64
 	globalLimited, globalErrors                               atomic.Uint64
 	rejected                                                  [observe.NumRejects]atomic.Uint64
+	trailers                                                  [2][numTrailerOutcomes]atomic.Uint64 // per phase
 	inflight                                                  atomic.Int64
 }
 
@@ -187,11 +188,20 @@ func (c *Core) Stats(st *observe.Stats) {
 	st.RateLimited = s.rateLimited.Load()
 	if t := c.tbl.Load(); t != nil {
 		st.RateLimitedBy = t.rateLimitedBy()
+		st.RouteRetriesBy = t.retriesBy()
 	}
 	st.RouteRetries = s.retries.Load()
 	st.RetryBudgetExhausted = s.retryBudget.Load()
 	st.GlobalRateLimited = s.globalLimited.Load()
 	st.GlobalRateLimitErrors = s.globalErrors.Load()
+	st.Trailers = observe.TrailerStats{
+		RequestForwarded:  s.trailers[0][trailerForwarded].Load(),
+		RequestDropped:    s.trailers[0][trailerDropped].Load(),
+		RequestRefused:    s.trailers[0][trailerRefused].Load(),
+		ResponseForwarded: s.trailers[1][trailerForwarded].Load(),
+		ResponseDropped:   s.trailers[1][trailerDropped].Load(),
+		ResponseRefused:   s.trailers[1][trailerRefused].Load(),
+	}
 	st.Rejected = make(map[string]uint64, observe.NumRejects)
 	for i := range s.rejected {
 		st.Rejected[observe.RejectReasons[i]] = s.rejected[i].Load()

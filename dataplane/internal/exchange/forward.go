@@ -29,6 +29,10 @@ func (ex *Exchange) forward() bool {
 	r := &ex.upReq
 	r.Method, r.Target, r.Host, r.Fields = ex.head.Method, ex.fwdTarget(), ex.upHost, ex.hdr
 	ex.upstreamBody(r)
+	r.Trailer = nil
+	if r.Body != nil {
+		r.Trailer = ex.head.Trailer
+	}
 	r.Idempotent = ex.idempotent()
 	r.Head = string(ex.head.Method) == "HEAD"
 	r.Guard = (*guard)(ex)
@@ -79,16 +83,6 @@ func (ex *Exchange) forward() bool {
 		return false
 	}
 	return ex.upstreamFailed(err)
-}
-
-// Trailers are the trailer fields of the upstream's response, once its
-// body ended (nil: none, or an upstream that has none). Valid until
-// Finish.
-func (ex *Exchange) Trailers() []Field {
-	if ts, ok := ex.res.(TrailerSource); ok && ex.upBodyDone {
-		return ts.Trailers()
-	}
-	return nil
 }
 
 // Answered reports that the staged response is the sidecar's own (an
@@ -175,11 +169,13 @@ func staleConn(err error) bool {
 func (ex *Exchange) retryable(res UpstreamResponse, err error, n int, deadline time.Duration) bool {
 	p := ex.rt.ext.retry
 	cond, idem := condition(res, err)
-	if cond&p.on == 0 || ex.answered || ex.respAbort || ex.canceled() {
+	cond &= p.on
+	if cond == 0 || ex.answered || ex.respAbort || ex.canceled() {
 		return false
 	}
 	r := &ex.upReq
 	if r.Body != nil && r.Body.Consumed() || idem && !r.Idempotent {
+		p.notReplayable.Add(1)
 		return false // the request cannot be sent again
 	}
 	wait := p.backoff(n)
@@ -188,6 +184,7 @@ func (ex *Exchange) retryable(res UpstreamResponse, err error, n int, deadline t
 	}
 	if !p.budget() {
 		ex.core.stats.retryBudget.Add(1)
+		p.budgetRefused.Add(1)
 		return false
 	}
 	// The budget taken is given back when the retry's try returns.
@@ -195,6 +192,7 @@ func (ex *Exchange) retryable(res UpstreamResponse, err error, n int, deadline t
 		res.Release(false)
 	}
 	ex.core.stats.retries.Add(1)
+	p.retries[reasonOf(cond)].Add(1)
 	// A client that goes away during the wait: the retry's try finds the
 	// request canceled and ends at once.
 	ex.retryWait(wait)

@@ -2,6 +2,7 @@ package exchange
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"time"
 
@@ -9,9 +10,10 @@ import (
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/zentinelproxy/sidecar/internal/config"
+	"github.com/zentinelproxy/sidecar/internal/grpcclient"
+	"github.com/zentinelproxy/sidecar/internal/redial"
 	"github.com/zentinelproxy/sidecar/protocol"
 )
 
@@ -24,12 +26,17 @@ import (
 // longest duration_until_reset of the descriptors over their limit, at
 // least 1 s), RateLimit and RateLimit-Policy when the service says the
 // limit, and the service's response_headers_to_add; OK applies its
-// request_headers_to_add to the upstream request. Both sets of headers
-// pass the rules of agents' header operations. A call that fails (an
-// error, a timeout, the service answering UNKNOWN) lets the request
-// through (failure_mode: allow) or answers 500 (deny), and is counted.
+// request_headers_to_add to the upstream request and its
+// response_headers_to_add to the client's response (with headers:
+// always, RateLimit-Policy and RateLimit from its statuses too). Both
+// sets of headers pass the rules of agents' header operations. A call
+// that fails (an error, a timeout, the service answering UNKNOWN) lets
+// the request through (failure_mode: allow) or answers 500 (deny), and
+// is counted.
 // The call allocates (gRPC): routes without global_rate_limit pay
-// nothing.
+// nothing. The connection is plaintext or, with rate_limit_service.tls,
+// TLS or mTLS with the agents' gRPC transports' credentials and options
+// (internal/grpcclient).
 
 // rlService is the connection to the rate limit service; one per
 // configuration, kept across reloads that keep its settings.
@@ -39,8 +46,27 @@ type rlService struct {
 	client rlsv3.RateLimitServiceClient
 }
 
+// rlsMaxMessage caps the service's messages both ways: descriptors and
+// statuses are a few hundred bytes; gRPC's default of 4 MiB is room
+// enough for any service that adds headers.
+const rlsMaxMessage = 4 << 20
+
 func newRLService(c *config.RateLimitService) (*rlService, error) {
-	conn, err := grpc.NewClient(c.Address, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	// The options of the agents' gRPC transports: credentials read now,
+	// reconnects backing off 50ms..5s, no transparent retries (a call
+	// has its timeout of a few milliseconds).
+	var t grpcclient.TLSConfig
+	if c.TLS != nil {
+		t = grpcclient.TLSConfig{Enabled: true, CAFile: c.TLS.CAFile, CertFile: c.TLS.CertFile,
+			KeyFile: c.TLS.KeyFile, ServerName: c.TLS.ServerName}
+	}
+	creds, err := grpcclient.Credentials(&t)
+	if err != nil {
+		return nil, fmt.Errorf("tls: %w", err)
+	}
+	opts := grpcclient.DialOptionsWith(creds, rlsMaxMessage, redial.DefaultConnectTimeout+redial.DefaultHandshakeTimeout,
+		redial.DefaultMin, redial.DefaultMax, "zentinel-sidecar/0.1 ratelimit")
+	conn, err := grpc.NewClient(c.Address, opts...)
 	if err != nil {
 		return nil, err
 	}
@@ -69,12 +95,13 @@ type descEntry struct {
 
 // globalLimit is a route's global_rate_limit.
 type globalLimit struct {
-	descs [][]descEntry
-	after bool
+	descs  [][]descEntry
+	after  bool
+	always bool // headers: always
 }
 
 func newGlobalLimit(g *config.GlobalRateLimit) *globalLimit {
-	gl := &globalLimit{after: g.Stage == config.RateAfterAgents}
+	gl := &globalLimit{after: g.Stage == config.RateAfterAgents, always: g.Headers == config.RateHeadersAlways}
 	for _, d := range g.Descriptors {
 		var es []descEntry
 		for _, e := range d.Entries {
@@ -173,6 +200,7 @@ func (ex *Exchange) globalLimited(gl *globalLimit) bool {
 			}
 			ex.viewDirty = true
 		}
+		ex.globalOK(gl, resp)
 		return false
 	}
 	// OVER_LIMIT.
@@ -213,6 +241,53 @@ func (ex *Exchange) globalLimited(gl *globalLimit) bool {
 		}
 	}
 	return true
+}
+
+// globalOK keeps for the client's response (limitFields) what an OK
+// answer adds to it, as Envoy's rate limit filter does: the service's
+// response_headers_to_add, and with headers: always the RateLimit-Policy
+// and RateLimit fields of the descriptor status with the fewest requests
+// left (Envoy's enable_x_ratelimit_headers, in the draft's current
+// fields).
+func (ex *Exchange) globalOK(gl *globalLimit, resp *rlsv3.RateLimitResponse) {
+	rs := &ex.rs
+	for _, h := range resp.GetResponseHeadersToAdd() {
+		if name, value, ok := checkedHeader(h); ok {
+			rs.rlFields = append(rs.rlFields, Field{Name: name, Value: value})
+		}
+	}
+	if !gl.always {
+		return
+	}
+	var tight *rlsv3.RateLimitResponse_DescriptorStatus
+	for _, st := range resp.GetStatuses() {
+		if st.GetCurrentLimit() != nil && (tight == nil || st.GetLimitRemaining() < tight.GetLimitRemaining()) {
+			tight = st
+		}
+	}
+	if tight == nil {
+		return // the service names no limit: nothing to say
+	}
+	l := tight.GetCurrentLimit()
+	w := unitSeconds(l.GetUnit())
+	if w == 0 {
+		return // a unit the draft's window cannot say
+	}
+	t := w
+	if d := tight.GetDurationUntilReset(); d != nil {
+		t = ceilSeconds(d.AsDuration())
+	}
+	b := append(valueGlobalPolicy[:len(valueGlobalPolicy):len(valueGlobalPolicy)], ";q="...)
+	b = strconv.AppendUint(b, uint64(l.GetRequestsPerUnit()), 10)
+	b = append(b, ";w="...)
+	b = strconv.AppendInt(b, w, 10)
+	n := len(b)
+	b = append(b, valueGlobalPolicy...)
+	b = append(b, ";r="...)
+	b = strconv.AppendUint(b, uint64(tight.GetLimitRemaining()), 10)
+	b = append(b, ";t="...)
+	b = strconv.AppendInt(b, t, 10)
+	rs.rlFields = append(rs.rlFields, Field{Name: hdrRateLimitPolicy, Value: b[:n:n]}, Field{Name: hdrRateLimit, Value: b[n:]})
 }
 
 // checkedHeader is a header of the service's answer that passes the rules

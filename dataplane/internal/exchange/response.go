@@ -126,6 +126,9 @@ func (ex *Exchange) local(status int, body, outcome string) {
 // and the sidecar's markers to the client response.
 func (ex *Exchange) finishResponseHeaders() {
 	ex.applyStashed()
+	if ex.rs.nAllowed > 0 || len(ex.rs.rlFields) > 0 {
+		ex.limitFields()
+	}
 	r := &ex.resp
 	for i := 0; i < ex.nFailed; i++ {
 		r.Fields = append(r.Fields, Field{Name: hdrFailOpen, Value: ex.slots[ex.failedOpen[i]].ra.a.nameB})

@@ -2,6 +2,7 @@ package exchange
 
 import (
 	"errors"
+	"math/bits"
 	"math/rand/v2"
 	"sync/atomic"
 	"syscall"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/zentinelproxy/sidecar/dataplane/internal/clock"
 	"github.com/zentinelproxy/sidecar/internal/config"
+	"github.com/zentinelproxy/sidecar/internal/observe"
 )
 
 // Route retries. The upstream already replays a request on a stale
@@ -29,6 +31,12 @@ import (
 // included) may not exceed percent of its requests in progress, or
 // min_retries, whichever is more. A retry the budget refuses is not made
 // and counted (retry_budget_exhausted).
+//
+// Each policy counts its retries by the retry_on kind that triggered
+// them, the retries its budget refused, and those not made because the
+// request could not be sent again (a consumed body, or a request that is
+// not idempotent after a reset or timeout); the counters live as long as
+// the policy (a reload that changes it starts them again from 0).
 
 // Retry conditions, as bits.
 const (
@@ -39,7 +47,18 @@ const (
 	retry503
 	retry504
 	retryTimeout
+	nRetryReasons = iota
 )
+
+// retryReasons are the retry_on kinds of the condition bits, in bit
+// order: a fixed set, the label values of the per-route counters.
+var retryReasons = [nRetryReasons]string{config.RetryConnectFailure, config.RetryRefused, config.RetryReset,
+	config.Retry502, config.Retry503, config.Retry504, config.RetryTimeout}
+
+// reasonOf is the index in retryReasons of the kind that made cond (the
+// conditions met that the policy lists) a retry: the most specific one,
+// refused over connect-failure when the policy lists both.
+func reasonOf(cond uint16) int { return bits.Len16(cond) - 1 }
 
 type retryPolicy struct {
 	cfg              config.Retry
@@ -50,6 +69,23 @@ type retryPolicy struct {
 	percent          float64
 	minRetries       int64
 	active, retrying atomic.Int64
+
+	retries       [nRetryReasons]atomic.Uint64 // by reasonOf
+	budgetRefused atomic.Uint64
+	notReplayable atomic.Uint64
+}
+
+// stats is the policy's counters: retries by the retry_on kinds it
+// lists (each, made or not, so the set of series is fixed).
+func (p *retryPolicy) stats() observe.RouteRetryStats {
+	st := observe.RouteRetryStats{Retries: make(map[string]uint64, nRetryReasons),
+		BudgetExhausted: p.budgetRefused.Load(), NotReplayable: p.notReplayable.Load()}
+	for i, r := range retryReasons {
+		if p.on&(1<<i) != 0 {
+			st.Retries[r] = p.retries[i].Load()
+		}
+	}
+	return st
 }
 
 func newRetryPolicy(c *config.Retry) *retryPolicy {

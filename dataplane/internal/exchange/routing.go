@@ -332,13 +332,30 @@ func queryMatch(q []byte, m *strMatch) bool {
 type routeState struct {
 	target    []byte // the rewritten target the upstream gets (nil: the client's)
 	targetBuf []byte
+	queryBuf  []byte // the other target buffer, for an agent's query rewrite (query.go)
 	locBuf    []byte
 	limitBuf  []byte
 	budgeted  bool // the request counts in its route's active requests
+
+	// Rate limit fields for the response (limitFields): the local limits
+	// with headers: always that allowed the request (a listener's and a
+	// route's at most), and the fields of a global limit's OK answer.
+	allowed  [2]allowedLimit
+	nAllowed uint8
+	rlFields []Field
+	rlBuf    []byte
+}
+
+// allowedLimit is a local limit that allowed the request, for its
+// RateLimit field.
+type allowedLimit struct {
+	rl         *routeLimit
+	rem, reset int64 // requests left; seconds until the bucket is full
 }
 
 func (s *routeState) reset() {
-	*s = routeState{targetBuf: trim(s.targetBuf, 8<<10), locBuf: trim(s.locBuf, 8<<10), limitBuf: trim(s.limitBuf, 256)}
+	*s = routeState{targetBuf: trim(s.targetBuf, 8<<10), queryBuf: trim(s.queryBuf, 8<<10), locBuf: trim(s.locBuf, 8<<10), limitBuf: trim(s.limitBuf, 256),
+		rlFields: trimList(s.rlFields, 64), rlBuf: trim(s.rlBuf, 1024)}
 }
 
 // fwdTarget is the target the upstream gets.
@@ -530,6 +547,7 @@ type routeLimit struct {
 	limited  atomic.Uint64
 	periodS  int64
 	requests int
+	always   bool // headers: always
 }
 
 const (
@@ -546,6 +564,7 @@ func newRouteLimit(name string, c *config.RateLimit) *routeLimit {
 		header:   []byte(c.Header),
 		after:    c.Stage == config.RateAfterAgents,
 		requests: c.Requests,
+		always:   c.Headers == config.RateHeadersAlways,
 	}
 	switch c.Key {
 	case config.RateKeyClientIP:
@@ -616,11 +635,15 @@ func (ex *Exchange) rateLimited(rl *routeLimit) bool {
 		d = rl.l.Allow(rl.l.Hash2(ex.head.Method, ex.head.Path), now)
 	}
 	if d.Allowed {
+		if rl.always && int(ex.rs.nAllowed) < len(ex.rs.allowed) {
+			ex.rs.allowed[ex.rs.nAllowed] = allowedLimit{rl: rl, rem: d.Remaining, reset: ceilSeconds(d.Reset)}
+			ex.rs.nAllowed++
+		}
 		return false
 	}
 	rl.limited.Add(1)
 	ex.core.stats.rateLimited.Add(1)
-	secs := int64((d.RetryAfter + time.Second - 1) / time.Second)
+	secs := ceilSeconds(d.RetryAfter)
 	b := ex.rs.limitBuf[:0]
 	b = strconv.AppendInt(b, secs, 10)
 	n := len(b)
@@ -635,4 +658,31 @@ func (ex *Exchange) rateLimited(rl *routeLimit) bool {
 		Field{Name: hdrRateLimitPolicy, Value: rl.policy},
 		Field{Name: hdrRateLimit, Value: b[n:]})
 	return true
+}
+
+func ceilSeconds(d time.Duration) int64 { return int64((d + time.Second - 1) / time.Second) }
+
+// limitFields adds to the staged response the RateLimit-Policy and
+// RateLimit fields of the local limits with headers: always that allowed
+// the request, and the fields of a global limit's OK answer
+// (response_headers_to_add, and with headers: always the draft fields of
+// its statuses). Formatted into the request's buffer: no allocation once
+// it has grown.
+func (ex *Exchange) limitFields() {
+	rs := &ex.rs
+	r := &ex.resp
+	b := rs.rlBuf[:0]
+	for i := 0; i < int(rs.nAllowed); i++ {
+		a := &rs.allowed[i]
+		n := len(b)
+		b = append(b, a.rl.name...)
+		b = append(b, ";r="...)
+		b = strconv.AppendInt(b, a.rem, 10)
+		b = append(b, ";t="...)
+		b = strconv.AppendInt(b, a.reset, 10)
+		r.Fields = append(r.Fields, Field{Name: hdrRateLimitPolicy, Value: a.rl.policy}, Field{Name: hdrRateLimit, Value: b[n:len(b):len(b)]})
+	}
+	rs.rlBuf = b
+	r.Fields = append(r.Fields, rs.rlFields...)
+	r.Origin = nil
 }

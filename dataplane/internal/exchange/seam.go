@@ -54,6 +54,9 @@ type Head struct {
 	ContentLengthValue []byte
 	// HTTP11 reports a client of HTTP/1.1 or later.
 	HTTP11 bool
+	// Trailer is the client's Trailer field, the names of the trailer
+	// fields it announced (nil: none).
+	Trailer []byte
 }
 
 // Listener is what the exchange knows of the listener a request came
@@ -207,6 +210,11 @@ type UpstreamRequest struct {
 	// Idempotent: the method may be sent twice. Head: the response has
 	// no body (HEAD).
 	Idempotent, Head bool
+	// Trailer is the trailer field names the client declared (its
+	// Trailer field, comma-separated; nil: none): an upstream that must
+	// announce its trailers announces these. The fields come with the
+	// body's end (Body.Trailers).
+	Trailer []byte
 	// Duplex: Body may be produced while the response is read, from
 	// another goroutine (no agent or shadow sees the request body, and
 	// the front end relays both at once: Listener.Duplex), until the
@@ -232,6 +240,11 @@ type BodyProducer interface {
 	// Consumed reports whether some of the client's body was taken: the
 	// request cannot be sent again.
 	Consumed() bool
+	// Trailers returns the client's trailer fields that may go on, once
+	// Next returned the last piece (nil: none). framed says the upstream
+	// can send them (an HTTP/2 stream, a chunked HTTP/1 body); without,
+	// they are counted as dropped and none are returned.
+	Trailers(framed bool) []Field
 }
 
 // Guard ties what the upstream is doing for the request to it, so that a
@@ -261,11 +274,12 @@ type ResponseHead struct {
 	HasBody bool
 }
 
-// TrailerSource is an UpstreamResponse whose body may end with trailer
-// fields (HTTP/2: gRPC's status travels there).
+// TrailerSource is an UpstreamResponse, or a request body Source, whose
+// body may end with trailer fields (HTTP/2: gRPC's status travels there;
+// chunked HTTP/1).
 type TrailerSource interface {
 	// Trailers are the fields received after the body: valid once the
-	// body ended, until Release.
+	// body ended, until Release (the request's: until Finish).
 	Trailers() []Field
 }
 

@@ -252,6 +252,9 @@ func BuildTable(cfg *config.Config, agents map[string]agentmux.Agent, ups []Upst
 			if e == nil {
 				return nil, fmt.Errorf("%w: route %q: unknown agent %q", ErrConfig, rc.Name, ra.Name)
 			}
+			if ra.ExtAuthz != nil && ra.ExtAuthz.Disabled {
+				continue // Envoy's ExtAuthzPerRoute disabled: not checked here
+			}
 			p := cfg.Policy(ra)
 			if e.shadow != nil {
 				r.shadows = append(r.shadows, e.shadow)
@@ -314,7 +317,7 @@ func BuildTable(cfg *config.Config, agents map[string]agentmux.Agent, ups []Upst
 	// Last, once nothing can fail: the service's connection is kept
 	// from prev when its settings did not change.
 	if s := cfg.RateLimitService; s != nil {
-		if prev != nil && prev.rls != nil && prev.rls.cfg == *s {
+		if prev != nil && prev.rls != nil && prev.rls.cfg.Equal(s) {
 			t.rls = prev.rls
 		} else {
 			rls, err := newRLService(s)
@@ -441,6 +444,21 @@ func (t *Table) rateLimitedBy() map[string]uint64 {
 	for _, r := range t.routes {
 		if r.ext.limit != nil {
 			add("route/"+r.name, r.ext.limit)
+		}
+	}
+	return m
+}
+
+// retriesBy is the counters of the table's retry policies, by route
+// (nil: no policy).
+func (t *Table) retriesBy() map[string]observe.RouteRetryStats {
+	var m map[string]observe.RouteRetryStats
+	for _, r := range t.routes {
+		if p := r.ext.retry; p != nil {
+			if m == nil {
+				m = make(map[string]observe.RouteRetryStats)
+			}
+			m[r.name] = p.stats()
 		}
 	}
 	return m

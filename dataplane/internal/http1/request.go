@@ -2,6 +2,7 @@ package http1
 
 import (
 	"bufio"
+	"bytes"
 	"io"
 	"net"
 	"sync"
@@ -45,7 +46,8 @@ var requests = sync.Pool{New: func() any {
 func (r *request) release() {
 	r.l, r.ctx, r.nc, r.conn = nil, nil, nil, nil
 	r.info = exchange.Conn{}
-	r.body = reqBody{}
+	clear(r.body.tr)
+	r.body = reqBody{tr: r.body.tr[:0]}
 	r.out.reset()
 	r.rawTarget = trim(r.rawTarget, 16<<10)
 	r.targetBuf = trim(r.targetBuf, 16<<10)
@@ -141,10 +143,14 @@ func (r *request) readHead() (reason int, outcome string, ok bool) {
 	hd.HTTP11 = h.IsHTTP11()
 	hd.ContentLength = int64(h.ContentLength())
 	hd.ContentLengthValue = nil
+	hd.Trailer = nil
 	fields := hd.Fields[:0]
 	for k, v := range h.AllInOrder() {
 		if len(k) == len(hdrContentLength) && hd.ContentLengthValue == nil && foldEq(k, "content-length") {
 			hd.ContentLengthValue = v
+		}
+		if len(k) == len("trailer") && hd.Trailer == nil && foldEq(k, "trailer") {
+			hd.Trailer = v
 		}
 		fields = append(fields, exchange.Field{Name: k, Value: v})
 	}
@@ -188,7 +194,13 @@ func (r *request) Body() exchange.Source {
 		return nil
 	}
 	b := &r.body
-	*b = reqBody{r: s, conn: r.nc, ec: r.conn, idle: r.l.cfg.BodyTimeout, buf: bodyStreamReader.reader(s)}
+	*b = reqBody{r: s, conn: r.nc, ec: r.conn, idle: r.l.cfg.BodyTimeout, buf: bodyStreamReader.reader(s), tr: b.tr[:0]}
+	if h := &r.ctx.Request.Header; h.ContentLength() == -1 {
+		// Chunked: fasthttp appends the trailer section's fields to the
+		// header once it read the last chunk (Trailers).
+		b.hdr = h
+		b.nhead = headLen(h)
+	}
 	if r.conn != nil {
 		b.sock = r.conn.rw
 	}
@@ -204,6 +216,9 @@ func (r *request) respond() bool {
 	case exchange.ResponseFull:
 		r.writeHead(res)
 		r.ctx.Response.SetBody(res.Body)
+		// An upstream body the agents buffered goes with a
+		// Content-Length: no trailer section.
+		r.ex.TrailersDropped()
 	case exchange.ResponseStream:
 		r.writeHead(res)
 		r.out.reset()
@@ -211,6 +226,9 @@ func (r *request) respond() bool {
 			r.closeDelimited()
 			return true
 		}
+		// Of unknown length, fasthttp frames the body chunked: the
+		// upstream's trailers can follow it (respStream.end).
+		r.out.chunked = res.Size < 0
 		r.ctx.Response.SetBodyStream(&r.out, int(res.Size))
 		return true
 	}
@@ -266,6 +284,45 @@ type reqBody struct {
 	ec       *eofConn
 	idle     time.Duration
 	extended time.Time
+	// hdr is the request header of a chunked body, which had nhead
+	// fields before the body (headLen); tr its trailers as fields.
+	hdr   *fasthttp.RequestHeader
+	nhead int
+	tr    []exchange.Field
+}
+
+// headLen is the number of h's fields All yields before a trailer
+// section's, which fasthttp appends after the head's (only Connection:
+// close follows them).
+func headLen(h *fasthttp.RequestHeader) int {
+	n := h.Len()
+	if h.ConnectionClose() {
+		n--
+	}
+	return n
+}
+
+// Trailers implements exchange.TrailerSource: the fields of a chunked
+// body's trailer section (fasthttp refuses the body for one it forbids,
+// such as Content-Length or Host).
+func (b *reqBody) Trailers() []exchange.Field {
+	if b.hdr == nil {
+		return nil
+	}
+	end := headLen(b.hdr)
+	if end <= b.nhead {
+		return nil
+	}
+	tr := b.tr[:0]
+	i := 0
+	for k, v := range b.hdr.All() {
+		if i >= b.nhead && i < end {
+			tr = append(tr, exchange.Field{Name: k, Value: v})
+		}
+		i++
+	}
+	b.tr = tr
+	return tr
 }
 
 func (b *reqBody) Read(p []byte) (int, error) { return b.r.Read(p) }
@@ -321,6 +378,7 @@ type respStream struct {
 	r       *request
 	pending []byte
 	eof     bool
+	chunked bool // fasthttp frames the body chunked
 	extend  time.Time
 	written int64
 	// hijack and guard: an HTTP/1.0 client's body of unknown length
@@ -333,6 +391,7 @@ func (b *respStream) reset() {
 	b.guard = nil
 	b.pending = nil
 	b.eof = false
+	b.chunked = false
 	b.extend = time.Time{}
 	b.written = 0
 }
@@ -361,7 +420,51 @@ func (b *respStream) WriteTo(w io.Writer) (int64, error) {
 		}
 		b.eof = last
 	}
+	b.end()
 	return total, nil
+}
+
+// seenName reports a field of tr named name (in any case).
+func seenName(tr []exchange.Field, name []byte) bool {
+	for _, f := range tr {
+		if bytes.EqualFold(f.Name, name) {
+			return true
+		}
+	}
+	return false
+}
+
+// end runs once the body's last piece was taken: the upstream's trailers
+// go in the chunked body's trailer section (RFC 9112 §7.1.2), which
+// fasthttp writes after the last chunk from the fields of the response
+// header its Trailer list names (the head is out by now: neither is
+// written again). A body in another framing has no trailer section.
+func (b *respStream) end() {
+	ex := &b.r.ex
+	if !b.chunked {
+		ex.TrailersDropped()
+		return
+	}
+	tr := ex.Trailers()
+	if len(tr) == 0 {
+		return
+	}
+	h := &b.r.ctx.Response.Header
+	for i, f := range tr {
+		if seenName(tr[:i], f.Name) {
+			// A second field of the name: one line, its values joined
+			// (RFC 9110 §5.3).
+			b.r.scratch = append(append(append(b.r.scratch[:0], h.PeekBytes(f.Name)...), ", "...), f.Value...)
+			h.SetBytesKV(f.Name, b.r.scratch)
+			continue
+		}
+		if h.AddTrailerBytes(f.Name) != nil {
+			continue
+		}
+		// The value the trailer section shows is the first of the name.
+		h.DelBytes(f.Name)
+		h.AddBytesKV(f.Name, f.Value)
+	}
 }
 
 // Read implements io.Reader for callers that do not use WriteTo.
@@ -375,6 +478,9 @@ func (b *respStream) Read(p []byte) (int, error) {
 			return 0, err
 		}
 		b.pending, b.eof = data, last
+		if last {
+			b.end()
+		}
 	}
 	n := copy(p, b.pending)
 	b.pending = b.pending[n:]

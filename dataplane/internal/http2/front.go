@@ -3,12 +3,14 @@ package http2
 import (
 	"context"
 	"io"
+	"maps"
 	"net/http"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/valyala/fasthttp"
 
@@ -91,7 +93,7 @@ func (f *stream) Tunnel(*exchange.Tunnel) error { return exchange.ErrNoTunnel }
 
 // Body implements exchange.Front.
 func (f *stream) Body() exchange.Source {
-	f.body = reqBody{r: f.r.Body, w: f.w, idle: f.srv.facts.BodyTimeout}
+	f.body = reqBody{r: f.r.Body, w: f.w, idle: f.srv.facts.BodyTimeout, req: f.r, tr: f.body.tr[:0]}
 	return &f.body
 }
 
@@ -103,7 +105,31 @@ type reqBody struct {
 	w        http.ResponseWriter
 	idle     time.Duration
 	extended time.Time
+	// req carries the stream's trailers once its body ended (x/net
+	// keeps those the client announced); tr is them as fields.
+	req *http.Request
+	tr  []exchange.Field
 }
+
+// Trailers implements exchange.TrailerSource: the client's trailers, in
+// the order of their names. The fields share the strings of x/net's
+// map, read only.
+func (b *reqBody) Trailers() []exchange.Field {
+	if len(b.req.Trailer) == 0 {
+		return nil
+	}
+	tr := b.tr[:0]
+	for _, k := range slices.Sorted(maps.Keys(b.req.Trailer)) {
+		for _, v := range b.req.Trailer[k] {
+			tr = append(tr, exchange.Field{Name: s2b(k), Value: s2b(v)})
+		}
+	}
+	b.tr = tr
+	return tr
+}
+
+// s2b is the bytes of s, shared: they must never be written to.
+func s2b(s string) []byte { return unsafe.Slice(unsafe.StringData(s), len(s)) }
 
 type readDeadliner interface{ SetReadDeadline(time.Time) error }
 
@@ -237,7 +263,8 @@ func headerListSize(r *http.Request) int {
 // release returns f to the pool.
 func (f *stream) release() {
 	f.srv, f.w, f.r, f.info = nil, nil, nil, nil
-	f.body = reqBody{}
+	clear(f.body.tr)
+	f.body = reqBody{tr: f.body.tr[:0]}
 	f.uri.Reset()
 	f.arena = trim(f.arena, 64<<10)
 	f.scratch = trim(f.scratch, 16<<10)
@@ -312,6 +339,19 @@ func (f *stream) readHead() {
 		}
 	}
 	h.Fields = fields
+	h.Trailer = nil
+	if len(r.Trailer) > 0 {
+		// The names the client announced (x/net took the field out of
+		// the header): as an HTTP/1 request's Trailer field.
+		n := len(a)
+		for k := range r.Trailer {
+			if len(a) > n {
+				a = append(a, ',')
+			}
+			a = append(a, k...)
+		}
+		h.Trailer = a[n:len(a):len(a)]
+	}
 	f.arena = a
 }
 

@@ -2,6 +2,7 @@ package http2
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"net"
 	"net/http"
@@ -27,6 +28,7 @@ type Counters struct {
 	headerTooLarge, protocolErrors atomic.Uint64
 	grpcAnswers, goAwaysOnShutdown atomic.Uint64
 	idleClosed                     atomic.Uint64
+	frameTooLarge, frameSize       atomic.Uint64
 }
 
 // Fill fills the HTTP/2 part of st.
@@ -43,6 +45,8 @@ func (c *Counters) Fill(st *observe.Stats) {
 		GRPCAnswers:        c.grpcAnswers.Load(),
 		ShutdownGoAways:    c.goAwaysOnShutdown.Load(),
 		IdleClosed:         c.idleClosed.Load(),
+		FrameTooLarge:      c.frameTooLarge.Load(),
+		FrameSizeErrors:    c.frameSize.Load(),
 	}
 	h2, h2c := c.h2.Load(), c.h2c.Load()
 	st.RequestsByProtocol = map[string]uint64{
@@ -62,9 +66,103 @@ func (c *Counters) countError(kind string) {
 		c.refusedStreams.Add(1)
 	case strings.HasSuffix(kind, "_too_many_early_resets"):
 		c.rapidResets.Add(1)
+	case frameSizeKind(kind):
+		c.frameSize.Add(1)
 	default:
 		c.protocolErrors.Add(1)
 	}
+}
+
+// frameSizeKind reports the tokens of the frames x/net refuses with
+// FRAME_SIZE_ERROR for a length their type does not allow (RFC 9113
+// §4.2: a PING not 8 bytes long, a SETTINGS ACK with a payload, …).
+func frameSizeKind(kind string) bool {
+	switch kind {
+	case "frame_settings_ack_with_length", "frame_settings_mod_6", "frame_ping_length", "frame_goaway_short",
+		"frame_windowupdate_bad_len", "frame_priority_bad_length", "frame_priority_update_bad_length",
+		"frame_rststream_bad_len":
+		return true
+	}
+	return false
+}
+
+// frameWatch is a client connection as x/net's framer reads it. It
+// follows the frame headers that go by to count a frame longer than
+// max_read_frame_size, which x/net answers with a GOAWAY
+// (FRAME_SIZE_ERROR) without calling CountError. x/net reads through a
+// buffer (conn) that reads from this watch, so a Read holds the bytes of
+// several frames: a few comparisons per frame header, the payloads
+// skipped; once the count is made it looks no more.
+type frameWatch struct {
+	net.Conn
+	stats *Counters
+	max   uint32
+	skip  uint32  // bytes of the preface or the current payload still to pass
+	hn    int     // bytes of the current frame header seen
+	hdr   [3]byte // the header's length field
+	done  bool
+}
+
+func (w *frameWatch) Read(p []byte) (int, error) {
+	n, err := w.Conn.Read(p)
+	if !w.done && n > 0 {
+		w.watch(p[:n])
+	}
+	return n, err
+}
+
+// watch follows the frames in b, the next bytes of the connection.
+func (w *frameWatch) watch(b []byte) {
+	for len(b) > 0 {
+		if w.skip > 0 {
+			k := uint32(min(len(b), int(min(w.skip, 1<<30))))
+			w.skip -= k
+			b = b[k:]
+			continue
+		}
+		for w.hn < 9 && len(b) > 0 {
+			if w.hn < 3 {
+				w.hdr[w.hn] = b[0]
+			}
+			w.hn++
+			b = b[1:]
+		}
+		if w.hn < 9 {
+			return
+		}
+		w.hn = 0
+		w.skip = uint32(w.hdr[0])<<16 | uint32(w.hdr[1])<<8 | uint32(w.hdr[2])
+		if w.skip > w.max {
+			w.stats.frameTooLarge.Add(1)
+			w.done = true
+			return
+		}
+	}
+}
+
+// tlsFrameWatch is a frameWatch over TLS: x/net checks the TLS version
+// and cipher suite through ConnectionState (RFC 9113 §9.2).
+type tlsFrameWatch struct {
+	*frameWatch
+	st interface{ ConnectionState() tls.ConnectionState }
+}
+
+func (w tlsFrameWatch) ConnectionState() tls.ConnectionState { return w.st.ConnectionState() }
+
+// watchFrames wraps c in a frameWatch; sawPreface: the client's preface
+// was read from c already.
+func (s *Server) watchFrames(c net.Conn, sawPreface bool) net.Conn {
+	w := &frameWatch{Conn: c, stats: s.stats, max: s.h2.MaxReadFrameSize}
+	if w.max == 0 {
+		w.max = 16 << 10 // x/net's default
+	}
+	if !sawPreface {
+		w.skip = uint32(len(http2.ClientPreface))
+	}
+	if st, ok := c.(interface{ ConnectionState() tls.ConnectionState }); ok {
+		return tlsFrameWatch{w, st}
+	}
+	return w
 }
 
 // Server serves the HTTP/2 connections of one listener.
@@ -122,8 +220,9 @@ func (s *Server) ServeConn(nc net.Conn, info *exchange.Conn, sawPreface bool) {
 		_ = nc.Close()
 		return
 	}
-	// x/net reads and writes c: reads buffered, writes coalesced (conn).
-	w, c := newConn(nc)
+	// x/net reads and writes c: reads buffered, writes coalesced (conn),
+	// over the watch of the frames read.
+	w, c := newConn(s.watchFrames(nc, sawPreface))
 	track := &connTrack{c: w}
 	s.conns[c] = track
 	s.wg.Add(1)

@@ -65,6 +65,9 @@ type Decision struct {
 	// RetryAfter is how long until one request would be allowed (0 when
 	// Allowed).
 	RetryAfter time.Duration
+	// Reset is how long until the bucket is full again, Remaining back
+	// to burst (when Allowed).
+	Reset time.Duration
 }
 
 // decide applies GCRA to tat at now, returning the new tat.
@@ -77,7 +80,7 @@ func (l *Limiter) decide(tat, now int64) (int64, Decision) {
 	}
 	tat += l.t
 	rem := (l.tau + l.t - (tat - now)) / l.t
-	return tat, Decision{Allowed: true, Remaining: max(rem, 0)}
+	return tat, Decision{Allowed: true, Remaining: max(rem, 0), Reset: time.Duration(tat - now)}
 }
 
 // AllowOne decides for the limiter's single bucket (no key) at now, a

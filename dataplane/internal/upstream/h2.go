@@ -306,6 +306,17 @@ func (c *h2Call) attempt(ep *Endpoint) error {
 	}
 	if r.Body != nil {
 		c.body = &h2Body{p: r.Body, done: make(chan struct{})}
+		if r.BodyLen < 0 || r.Trailer != nil {
+			// The client's trailers, if it sends any, go as the stream's
+			// trailers: filled in when the body ends (h2Body.read), which
+			// is before x/net reads the map. Names the client announced
+			// are announced (a Go server keeps only those).
+			hreq.Trailer = http.Header{}
+			for name := range exchange.TrailerNames(r.Trailer) {
+				hreq.Trailer[http.CanonicalHeaderKey(string(name))] = nil
+			}
+			c.body.tr = hreq.Trailer
+		}
 		hreq.Body = c.body
 		hreq.ContentLength = r.BodyLen
 		if r.BodyLen == 0 {
@@ -503,6 +514,10 @@ type h2Body struct {
 	last bool
 	err  error // the producer's error, as a producerError
 	done chan struct{}
+	// tr is the request's Trailer map (nil: the request has none), filled
+	// from the producer's trailers at the body's end.
+	tr     http.Header
+	trDone bool
 
 	mu      sync.Mutex
 	reading bool
@@ -538,6 +553,10 @@ func (b *h2Body) Read(p []byte) (int, error) {
 func (b *h2Body) read(p []byte) (int, bool, error) {
 	for len(b.rest) == 0 {
 		if b.last {
+			if !b.trDone {
+				b.trDone = true
+				b.trailers()
+			}
 			return 0, true, io.EOF
 		}
 		data, last, err := b.p.Next()
@@ -550,6 +569,17 @@ func (b *h2Body) read(p []byte) (int, bool, error) {
 	n := copy(p, b.rest)
 	b.rest = b.rest[n:]
 	return n, false, nil
+}
+
+// trailers puts the client's trailers in the request's Trailer map, for
+// x/net to send once it read the body's end; a request without the map
+// counts them as dropped.
+func (b *h2Body) trailers() {
+	tr := b.p.Trailers(b.tr != nil)
+	for _, f := range tr {
+		k := http.CanonicalHeaderKey(string(f.Name))
+		b.tr[k] = append(b.tr[k], string(f.Value))
+	}
 }
 
 // Close implements io.Closer: the Transport is done with the body. A Read

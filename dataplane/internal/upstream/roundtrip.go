@@ -105,7 +105,13 @@ type callState struct {
 	// or it answered before the whole request was sent).
 	close      bool
 	untilClose bool // the body ends with the connection
-	chunked    bool // the request body is framed chunked
+	// nhead is how many of the response header's fields (All) the head
+	// had, the trailing Connection: close excepted: fasthttp appends a
+	// chunked body's trailers to them. tr are the trailers, once read.
+	nhead   int
+	tr      []exchange.Field
+	trRead  bool
+	chunked bool // the request body is framed chunked
 
 	// The body's writes on a plain socket (writeWatching, early.go).
 	wsock *rawio.Conn
@@ -417,6 +423,9 @@ func WriteHead(bw *bufio.Writer, r *exchange.UpstreamRequest) (chunked bool, err
 	default:
 		chunked = true
 		bw.WriteString("Transfer-Encoding: chunked\r\n")
+		if len(r.Trailer) > 0 {
+			writeTrailerNames(bw, r.Trailer)
+		}
 	}
 	_, err = bw.Write(crlf)
 	return chunked, err
@@ -463,11 +472,48 @@ func (c *call) writeBody(bw *bufio.Writer, conn net.Conn) error {
 		}
 	}
 	if c.chunked {
-		if _, err := bw.Write(lastChunk); err != nil {
+		// The last chunk, and the client's trailers in the trailer
+		// section (RFC 9112 §7.1.2).
+		tr := body.Trailers(true)
+		if len(tr) == 0 {
+			if _, err := bw.Write(lastChunk); err != nil {
+				return &upstreamError{err: err, write: true}
+			}
+			return nil
+		}
+		bw.WriteString("0\r\n")
+		for _, f := range tr {
+			bw.Write(f.Name)
+			bw.WriteString(": ")
+			bw.Write(f.Value)
+			bw.Write(crlf)
+		}
+		if _, err := bw.Write(crlf); err != nil {
 			return &upstreamError{err: err, write: true}
 		}
+		return nil
 	}
+	// A body with a Content-Length has no trailer section.
+	body.Trailers(false)
 	return nil
+}
+
+// writeTrailerNames writes the Trailer field announcing the trailer
+// names of the client's list that may go on (none: no field).
+func writeTrailerNames(bw *bufio.Writer, names []byte) {
+	n := 0
+	for name := range exchange.TrailerNames(names) {
+		if n == 0 {
+			bw.WriteString("Trailer: ")
+		} else {
+			bw.WriteString(", ")
+		}
+		bw.Write(name)
+		n++
+	}
+	if n > 0 {
+		bw.Write(crlf)
+	}
 }
 
 // readHead reads the upstream response's status line and headers; the
@@ -510,6 +556,10 @@ func (c *call) readHeadFields() {
 		fields = append(fields, exchange.Field{Name: k, Value: v})
 	}
 	hd.Fields = fields
+	c.nhead = len(fields)
+	if h.ConnectionClose() {
+		c.nhead--
+	}
 	cl := h.ContentLength()
 	hd.ContentLength = int64(cl)
 	c.body = c.resp.BodyStream()
@@ -521,6 +571,33 @@ func (c *call) readHeadFields() {
 
 // Head implements exchange.UpstreamResponse.
 func (c *call) Head() *exchange.ResponseHead { return &c.head }
+
+// Trailers implements exchange.TrailerSource: the fields of a chunked
+// body's trailer section, which fasthttp appends to the response header
+// once it read the last chunk (after the head's; only Connection: close
+// follows them in All).
+func (c *call) Trailers() []exchange.Field {
+	if c.head.ContentLength != -1 || c.trRead {
+		return c.tr
+	}
+	c.trRead = true
+	h := &c.resp.Header
+	end := h.Len()
+	if h.ConnectionClose() {
+		end--
+	}
+	if end <= c.nhead {
+		return nil
+	}
+	i := 0
+	for k, v := range h.All() {
+		if i >= c.nhead && i < end {
+			c.tr = append(c.tr, exchange.Field{Name: k, Value: v})
+		}
+		i++
+	}
+	return c.tr
+}
 
 // CopyHeadTo copies the response head to a front end's fasthttp response
 // (exchange.Response.Origin).
@@ -599,7 +676,7 @@ func (c *call) Detach() (exchange.Tunnel, bool) {
 // recycle returns c to the pool.
 func (c *call) recycle() {
 	c.resp.Reset()
-	c.callState = callState{head: exchange.ResponseHead{Fields: trimFields(c.head.Fields)}}
+	c.callState = callState{head: exchange.ResponseHead{Fields: trimFields(c.head.Fields)}, tr: trimFields(c.tr)}
 	calls.Put(c)
 }
 
