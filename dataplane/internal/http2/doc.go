@@ -14,5 +14,7 @@
 // a ResponseWriter (a streamed body flushed piece by piece, the
 // upstream's trailers relayed), the gRPC form of the sidecar's own
 // answers (grpc.go), and the graceful end of connections (GOAWAY) on
-// shutdown.
+// shutdown. And how x/net reads and writes a connection (conn.go): reads
+// through a buffer, writes held until the goroutines already runnable have
+// run, so that the frames of many streams go out in one write(2).
 package http2

@@ -42,6 +42,14 @@ type stream struct {
 	fired   sync.WaitGroup
 	onReset func()
 	vals    []string
+	// seen are the response field values this pooled stream sent last,
+	// by position, and clen its Content-Length with clenN its number:
+	// the next response reuses the strings of the values it repeats (an
+	// upstream's Server, Content-Type; the length of same-sized bodies)
+	// instead of allocating them again.
+	seen  []string
+	clen  []string
+	clenN int64
 }
 
 var streams = sync.Pool{New: func() any {
@@ -376,6 +384,45 @@ func skipResponseField(name []byte) bool {
 	return false
 }
 
+// value is the string of the value of the response's i-th field sent, the one
+// the stream's last response had there when they are the same.
+func (f *stream) value(i int, b []byte) string {
+	if i < len(f.seen) && f.seen[i] == string(b) {
+		return f.seen[i]
+	}
+	v := string(b)
+	if len(v) > maxSeenLen {
+		return v
+	}
+	switch {
+	case i < len(f.seen):
+		f.seen[i] = v
+	case i == len(f.seen) && i < maxSeen:
+		f.seen = append(f.seen, v)
+	}
+	return v
+}
+
+// maxSeen and maxSeenLen bound the field values a pooled stream
+// remembers: how many, how long each.
+const (
+	maxSeen    = 32
+	maxSeenLen = 256
+)
+
+// contentLength is the Content-Length field of a body of n bytes: the
+// stream's last one when n is the same (x/net reads it, and copies the
+// header before the next response of the stream changes it).
+func (f *stream) contentLength(n int64) []string {
+	if f.clen == nil {
+		f.clen = make([]string, 1)
+	}
+	if f.clenN != n || f.clen[0] == "" {
+		f.clen[0], f.clenN = strconv.FormatInt(n, 10), n
+	}
+	return f.clen[:1:1]
+}
+
 // respond writes the response the exchange staged: the head, the body
 // (a streamed one flushed as each piece comes, so a gRPC stream's
 // messages are not held back), the upstream's trailers.
@@ -394,6 +441,7 @@ func (f *stream) respond() {
 	}
 	h := f.w.Header()
 	vals := f.vals[:0]
+	i := 0
 	for _, fl := range res.Fields {
 		if skipResponseField(fl.Name) {
 			continue
@@ -404,14 +452,16 @@ func (f *stream) respond() {
 		if !ok {
 			k = http.CanonicalHeaderKey(string(fl.Name))
 		}
+		v := f.value(i, fl.Value)
+		i++
 		if old, dup := h[k]; dup {
-			h[k] = append(old, string(fl.Value))
+			h[k] = append(old, v)
 			continue
 		}
 		// The values of single fields share one backing array, reused by
 		// the stream's next request: x/net copies the header when it
 		// writes it, and reads the map no more once the handler returned.
-		vals = append(vals, string(fl.Value))
+		vals = append(vals, v)
 		h[k] = vals[len(vals)-1 : len(vals) : len(vals)]
 	}
 	f.vals = vals
@@ -423,13 +473,13 @@ func (f *stream) respond() {
 	switch res.Kind {
 	case exchange.ResponseFull:
 		if res.Status >= 200 && res.Status != 204 && res.Status != 304 {
-			h["Content-Length"] = []string{strconv.Itoa(len(res.Body))}
+			h["Content-Length"] = f.contentLength(int64(len(res.Body)))
 		}
 		f.w.WriteHeader(res.Status)
 		_, _ = f.w.Write(res.Body)
 	case exchange.ResponseStream:
 		if res.Size >= 0 {
-			h["Content-Length"] = []string{strconv.FormatInt(res.Size, 10)}
+			h["Content-Length"] = f.contentLength(res.Size)
 		}
 		f.w.WriteHeader(res.Status)
 		fl, _ := f.w.(http.Flusher)

@@ -89,9 +89,10 @@ func frameSizeKind(kind string) bool {
 // frameWatch is a client connection as x/net's framer reads it. It
 // follows the frame headers that go by to count a frame longer than
 // max_read_frame_size, which x/net answers with a GOAWAY
-// (FRAME_SIZE_ERROR) without calling CountError. The framer reads each
-// frame's 9-byte header and then its payload, so a Read costs a
-// comparison or two; once the count is made it looks no more.
+// (FRAME_SIZE_ERROR) without calling CountError. x/net reads through a
+// buffer (conn) that reads from this watch, so a Read holds the bytes of
+// several frames: a few comparisons per frame header, the payloads
+// skipped; once the count is made it looks no more.
 type frameWatch struct {
 	net.Conn
 	stats *Counters
@@ -212,15 +213,17 @@ func NewServer(cfg *config.Listener, facts exchange.Listener, core *exchange.Cor
 // ServeConn serves c, an HTTP/2 connection whose facts are info, until it
 // ends; sawPreface: the client's connection preface was read from c
 // already (h2c). c is closed when it returns.
-func (s *Server) ServeConn(c net.Conn, info *exchange.Conn, sawPreface bool) {
-	c = s.watchFrames(c, sawPreface)
+func (s *Server) ServeConn(nc net.Conn, info *exchange.Conn, sawPreface bool) {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		_ = c.Close()
+		_ = nc.Close()
 		return
 	}
-	track := &connTrack{}
+	// x/net reads and writes c: reads buffered, writes coalesced (conn),
+	// over the watch of the frames read.
+	w, c := newConn(s.watchFrames(nc, sawPreface))
+	track := &connTrack{c: w}
 	s.conns[c] = track
 	s.wg.Add(1)
 	s.mu.Unlock()
@@ -274,8 +277,10 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	case <-ctx.Done():
 	}
 	s.mu.Lock()
-	for c := range s.conns {
-		_ = c.Close()
+	for _, t := range s.conns {
+		// At once: Close would wait for a client that does not read,
+		// one connection after another.
+		t.c.abort()
 	}
 	s.mu.Unlock()
 	<-done
@@ -284,6 +289,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 
 // connTrack is what the server follows of a connection's state.
 type connTrack struct {
+	c *conn
 	// idleSince is when its last stream ended (zero: streams open).
 	idleSince time.Time
 }
