@@ -272,3 +272,60 @@ func waitTrailerStats(t *testing.T, p *proxy, ok func(observe.TrailerStats) bool
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// TestRequestTrailersNoSidecarMarkers: a client cannot speak for the
+// sidecar in a trailer section either: X-Sidecar-* trailers (and their
+// names in the Trailer list) never reach the upstream, from an HTTP/1.1
+// chunked body or an HTTP/2 stream; they are counted as refused.
+func TestRequestTrailersNoSidecarMarkers(t *testing.T) {
+	seen := &trailerSeen{seen: map[string]http.Header{}, body: map[string]string{}}
+	p := trailerProxy(t, newUpstreamRaw(t, seen.handler), "")
+	c, err := net.DialTimeout("tcp", p.addr, hangGuard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(hangGuard))
+	_, _ = io.WriteString(c, "POST /h1 HTTP/1.1\r\nHost: app.example\r\nTransfer-Encoding: chunked\r\n"+
+		"Trailer: X-Sidecar-Inspection, X-Checksum\r\n\r\n"+
+		"5\r\nhello\r\n0\r\nX-Sidecar-Inspection: skipped\r\nx-sidecar-fail-open: true\r\nX-Checksum: def\r\n\r\n")
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	got, body := seen.get("/h1")
+	if resp.StatusCode != 200 || body != "hello" {
+		t.Fatalf("HTTP/1.1 client: %d %q", resp.StatusCode, body)
+	}
+	if got.Get("X-Checksum") != "def" {
+		t.Errorf("X-Checksum did not reach the upstream: %v", got)
+	}
+	for k := range got {
+		if strings.HasPrefix(strings.ToLower(k), "x-sidecar-") {
+			t.Errorf("the client's trailer %s reached the upstream: %v", k, got)
+		}
+	}
+
+	req, err := http.NewRequest("POST", "http://"+p.addr+"/h2", io.NopCloser(strings.NewReader("hello")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.ContentLength = -1
+	req.Trailer = http.Header{"X-Sidecar-Inspection": {"skipped"}, "X-Checksum": {"abc"}}
+	resp, err = h2cClient().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	got, _ = seen.get("/h2")
+	if got.Get("X-Checksum") != "abc" {
+		t.Errorf("h2: X-Checksum did not reach the upstream: %v", got)
+	}
+	if _, ok := got["X-Sidecar-Inspection"]; ok {
+		t.Errorf("h2: the client's trailer X-Sidecar-Inspection reached the upstream: %v", got)
+	}
+	if st := p.srv.Stats().Trailers; st.RequestRefused != 3 {
+		t.Errorf("refused %d, want 3 (%+v)", st.RequestRefused, st)
+	}
+}

@@ -28,7 +28,8 @@ const (
 
 // TrailerAllowed reports whether a trailer field named name may be
 // forwarded: a valid field name that is not a pseudo-field, not
-// hop-by-hop, and none of those RFC 9110 §6.5.1 keeps out of trailers.
+// hop-by-hop, not the sidecar's own (X-Sidecar-*), and none of those
+// RFC 9110 §6.5.1 keeps out of trailers.
 func TrailerAllowed(name []byte) bool {
 	if len(name) == 0 || hopName(name) {
 		return false
@@ -39,6 +40,11 @@ func TrailerAllowed(name []byte) bool {
 		}
 	}
 	if len(name) >= 11 && foldEq(name[:11], "x-forwarded") {
+		return false
+	}
+	if len(name) >= 10 && foldEq(name[:10], "x-sidecar-") {
+		// The sidecar's markers: a client never speaks for it, in a
+		// trailer section as in its head.
 		return false
 	}
 	var low [24]byte
