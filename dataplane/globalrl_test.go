@@ -32,6 +32,8 @@ type rlServer struct {
 	mu     sync.Mutex
 	hits   map[string]int
 	seen   []string
+	// edit, when set, changes each answer before it is sent.
+	edit func(*rlsv3.RateLimitResponse)
 }
 
 func (s *rlServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
@@ -76,6 +78,9 @@ func (s *rlServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequ
 		resp.RequestHeadersToAdd = []*corev3.HeaderValue{{Key: "X-Rls", Value: "ok"}}
 		// The second breaks the header rules: dropped.
 		resp.ResponseHeadersToAdd = []*corev3.HeaderValue{{Key: "X-Quota-Checked", Value: "yes"}, {Key: "X-Sidecar-Fail-Open", Value: "forged"}}
+	}
+	if s.edit != nil {
+		s.edit(resp)
 	}
 	return resp, nil
 }
@@ -286,5 +291,51 @@ func TestGlobalRateLimitTLS(t *testing.T) {
 		if st := p2.srv.Stats(); st.GlobalRateLimitErrors != 1 {
 			t.Errorf("%s, deny: errors %d, want 1", tc.name, st.GlobalRateLimitErrors)
 		}
+	}
+}
+
+// TestGlobalRateLimitHeadersBounded: the headers one answer of the rate
+// limit service adds are bounded as an agent reply's are by default
+// (256 fields, 64KiB of names and values, request and response lists
+// together): an answer over the bound is a failed call (failure mode
+// applied, counted), nothing of it applied, on OK as on OVER_LIMIT.
+func TestGlobalRateLimitHeadersBounded(t *testing.T) {
+	many := func(n, size int) []*corev3.HeaderValue {
+		var hs []*corev3.HeaderValue
+		for i := range n {
+			hs = append(hs, &corev3.HeaderValue{Key: fmt.Sprintf("X-Flood-%d", i), Value: strings.Repeat("v", size)})
+		}
+		return hs
+	}
+	for _, tc := range []struct {
+		name  string
+		limit int
+		edit  func(*rlsv3.RateLimitResponse)
+	}{
+		{"OK, 300 response headers", 100, func(r *rlsv3.RateLimitResponse) { r.ResponseHeadersToAdd = many(300, 8) }},
+		{"OK, 80KiB of response headers", 100, func(r *rlsv3.RateLimitResponse) { r.ResponseHeadersToAdd = many(5, 16<<10) }},
+		{"OK, 300 request headers", 100, func(r *rlsv3.RateLimitResponse) { r.RequestHeadersToAdd = many(300, 8) }},
+		{"OVER_LIMIT, 300 response headers", 0, func(r *rlsv3.RateLimitResponse) { r.ResponseHeadersToAdd = many(300, 8) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := &rlServer{limit: tc.limit, edit: tc.edit}
+			p, u := globalProxy(t, serveRLS(t, s), ", timeout: 10s")
+			resp, _ := p.do(t, "GET", "/", nil)
+			if resp.StatusCode != 200 || u.count() != 1 {
+				t.Errorf("status %d, upstream saw %d; want the failure mode's allow", resp.StatusCode, u.count())
+			}
+			if resp.Header.Get("X-Flood-0") != "" || (u.count() == 1 && u.last(t).Header.Get("X-Flood-0") != "") {
+				t.Error("headers of an answer over the bound were applied")
+			}
+			if st := p.srv.Stats(); st.GlobalRateLimitErrors != 1 || st.GlobalRateLimited != 0 {
+				t.Errorf("errors %d, limited %d; want 1, 0", st.GlobalRateLimitErrors, st.GlobalRateLimited)
+			}
+		})
+	}
+	// Within the bound: applied.
+	s := &rlServer{limit: 100, edit: func(r *rlsv3.RateLimitResponse) { r.ResponseHeadersToAdd = many(200, 8) }}
+	p, _ := globalProxy(t, serveRLS(t, s), ", timeout: 10s")
+	if resp, _ := p.do(t, "GET", "/", nil); resp.StatusCode != 200 || resp.Header.Get("X-Flood-199") != "vvvvvvvv" {
+		t.Errorf("200 headers within the bound: %d, X-Flood-199 %q", resp.StatusCode, resp.Header.Get("X-Flood-199"))
 	}
 }

@@ -2,6 +2,7 @@ package exchange
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -176,6 +177,9 @@ func (ex *Exchange) globalLimited(gl *globalLimit) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), svc.cfg.Timeout)
 	resp, err := svc.client.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: svc.cfg.Domain, Descriptors: descs, HitsAddend: 1})
 	cancel()
+	if err == nil {
+		err = rlsHeadersBounded(resp)
+	}
 	if err != nil || resp.GetOverallCode() == rlsv3.RateLimitResponse_UNKNOWN {
 		ex.core.stats.globalErrors.Add(1)
 		if ok, suppressed := ex.core.logRLS.Allow(); ok {
@@ -288,6 +292,37 @@ func (ex *Exchange) globalOK(gl *globalLimit, resp *rlsv3.RateLimitResponse) {
 	b = append(b, ";t="...)
 	b = strconv.AppendInt(b, t, 10)
 	rs.rlFields = append(rs.rlFields, Field{Name: hdrRateLimitPolicy, Value: b[:n:n]}, Field{Name: hdrRateLimit, Value: b[n:]})
+}
+
+// The headers one answer of the rate limit service may add, its request
+// and response lists together: the bounds of an agent reply's header
+// operations by default (limits.header_ops and header_bytes). Without
+// them a service (or whoever answers in its place) could put up to its
+// 4 MiB message of fields on every response.
+const (
+	rlsMaxHeaders     = 256
+	rlsMaxHeaderBytes = 64 << 10
+)
+
+// errRLSHeaders: an answer over the bounds above, a failed call.
+var errRLSHeaders = errors.New("the answer adds too many headers")
+
+// rlsHeadersBounded checks resp's header lists against the bounds.
+func rlsHeadersBounded(resp *rlsv3.RateLimitResponse) error {
+	req, res := resp.GetRequestHeadersToAdd(), resp.GetResponseHeadersToAdd()
+	if len(req)+len(res) > rlsMaxHeaders {
+		return fmt.Errorf("%w: %d, at most %d", errRLSHeaders, len(req)+len(res), rlsMaxHeaders)
+	}
+	n := 0
+	for _, hs := range [2][]*corev3.HeaderValue{req, res} {
+		for _, h := range hs {
+			n += len(h.GetKey()) + max(len(h.GetValue()), len(h.GetRawValue()))
+		}
+	}
+	if n > rlsMaxHeaderBytes {
+		return fmt.Errorf("%w: %d bytes, at most %d", errRLSHeaders, n, rlsMaxHeaderBytes)
+	}
+	return nil
 }
 
 // checkedHeader is a header of the service's answer that passes the rules
