@@ -1177,3 +1177,79 @@ routes:
 		t.Errorf("upstream got %d requests, want 5", upstream)
 	}
 }
+
+// TestPerRouteDecisionCache checks that a decision cached for one route
+// is never another route's when the routes send the server different
+// context_extensions: the server's answer depends on them, so the key
+// holds the route whatever its configured parts (here the method and
+// path, which both routes' requests share).
+func TestPerRouteDecisionCache(t *testing.T) {
+	s, addr := startAuth(t, func(_ context.Context, r *authv3.CheckRequest) (*authv3.CheckResponse, error) {
+		if r.GetAttributes().GetContextExtensions()["tier"] == "admin" {
+			return &authv3.CheckResponse{Status: &rpcstatus.Status{Code: int32(codes.PermissionDenied)}}, nil
+		}
+		return okResponse(nil), nil
+	}, nil)
+	us := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	t.Cleanup(us.Close)
+	cfg, err := config.Parse([]byte(`
+listeners:
+  - name: test
+    address: 127.0.0.1:0
+upstreams:
+  - name: app
+    address: `+strings.TrimPrefix(us.URL, "http://")+`
+agents:
+  - name: authz
+    transport: ext_authz
+    address: `+addr+`
+    decision_cache:
+      key: [method, path]
+routes:
+  - name: admin
+    hosts: [admin.example]
+    upstream: app
+    agents:
+      - name: authz
+        ext_authz:
+          context_extensions: {tier: admin}
+  - name: www
+    upstream: app
+    agents:
+      - name: authz
+        ext_authz:
+          context_extensions: {tier: public}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := transports.ForConfig(cfg)[config.TransportExtAuthz](cfg.Agent("authz"), zerolog.Nop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = a.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := a.(interface{ WaitReady(context.Context) error }).WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	url, _ := dptest.Serve(t, cfg, map[string]agentmux.Agent{"authz": a})
+	for i, tc := range []struct {
+		host string
+		want int
+	}{{"www.example", 200}, {"admin.example", 403}, {"www.example", 200}, {"admin.example", 403}} {
+		req, _ := http.NewRequest("GET", url+"/report", nil)
+		req.Host = tc.host
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != tc.want {
+			t.Errorf("request %d to %s: status %d, want %d", i, tc.host, resp.StatusCode, tc.want)
+		}
+	}
+	if n := len(s.received()); n != 2 {
+		t.Errorf("the server got %d checks, want 2 (one a route, the rest cached)", n)
+	}
+}

@@ -39,6 +39,7 @@ const (
 	partPathPrefix
 	partHeader
 	partClientIP
+	partRoute // not configured: see decisionCache.byRoute
 )
 
 type keyPart struct {
@@ -54,6 +55,11 @@ type decisionCache struct {
 	maxTTL   time.Duration
 	maxKey   int
 	sig      string // the settings, to tell whether a reload may keep it
+	// byRoute: the agent's answers depend on the route (an ext_authz
+	// agent that routes send their own context_extensions), so the key
+	// starts with the route whatever its configured parts: a decision of
+	// one route is never another's.
+	byRoute bool
 
 	// gen reads the agent's connection generation (nil: unknown or not
 	// flushed on reconnect); seen is the one the entries belong to.
@@ -84,13 +90,13 @@ type cacheEntry struct {
 
 type generationer interface{ Generation() uint64 }
 
-func newDecisionCache(c *config.DecisionCache, inst agentmux.Agent) (*decisionCache, error) {
+func newDecisionCache(c *config.DecisionCache, inst agentmux.Agent, byRoute bool) (*decisionCache, error) {
 	if !c.On() {
 		return nil, nil
 	}
 	dc := &decisionCache{
 		ttl: c.TTL, blockTTL: c.BlockTTL, maxTTL: c.MaxTTL, maxKey: int(c.MaxKeyBytes),
-		sig: cacheSig(c),
+		sig: cacheSig(c), byRoute: byRoute,
 	}
 	for _, k := range c.Key {
 		kind, name, n, err := config.ParseCacheKeyPart(k)
@@ -133,16 +139,17 @@ func cacheSig(c *config.DecisionCache) string {
 
 // cacheFor returns the decision cache of agent a for a new table: the
 // previous table's when flush_on_reload is off and the agent instance and
-// its cache settings are the same, else a new (empty) one.
-func cacheFor(prev *Table, a *config.Agent, inst agentmux.Agent) (*decisionCache, error) {
+// its cache settings are the same, else a new (empty) one. byRoute: the
+// agent's answers depend on the route (decisionCache.byRoute).
+func cacheFor(prev *Table, a *config.Agent, inst agentmux.Agent, byRoute bool) (*decisionCache, error) {
 	c := &a.DecisionCache
 	if !c.On() {
 		return nil, nil
 	}
-	if old := prevAgent(prev, a.Name, inst); old != nil && !c.FlushReload() && old.cache != nil && old.cache.sig == cacheSig(c) {
+	if old := prevAgent(prev, a.Name, inst); old != nil && !c.FlushReload() && old.cache != nil && old.cache.sig == cacheSig(c) && old.cache.byRoute == byRoute {
 		return old.cache, nil
 	}
-	return newDecisionCache(c, inst)
+	return newDecisionCache(c, inst, byRoute)
 }
 
 // cacheKeyBufs holds the buffers keys are built in.
@@ -151,6 +158,10 @@ var cacheKeyBufs = sync.Pool{New: func() any { b := make([]byte, 0, 512); return
 // key appends the key of the request view m to dst; ok is false when it
 // is longer than max_key_bytes.
 func (dc *decisionCache) key(dst []byte, m *protocol.RequestHeaders) ([]byte, bool) {
+	if dc.byRoute {
+		dst = append(dst, partRoute)
+		dst = appendPart(dst, m.Metadata.RouteID)
+	}
 	for k := range dc.parts {
 		p := &dc.parts[k]
 		dst = append(dst, p.kind)

@@ -25,7 +25,7 @@ func (g *genAgent) Generation() uint64 { return g.gen.Load() }
 func TestDecisionCacheStoreFlushesOldGeneration(t *testing.T) {
 	a := &genAgent{}
 	c := config.DecisionCache{Key: []string{"path"}, TTL: time.Minute, BlockTTL: time.Minute, MaxTTL: time.Hour, MaxEntries: 100, MaxKeyBytes: 4096}
-	dc, err := newDecisionCache(&c, a)
+	dc, err := newDecisionCache(&c, a, false)
 	if err != nil {
 		t.Fatal(err)
 	}

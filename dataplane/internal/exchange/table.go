@@ -200,7 +200,8 @@ func BuildTable(cfg *config.Config, agents map[string]agentmux.Agent, ups []Upst
 			limits: agentLimits{ops: a.Limits.HeaderOps, bytes: int(a.Limits.HeaderBytes), value: int(a.Limits.HeaderValue), block: int(a.Limits.HeaderBlock)}}
 		e.brk = breakerFor(prev, a.Name, inst, a.CircuitBreaker)
 		e.shadow = shadowFor(prev, a, inst)
-		c, err := cacheFor(prev, a, inst)
+		byRoute := a.Transport == config.TransportExtAuthz && len(cfg.RouteContextExtensions(a.Name)) > 0
+		c, err := cacheFor(prev, a, inst, byRoute)
 		if err != nil {
 			return nil, err
 		}
