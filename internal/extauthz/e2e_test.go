@@ -1198,11 +1198,11 @@ listeners:
     address: 127.0.0.1:0
 upstreams:
   - name: app
-    address: `+strings.TrimPrefix(us.URL, "http://")+`
+    address: ` + strings.TrimPrefix(us.URL, "http://") + `
 agents:
   - name: authz
     transport: ext_authz
-    address: `+addr+`
+    address: ` + addr + `
     decision_cache:
       key: [method, path]
 routes:
