@@ -93,7 +93,7 @@ var (
 	descGlobalLimited = prometheus.NewDesc(Namespace+"_global_rate_limited_total",
 		"Requests the rate limit service said were over a limit (429).", nil, nil)
 	descGlobalErrors = prometheus.NewDesc(Namespace+"_global_rate_limit_errors_total",
-		"Calls to the rate limit service that failed (error, timeout, UNKNOWN); rate_limit_service.failure_mode applied.", nil, nil)
+		"Calls to the rate limit service that failed (error, timeout, UNKNOWN, an answer over the header bounds); rate_limit_service.failure_mode applied.", nil, nil)
 	routeDescs = []*prometheus.Desc{descRateLimited, descRouteRetries, descRetryBudget, descRetryNotReplayable, descGlobalLimited, descGlobalErrors}
 
 	// descLate shares its family with the per-event agent errors counter.
