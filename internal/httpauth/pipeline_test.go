@@ -383,3 +383,104 @@ func TestPipelineOption(t *testing.T) {
 		t.Error("Validate accepted pipeline 0")
 	}
 }
+
+// TestPipelineChunkedAnswers checks answers framed chunked, with a
+// trailer section, and each behind a 100 Continue: every subrequest of
+// the batch still gets its own answer (a trailer or an interim answer
+// left on the connection would be read as the start of the next one).
+func TestPipelineChunkedAnswers(t *testing.T) {
+	s := &pipeService{answer: func(_, _ int, uri string) (string, bool) {
+		a := echo(uri)
+		if uri == "" {
+			return a, false
+		}
+		head, body, _ := strings.Cut(a, "\r\n\r\n")
+		head = strings.Replace(head, "Content-Length: "+fmt.Sprint(len(body)), "Transfer-Encoding: chunked", 1)
+		var b strings.Builder
+		b.WriteString("HTTP/1.1 100 Continue\r\n\r\n")
+		b.WriteString(head + "\r\n\r\n")
+		if body != "" {
+			fmt.Fprintf(&b, "%x\r\n%s\r\n", len(body), body)
+		}
+		b.WriteString("0\r\nX-Checked: " + uri + "\r\n\r\n")
+		return b.String(), false
+	}}
+	c := pipeClient(t, s.start(t), 8)
+	formBatches(t, c, 6)
+	checkAll(t, c, []string{"/ok/0", "/deny/1", "/ok/2", "/deny/3", "/ok/4", "/ok/5"})
+	checkAll(t, c, []string{"/deny/6"})
+}
+
+// TestPipelineLateStrayAnswer checks an answer nobody asked for that
+// comes a moment after the batch's last (not in the same read): the idle
+// connection it arrives on is never used again, so it is nobody's
+// verdict.
+func TestPipelineLateStrayAnswer(t *testing.T) {
+	// A service that, 50ms after answering the batch of two, sends an
+	// allow for mallory on the same connection.
+	stray := make(chan net.Conn, 1)
+	var sent atomic.Bool // once: a stray answer that races the next request is HTTP/1.1's, not ours
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			nc, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer nc.Close()
+				br := make([]byte, 64<<10)
+				got, k := "", 0
+				for {
+					_ = nc.SetDeadline(time.Now().Add(10 * time.Second))
+					n, err := nc.Read(br)
+					if err != nil {
+						return
+					}
+					got += string(br[:n])
+					var out strings.Builder
+					for strings.Contains(got, "\r\n\r\n") {
+						i := strings.Index(got, "\r\n\r\n")
+						head := got[:i]
+						got = got[i+4:]
+						k++
+						uri := ""
+						for _, l := range strings.Split(head, "\r\n") {
+							if v, ok := strings.CutPrefix(l, "X-Forwarded-Uri: "); ok {
+								uri = v
+							}
+						}
+						out.WriteString(echo(uri))
+					}
+					if _, err := io.WriteString(nc, out.String()); err != nil {
+						return
+					}
+					if k == 3 && sent.CompareAndSwap(false, true) { // the probe and the batch of two
+						time.Sleep(50 * time.Millisecond)
+						_, _ = io.WriteString(nc, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nX-Auth-User: mallory\r\n\r\n")
+						select {
+						case stray <- nc:
+						default:
+						}
+					}
+				}
+			}()
+		}
+	}()
+	c := pipeClient(t, "http://"+ln.Addr().String()+"/auth", 8)
+	formBatches(t, c, 2)
+	checkAll(t, c, []string{"/deny/0", "/deny/1"})
+	select {
+	case <-stray:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the stray answer was not sent")
+	}
+	time.Sleep(20 * time.Millisecond) // it reached the idle connection
+	for i := range 4 {
+		checkAll(t, c, []string{fmt.Sprintf("/deny/%d", 2+i)})
+	}
+}
