@@ -445,3 +445,71 @@ func TestHTTP2SlowRequestBody(t *testing.T) {
 		}
 	}
 }
+
+// TestHTTP2StalledResponse: a client that opens a stream and never lets
+// its response through (a zero flow-control window, never updated) holds
+// it for body_timeout, as a stalled HTTP/1 response write does: the
+// stream is reset and the upstream's response given up, not held for
+// ever (a slowloris on the response side).
+func TestHTTP2StalledResponse(t *testing.T) {
+	upGone := make(chan struct{})
+	up := newUpstreamRaw(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow" {
+			// Pieces further apart than body_timeout: the client reads,
+			// only the upstream is slow (a gRPC stream's messages).
+			for i := range 3 {
+				if i > 0 {
+					time.Sleep(700 * time.Millisecond)
+				}
+				_, _ = io.WriteString(w, "piece;")
+				w.(http.Flusher).Flush()
+			}
+			return
+		}
+		defer close(upGone)
+		chunk := make([]byte, 32<<10)
+		for end := time.Now().Add(hangGuard); time.Now().Before(end); {
+			if _, err := w.Write(chunk); err != nil {
+				return
+			}
+			w.(http.Flusher).Flush()
+		}
+	})
+	p := h2LimitsProxy(t, ", body_timeout: 300ms", up)
+	c, err := net.DialTimeout("tcp", p.addr, hangGuard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	_ = c.SetDeadline(time.Now().Add(hangGuard))
+	if _, err := io.WriteString(c, http2.ClientPreface); err != nil {
+		t.Fatal(err)
+	}
+	r := &rawH2{t: t, c: c, fr: http2.NewFramer(c, c)}
+	r.enc = hpack.NewEncoder(&r.buf)
+	r.fr.ReadMetaHeaders = hpack.NewDecoder(64<<10, nil)
+	if err := r.fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 0}); err != nil {
+		t.Fatal(err)
+	}
+	r.headers(1, true, get("/download")...)
+	if status, code := r.streamEnd(1); code == 0 {
+		t.Errorf("the stalled stream ended with status %q and no reset", status)
+	}
+	select {
+	case <-upGone:
+	case <-time.After(hangGuard):
+		t.Error("the upstream's response was never given up")
+	}
+
+	// A client that reads, an upstream slower than body_timeout between
+	// pieces: served whole.
+	resp, err := h2cClient().Get("http://" + p.addr + "/slow")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil || string(body) != "piece;piece;piece;" {
+		t.Errorf("a slow upstream's stream: %q, %v", body, err)
+	}
+}

@@ -50,6 +50,46 @@ type stream struct {
 	seen  []string
 	clen  []string
 	clenN int64
+	// wext is when the response's write deadline was last moved
+	// (extendWrite; zero: none set).
+	wext time.Time
+}
+
+type writeDeadliner interface{ SetWriteDeadline(time.Time) error }
+
+// extendWrite moves the stream's write deadline to body_timeout from now,
+// at most every quarter of it, as a stalled HTTP/1 response write is
+// bounded: a client that opens a stream and never lets its response
+// through (a window it never updates, a socket it does not read) has it
+// reset then, and the exchange (the upstream's response with it) ends,
+// instead of being held for ever. x/net's deadline is a timer that
+// fires whether a write waits or not: clearWrite takes it off while the
+// stream waits for the upstream's next piece (a gRPC stream's next
+// message may be minutes away). Each is a message to x/net's serve loop:
+// one for a response of one piece, two more per further piece.
+func (f *stream) extendWrite() {
+	idle := f.srv.facts.BodyTimeout
+	if idle <= 0 {
+		return
+	}
+	now := time.Now()
+	if now.Sub(f.wext) > idle/4 {
+		if d, ok := f.w.(writeDeadliner); ok {
+			_ = d.SetWriteDeadline(now.Add(idle))
+		}
+		f.wext = now
+	}
+}
+
+// clearWrite takes the write deadline off (extendWrite).
+func (f *stream) clearWrite() {
+	if f.wext.IsZero() {
+		return
+	}
+	if d, ok := f.w.(writeDeadliner); ok {
+		_ = d.SetWriteDeadline(time.Time{})
+	}
+	f.wext = time.Time{}
 }
 
 var streams = sync.Pool{New: func() any {
@@ -470,10 +510,14 @@ func (f *stream) respond() {
 		// as over HTTP/1.
 		h["Content-Type"] = nil
 	}
+	f.wext = time.Time{}
 	switch res.Kind {
 	case exchange.ResponseFull:
 		if res.Status >= 200 && res.Status != 204 && res.Status != 304 {
 			h["Content-Length"] = f.contentLength(int64(len(res.Body)))
+		}
+		if len(res.Body) > 0 {
+			f.extendWrite()
 		}
 		f.w.WriteHeader(res.Status)
 		_, _ = f.w.Write(res.Body)
@@ -492,6 +536,7 @@ func (f *stream) respond() {
 				break
 			}
 			if len(data) > 0 {
+				f.extendWrite()
 				n, werr := f.w.Write(data)
 				written += int64(n)
 				if werr != nil {
@@ -500,6 +545,9 @@ func (f *stream) respond() {
 				}
 				if fl != nil && !last {
 					fl.Flush()
+				}
+				if !last {
+					f.clearWrite()
 				}
 			}
 			if last {
