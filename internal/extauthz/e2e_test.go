@@ -1,6 +1,7 @@
 package extauthz_test
 
 import (
+	"bufio"
 	"context"
 	"crypto/tls"
 	"io"
@@ -8,6 +9,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	neturl "net/url"
+	"path"
 	"strings"
 	"sync"
 	"testing"
@@ -1251,5 +1254,101 @@ routes:
 	}
 	if n := len(s.received()); n != 2 {
 		t.Errorf("the server got %d checks, want 2 (one a route, the rest cached)", n)
+	}
+}
+
+// TestPerRouteDisabledPaths probes a route with the check disabled
+// (health checks) beside a checked catch-all: no spelling of a path
+// (dot segments, encoded slashes and dots, case, repeated slashes) takes
+// a request past the check to anything but the disabled route's paths as
+// the upstream reads them (Go's net/http: decoded, cleaned, '\' a
+// byte of the path).
+func TestPerRouteDisabledPaths(t *testing.T) {
+	_, addr := startAuth(t, func(context.Context, *authv3.CheckRequest) (*authv3.CheckResponse, error) {
+		return &authv3.CheckResponse{Status: &rpcstatus.Status{Code: int32(codes.PermissionDenied)}}, nil
+	}, nil)
+	var mu sync.Mutex
+	var paths []string
+	us := httptest.NewServer(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		paths = append(paths, r.RequestURI)
+		mu.Unlock()
+	}))
+	t.Cleanup(us.Close)
+	cfg, err := config.Parse([]byte(`
+listeners:
+  - name: test
+    address: 127.0.0.1:0
+upstreams:
+  - name: app
+    address: ` + strings.TrimPrefix(us.URL, "http://") + `
+agents:
+  - name: authz
+    transport: ext_authz
+    address: ` + addr + `
+routes:
+  - name: health
+    path_prefix: /healthz
+    upstream: app
+    agents:
+      - name: authz
+        ext_authz:
+          disabled: true
+  - name: rest
+    upstream: app
+    agents: [authz]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := transports.ForConfig(cfg)[config.TransportExtAuthz](cfg.Agent("authz"), zerolog.Nop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = a.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := a.(interface{ WaitReady(context.Context) error }).WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	url, _ := dptest.Serve(t, cfg, map[string]agentmux.Agent{"authz": a})
+	host := strings.TrimPrefix(url, "http://")
+	for _, target := range []string{
+		"/healthz", "/healthz/live", "/healthz/../admin", "/healthz/%2e%2e/admin", "/healthz/%2E%2E/admin",
+		"/healthz%2f..%2fadmin", "/healthz%2F..%2Fadmin", "/healthz/..%2fadmin", "/healthz/..;/admin",
+		"//healthz/../admin", "/HEALTHZ/../admin", "/./healthz/../admin", "/healthz/.%2e/admin",
+		"/healthz\\..\\admin", "/healthz/%252e%252e/admin", "/healthz?/../admin", "/healthzadmin",
+	} {
+		c, err := net.DialTimeout("tcp", host, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		mu.Lock()
+		n0 := len(paths)
+		mu.Unlock()
+		_, _ = io.WriteString(c, "GET "+target+" HTTP/1.1\r\nHost: app.example\r\nConnection: close\r\n\r\n")
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		c.Close()
+		if err != nil {
+			t.Errorf("%s: %v", target, err)
+			continue
+		}
+		resp.Body.Close()
+		mu.Lock()
+		got := paths[n0:]
+		mu.Unlock()
+		for _, p := range got {
+			// The upstream's reading: decoded, cleaned (Go's net/http).
+			u, err := neturl.ParseRequestURI(p)
+			if err != nil {
+				t.Errorf("%s: the upstream got %q, unparsable", target, p)
+				continue
+			}
+			// path_prefix is byte-wise (/healthzadmin is the route's).
+			if clean := path.Clean(u.Path); !strings.HasPrefix(clean, "/healthz") {
+				t.Errorf("%s: unchecked, the upstream got %q (%s)", target, p, clean)
+			}
+		}
 	}
 }
