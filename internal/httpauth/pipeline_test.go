@@ -484,3 +484,53 @@ func TestPipelineLateStrayAnswer(t *testing.T) {
 		checkAll(t, c, []string{fmt.Sprintf("/deny/%d", 2+i)})
 	}
 }
+
+// TestPipelineServiceClosesMidBatch checks a service that closes the
+// connection after some answers of a batch without saying so
+// (no Connection: close), and one that cuts an answer's head short: the
+// subrequests it did not answer go again or fail, and none gets an
+// answer that is not its own.
+func TestPipelineServiceClosesMidBatch(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cut  func(a string) string
+	}{
+		{"after an answer", func(a string) string { return a }},
+		{"mid-head", func(a string) string { return a[:len(a)/2] }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := &pipeService{answer: func(_, k int, uri string) (string, bool) {
+				if k == 4 { // the probe and three answers on each connection
+					return tc.cut(echo(uri)), true
+				}
+				return echo(uri), false
+			}}
+			c := pipeClient(t, s.start(t), 8)
+			formBatches(t, c, 8)
+			uris := []string{"/ok/0", "/deny/1", "/ok/2", "/ok/3", "/deny/4", "/ok/5", "/deny/6", "/ok/7"}
+			var wg sync.WaitGroup
+			got := make([]string, len(uris))
+			errs := make([]error, len(uris))
+			for i, u := range uris {
+				wg.Go(func() {
+					d, err := check(c, u, nil)
+					got[i], errs[i] = verdict(d), err
+				})
+			}
+			wg.Wait()
+			ok := 0
+			for i, u := range uris {
+				if errs[i] != nil {
+					continue // a failure is the failure mode's
+				}
+				ok++
+				if got[i] != want(u) {
+					t.Errorf("%s: got %q, want %q", u, got[i], want(u))
+				}
+			}
+			if ok < len(uris)/2 {
+				t.Errorf("only %d of %d subrequests answered: %v", ok, len(uris), errs)
+			}
+		})
+	}
+}
