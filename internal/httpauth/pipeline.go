@@ -38,7 +38,9 @@ import (
 // away (the others' answers come on its connection; the batch's deadline
 // bounds it), and the service must frame every answer exactly: a
 // wrong Content-Length in one answer would be read as part of the next
-// one's. A server that mishandles pipelined requests answers them wrongly
+// one's (the answers are handed over only once the batch's framing held
+// to its end, so that fails the batch rather than shift its verdicts:
+// sendBatch). A server that mishandles pipelined requests answers them wrongly
 // or not at all. Hence opt-in, and only for GET subrequests (the traefik
 // style's, and the nginx style's for GET requests): RFC 9112 9.3.2 keeps
 // non-idempotent methods out of pipelines. A connection that the service
@@ -170,7 +172,7 @@ func (p *connPool) putBatch(b *batch) {
 func (c *Client) sendBatch(b *batch) {
 	p := &c.pool
 	lead := b.calls[0]
-	i := 0 // the next answer to read
+	i := 0 // the first call not handed its answer
 	var failed error
 	retry := false // the calls from i on may go again
 	finish := func() {
@@ -247,30 +249,49 @@ func (c *Client) sendBatch(b *batch) {
 	}
 	br := p.getReader(pc)
 	defer p.putReader(br)
-	for ; i < len(b.calls); i++ {
-		cl := b.calls[i]
+	// The answers are handed over once the batch's framing held to its
+	// end: all of them read, or the connection ended cleanly between two.
+	// An answer whose Content-Length took in the next one's (a framing
+	// error the service keeps its connection through) makes each answer
+	// after it read as the next subrequest's: the one that never comes
+	// then fails the batch, instead of a deny's subrequest being handed
+	// another's allow and its identity headers.
+	handOver := func(n int) {
+		for k := 1; k < n; k++ {
+			p.deliver(b.calls[k]) // the follower's from here on
+		}
+		i = n
+	}
+	for j := 0; j < len(b.calls); j++ {
+		cl := b.calls[j]
 		// An end of the connection before an answer that is not the
 		// first on a fresh connection: the service closed it after the
 		// answers before; this one and those after may go again.
-		stale := reused || i > 0
+		stale := reused || j > 0
 		complete, err := c.readAnswer(br, cl, false, stale)
 		if err != nil {
-			failed, retry = err, stale && errors.Is(err, errStale)
+			if errors.Is(err, errStale) {
+				// Closed cleanly after answer j-1: those before are whole.
+				handOver(j)
+				failed, retry = err, true
+				return
+			}
+			// A timeout or a malformed answer: the framing of those
+			// before is in doubt too, and none is handed over.
+			failed, retry = err, false
 			return
 		}
 		last := !complete || cl.resp.ConnectionClose()
 		cl.res = result{truncated: !complete}
-		if i > 0 {
-			p.deliver(cl) // cl is the follower's from here on
-		}
 		if last {
 			// The rest of the answers cannot be found (a body not read
 			// to its end) or will not come: the others go again.
-			i++
+			handOver(j + 1)
 			failed, retry = fmt.Errorf("%w: answer %d of %d ended the connection", errStale, i, len(b.calls)), true
 			return
 		}
 	}
+	handOver(len(b.calls))
 	// Reused only when nothing came after the last answer.
 	keep = br.Buffered() == 0
 }

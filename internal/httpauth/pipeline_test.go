@@ -534,3 +534,45 @@ func TestPipelineServiceClosesMidBatch(t *testing.T) {
 		})
 	}
 }
+
+// TestPipelineMisframedAnswer checks a service whose answer declares a
+// Content-Length that takes in the next answer whole (its framing is
+// wrong, the connection kept open): the answers read after it belong to
+// other subrequests than those they would be handed to, so none is
+// handed over; the batch fails (the failure mode's) when the answer that
+// never comes is waited for, instead of giving a deny's subrequest
+// another's allow.
+func TestPipelineMisframedAnswer(t *testing.T) {
+	s := &pipeService{answer: func(_, k int, uri string) (string, bool) {
+		switch k {
+		case 2: // the batch's first: its body swallows the second's answer
+			next := echo("/deny/1")
+			return fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Length: %d\r\nX-Auth-User: %s\r\n\r\n", len(next), uri), false
+		case 3:
+			return echo("/deny/1"), false
+		}
+		return echo(uri), false
+	}}
+	c := pipeClient(t, s.start(t), 8)
+	formBatches(t, c, 3)
+	uris := []string{"/ok/0", "/deny/1", "/ok/2"}
+	var wg sync.WaitGroup
+	got := make([]string, len(uris))
+	errs := make([]error, len(uris))
+	for i, u := range uris {
+		wg.Go(func() {
+			m := &protocol.RequestHeaders{Method: []byte("GET"), URI: []byte(u),
+				Headers: protocol.Headers{{Name: []byte("host"), Value: []byte("shop.example")}}}
+			d := &protocol.Decision{}
+			errs[i] = checker{c}.CheckWait(agentmux.Wait{Deadline: time.Now().Add(time.Second)}, m, nil, d)
+			got[i] = verdict(d)
+		})
+		time.Sleep(5 * time.Millisecond) // in this order
+	}
+	wg.Wait()
+	for i, u := range uris {
+		if errs[i] == nil && got[i] != want(u) {
+			t.Errorf("%s: got %q, another subrequest's answer", u, got[i])
+		}
+	}
+}
