@@ -57,6 +57,10 @@ type stream struct {
 
 type writeDeadliner interface{ SetWriteDeadline(time.Time) error }
 
+// fullPiece is the most of a whole response body written under one write
+// deadline (extendWrite).
+const fullPiece = 64 << 10
+
 // extendWrite moves the stream's write deadline to body_timeout from now,
 // at most every quarter of it, as a stalled HTTP/1 response write is
 // bounded: a client that opens a stream and never lets its response
@@ -516,11 +520,17 @@ func (f *stream) respond() {
 		if res.Status >= 200 && res.Status != 204 && res.Status != 304 {
 			h["Content-Length"] = f.contentLength(int64(len(res.Body)))
 		}
-		if len(res.Body) > 0 {
-			f.extendWrite()
-		}
 		f.w.WriteHeader(res.Status)
-		_, _ = f.w.Write(res.Body)
+		// In pieces, each under its own deadline: a large body the agents
+		// buffered goes to a slow client that reads, as over HTTP/1.
+		for b := res.Body; len(b) > 0; {
+			n := min(len(b), fullPiece)
+			f.extendWrite()
+			if _, err := f.w.Write(b[:n]); err != nil {
+				break
+			}
+			b = b[n:]
+		}
 	case exchange.ResponseStream:
 		if res.Size >= 0 {
 			h["Content-Length"] = f.contentLength(res.Size)
