@@ -122,6 +122,10 @@ var hostCases = []edgeCase{
 	// server that takes '#' for a path byte and cleans the path.
 	{name: "fragment in an origin-form target refused", req: get("/public#/../admin", "public.example", "h13"), want: []int{400}, closed: true},
 	{name: "fragment after a query refused", req: get("/public?a=#/../admin", "checked.example", "h14"), want: []int{400}, closed: true},
+	// A backslash is '/' to some servers (IIS): "/public\..\admin" is
+	// /admin to them, raw or percent-escaped.
+	{name: "backslash in the path refused", req: get(`/public\..\admin`, "public.example", "h18"), want: []int{400}, closed: true},
+	{name: "escaped backslash in the path refused", req: get("/public%5C..%5Cadmin", "public.example", "h19"), want: []int{400}, closed: true},
 
 	// --- Agent header values are RFC 9110 field-values.
 	{name: "request values with controls refused", req: get("/x", "checked.example", "h15", "X-Edge: ctl-req"),
@@ -174,7 +178,7 @@ func TestHostTable(t *testing.T) {
 	t.Run("counters", func(t *testing.T) {
 		// ctl-req: 6 refused, ctl-resp: 1, ctl-block: 1. Rejected: host
 		// h5, h6, h7, h9, h10 (an absolute-form authority is the Host);
-		// target h13, h14; parse h8 (fasthttp).
+		// target h13, h14, h18, h19; parse h8 (fasthttp).
 		if v := env.sc.counter(t, "mutations_refused"); v != 8 {
 			t.Errorf("mutations_refused %v, want 8", v)
 		}
@@ -186,7 +190,7 @@ func TestHostTable(t *testing.T) {
 		resp.Body.Close()
 		for _, want := range []string{
 			`sidecar_requests_rejected_total{reason="host"} 5`,
-			`sidecar_requests_rejected_total{reason="target"} 2`,
+			`sidecar_requests_rejected_total{reason="target"} 4`,
 			`sidecar_requests_rejected_total{reason="parse"} 1`,
 		} {
 			if !strings.Contains(string(prom), want) {

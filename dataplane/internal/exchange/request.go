@@ -1,6 +1,8 @@
 package exchange
 
 import (
+	"bytes"
+
 	"github.com/zentinelproxy/sidecar/internal/observe"
 	"github.com/zentinelproxy/sidecar/protocol"
 )
@@ -110,6 +112,14 @@ func (ex *Exchange) reqOp(op protocol.HeaderOpKind, name, value []byte) {
 // canonicalises the Host. It returns false when the head is refused (a
 // 400 is staged).
 func (ex *Exchange) prepareRequest() bool {
+	if bytes.IndexByte(ex.head.Path, '\\') >= 0 {
+		// A backslash, raw (not a URI byte, RFC 3986) or as %5C: a
+		// route matches `/public\..\admin` under /public, but an
+		// upstream that reads a backslash as '/' (IIS, some Windows
+		// stacks) cleans it to /admin, a path no route or agent checked.
+		ex.refuseHead(observe.RejectTarget, "backslash in the path")
+		return false
+	}
 	trust := ex.lst.TrustForwarded
 	hdr := ex.hdr[:0]
 	conn := ex.scratch[:0] // NUL-terminated names the Connection header lists
