@@ -1,4 +1,4 @@
-package http2
+package h2conn
 
 import (
 	"bytes"
@@ -62,7 +62,7 @@ func TestConnReadsBurstAtOnce(t *testing.T) {
 	if _, err := c.Write(burst.Bytes()); err != nil {
 		t.Fatal(err)
 	}
-	w, _ := newConn(s)
+	w, _ := New(s)
 	rf := http2.NewFramer(nil, w)
 	for i := range n {
 		f, err := rf.ReadFrame()
@@ -87,7 +87,7 @@ func TestConnCoalescesWrites(t *testing.T) {
 	// below), after every write.
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
 	s, c := tcpPair(t)
-	w, _ := newConn(s)
+	w, _ := New(s)
 	var want bytes.Buffer
 	const n = 8
 	for i := range n {
@@ -127,7 +127,7 @@ func TestConnStalledPeer(t *testing.T) {
 	_ = c.(*net.TCPConn).SetReadBuffer(4 << 10)
 	_ = s.Conn.(*net.TCPConn).SetWriteBuffer(4 << 10)
 	_ = s.SetWriteDeadline(time.Time{})
-	w, _ := newConn(s)
+	w, _ := New(s)
 	small, large := make([]byte, 4<<10), make([]byte, 100<<10)
 	failed := make(chan error, 1)
 	var most, larges atomic.Int64

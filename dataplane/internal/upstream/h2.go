@@ -18,6 +18,7 @@ import (
 	"golang.org/x/net/http2"
 
 	"github.com/zentinelproxy/sidecar/dataplane/internal/exchange"
+	"github.com/zentinelproxy/sidecar/dataplane/internal/h2conn"
 	"github.com/zentinelproxy/sidecar/internal/config"
 )
 
@@ -48,6 +49,9 @@ type h2Pool struct {
 	tr   *http2.Transport
 	dial func() (net.Conn, error)
 	max  int
+	// writeTimeout fails a write to the upstream that sent nothing for
+	// that long (idle_timeout).
+	writeTimeout time.Duration
 
 	mu      sync.Mutex
 	dialed  sync.Cond // a dial ended (L: &mu)
@@ -66,10 +70,11 @@ func newH2Pool(u *config.Upstream, dial func(string) (net.Conn, error), hcAddr s
 		IdleConnTimeout:   u.KeepAlive,
 		// A connection silent for idle_timeout is pinged, and closed when
 		// the ping is not answered within PingTimeout (15 s).
-		ReadIdleTimeout:  u.IdleTimeout,
-		WriteByteTimeout: u.IdleTimeout,
+		ReadIdleTimeout: u.IdleTimeout,
+		// No WriteByteTimeout: the connection's writes are the drain's
+		// (h2conn), which keeps that bound itself (writeTimeout).
 	}
-	p := &h2Pool{tr: tr, dial: func() (net.Conn, error) { return dial(hcAddr) }, max: u.MaxConns}
+	p := &h2Pool{tr: tr, dial: func() (net.Conn, error) { return dial(hcAddr) }, max: u.MaxConns, writeTimeout: u.IdleTimeout}
 	p.dialed.L = &p.mu
 	return p
 }
@@ -126,7 +131,12 @@ func (p *h2Pool) dialNew() (*http2.ClientConn, error) {
 	c, err := p.dial()
 	var cc *http2.ClientConn
 	if err == nil {
-		if cc, err = p.tr.NewClientConn(c); err != nil {
+		// x/net's client flushes each request's HEADERS, and each DATA
+		// frame, in a write(2) of its own; the drain sends what the
+		// streams wrote meanwhile in one (h2conn).
+		w, hc := h2conn.New(c)
+		w.SetWriteTimeout(p.writeTimeout)
+		if cc, err = p.tr.NewClientConn(hc); err != nil {
 			_ = c.Close()
 		}
 	}
