@@ -2,8 +2,10 @@ package h2conn
 
 import (
 	"bytes"
+	"errors"
 	"io"
 	"net"
+	"os"
 	"runtime"
 	"sync/atomic"
 	"testing"
@@ -175,5 +177,40 @@ func TestConnStalledPeer(t *testing.T) {
 	}
 	if _, err := w.Write(small); err == nil {
 		t.Error("Write after Close succeeded")
+	}
+}
+
+// TestConnWriteTimeout: with SetWriteTimeout, writes to a peer that
+// stopped reading fail once the drain sent nothing for that long, though
+// Write itself only copies (and the caller's deadlines are ignored).
+func TestConnWriteTimeout(t *testing.T) {
+	s, c := tcpPair(t)
+	_ = c.(*net.TCPConn).SetReadBuffer(4 << 10)
+	_ = s.Conn.(*net.TCPConn).SetWriteBuffer(4 << 10)
+	_ = s.SetWriteDeadline(time.Time{})
+	w, _ := New(s)
+	w.SetWriteTimeout(50 * time.Millisecond)
+	failed := make(chan error, 1)
+	go func() {
+		p := make([]byte, 4<<10)
+		for {
+			// As x/net's client with WriteByteTimeout: a deadline around
+			// each Write, which would bound only the copy.
+			_ = w.SetWriteDeadline(time.Now().Add(time.Hour))
+			_, err := w.Write(p)
+			_ = w.SetWriteDeadline(time.Time{})
+			if err != nil {
+				failed <- err
+				return
+			}
+		}
+	}()
+	select {
+	case err := <-failed:
+		if !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Errorf("write failed with %v, want a deadline error", err)
+		}
+	case <-time.After(testGuard):
+		t.Fatal("writes to a peer that does not read never failed")
 	}
 }
