@@ -86,7 +86,7 @@ func run() int {
 	match := flag.String("rows", "", "run only rows whose key matches this `regexp` (keys: "+rowKeys()+")")
 	flag.BoolVar(&h.together, "together", false, "with -baseline: measure each sidecar row and its baseline at the same time (each with its own upstream and wrk, on the same CPUs), so that their ratio is free of the machine's drift between measurements")
 	keep := flag.Bool("keep", false, "keep the temporary directory (configurations and logs)")
-	flag.StringVar(&h.baseline, "baseline", "", "another checkout's root `directory` (a git worktree of another commit): its sidecar and SDK agent are measured too, as the rows sidecar-base, sidecar-uds-base, sidecar-httpauth-base and sidecar-httpauth-tcp-base, in the same rounds")
+	flag.StringVar(&h.baseline, "baseline", "", "another checkout's root `directory` (a git worktree of another commit): its sidecar and SDK agent are measured too, as the rows sidecar-base, sidecar-uds-base, sidecar-httpauth-base, sidecar-httpauth-tcp-base, grpc-sidecar-base and grpc-sidecar-uds-base, in the same rounds")
 	flag.Parse()
 
 	var rowRE *regexp.Regexp

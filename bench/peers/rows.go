@@ -96,6 +96,8 @@ var baselineRows = []rowDef{
 	{key: "sidecar-httpauth-tcp-base", name: "sidecar + http_auth over TCP (baseline)", bins: []string{"sidecar-base", "authserver-base"}, agent: true, setup: setupSidecarHTTPAuth("sidecar-base", "authserver-base", false)},
 	{key: "sidecar-h2-base", name: "HTTP/2: sidecar, no agent (baseline)", tools: []string{"h2load"}, bins: []string{"sidecar-base"}, h2: true, setup: setupSidecar("sidecar-base", "", false)},
 	{key: "sidecar-uds-h2-base", name: "HTTP/2: sidecar + UDS agent (baseline)", tools: []string{"h2load"}, bins: []string{"sidecar-base", "sdkagent-base"}, agent: true, h2: true, setup: setupSidecar("sidecar-base", "sdkagent-base", false)},
+	{key: "grpc-sidecar-base", name: "gRPC: sidecar, no agent (baseline)", bins: append([]string{"sidecar-base"}, grpcBins...), h2: true, grpc: true, setup: setupSidecar("sidecar-base", "", false)},
+	{key: "grpc-sidecar-uds-base", name: "gRPC: sidecar + UDS agent (baseline)", bins: append([]string{"sidecar-base", "sdkagent-base"}, grpcBins...), agent: true, h2: true, grpc: true, setup: setupSidecar("sidecar-base", "sdkagent-base", false)},
 }
 
 // reference is the row the ratios divide by; referenceH2 that of the

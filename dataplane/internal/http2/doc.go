@@ -14,7 +14,8 @@
 // a ResponseWriter (a streamed body flushed piece by piece, the
 // upstream's trailers relayed), the gRPC form of the sidecar's own
 // answers (grpc.go), and the graceful end of connections (GOAWAY) on
-// shutdown. And how x/net reads and writes a connection (conn.go): reads
-// through a buffer, writes held until the goroutines already runnable have
-// run, so that the frames of many streams go out in one write(2).
+// shutdown. And how x/net reads and writes a connection (package h2conn,
+// which HTTP/2 upstreams use too): reads through a buffer, writes held
+// until the goroutines already runnable have run, so that the frames of
+// many streams go out in one write(2).
 package http2

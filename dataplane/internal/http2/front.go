@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -118,6 +119,38 @@ var commonKeys = func() map[string]string {
 	}
 	m["ETag"] = "Etag"
 	m["WWW-Authenticate"] = "Www-Authenticate"
+	return m
+}()
+
+// date is the Date field of the responses of one second.
+type date struct {
+	sec int64
+	v   []string
+}
+
+var lastDate atomic.Pointer[date]
+
+// dateField is the Date field for a response now: formatted once a
+// second, as fasthttp does (x/net formats and allocates it for each
+// response). x/net only reads it.
+func dateField() []string {
+	now := time.Now()
+	if d := lastDate.Load(); d != nil && d.sec == now.Unix() {
+		return d.v
+	}
+	d := &date{sec: now.Unix(), v: []string{now.UTC().Format(http.TimeFormat)}}
+	lastDate.Store(d)
+	return d.v
+}
+
+// commonTrailerKeys are the keys of frequent trailers in the response
+// header (x/net's http.TrailerPrefix form), looked up without allocating.
+var commonTrailerKeys = func() map[string]string {
+	m := map[string]string{}
+	for _, k := range []string{"Grpc-Status", "Grpc-Message", "Grpc-Status-Details-Bin", "Server-Timing"} {
+		m[k] = http.TrailerPrefix + k
+		m[strings.ToLower(k)] = http.TrailerPrefix + k
+	}
 	return m
 }()
 
@@ -509,6 +542,10 @@ func (f *stream) respond() {
 		h[k] = vals[len(vals)-1 : len(vals) : len(vals)]
 	}
 	f.vals = vals
+	if _, ok := h["Date"]; !ok {
+		// x/net would format it for every response.
+		h["Date"] = dateField()
+	}
 	if _, ok := h["Content-Type"]; !ok {
 		// No type sniffed from the body: the response goes as it came,
 		// as over HTTP/1.
@@ -565,9 +602,27 @@ func (f *stream) respond() {
 			}
 		}
 		if err == nil {
-			for _, t := range ex.Trailers() {
-				k := http.TrailerPrefix + string(t.Name)
-				h[k] = append(h[k], string(t.Value))
+			// The stream's strings of last time, single values in one
+			// array; not the head's (f.vals): x/net reads the trailers
+			// once the handler returned, after the stream's release.
+			trs := ex.Trailers()
+			var vals []string
+			if len(trs) > 0 {
+				vals = make([]string, 0, len(trs))
+			}
+			for _, t := range trs {
+				k, ok := commonTrailerKeys[string(t.Name)]
+				if !ok {
+					k = http.TrailerPrefix + string(t.Name)
+				}
+				v := f.value(i, t.Value)
+				i++
+				if old, dup := h[k]; dup {
+					h[k] = append(old, v)
+					continue
+				}
+				vals = append(vals, v)
+				h[k] = vals[len(vals)-1 : len(vals) : len(vals)]
 			}
 		}
 		ex.StreamDone(written, err)

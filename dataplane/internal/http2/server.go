@@ -15,6 +15,7 @@ import (
 	"golang.org/x/net/http2"
 
 	"github.com/zentinelproxy/sidecar/dataplane/internal/exchange"
+	"github.com/zentinelproxy/sidecar/dataplane/internal/h2conn"
 	"github.com/zentinelproxy/sidecar/internal/config"
 	"github.com/zentinelproxy/sidecar/internal/observe"
 )
@@ -90,7 +91,7 @@ func frameSizeKind(kind string) bool {
 // follows the frame headers that go by to count a frame longer than
 // max_read_frame_size, which x/net answers with a GOAWAY
 // (FRAME_SIZE_ERROR) without calling CountError. x/net reads through a
-// buffer (conn) that reads from this watch, so a Read holds the bytes of
+// buffer (h2conn) that reads from this watch, so a Read holds the bytes of
 // several frames: a few comparisons per frame header, the payloads
 // skipped; once the count is made it looks no more.
 type frameWatch struct {
@@ -220,9 +221,9 @@ func (s *Server) ServeConn(nc net.Conn, info *exchange.Conn, sawPreface bool) {
 		_ = nc.Close()
 		return
 	}
-	// x/net reads and writes c: reads buffered, writes coalesced (conn),
+	// x/net reads and writes c: reads buffered, writes coalesced (h2conn),
 	// over the watch of the frames read.
-	w, c := newConn(s.watchFrames(nc, sawPreface))
+	w, c := h2conn.New(s.watchFrames(nc, sawPreface))
 	track := &connTrack{c: w}
 	s.conns[c] = track
 	s.wg.Add(1)
@@ -280,7 +281,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	for _, t := range s.conns {
 		// At once: Close would wait for a client that does not read,
 		// one connection after another.
-		t.c.abort()
+		t.c.Abort()
 	}
 	s.mu.Unlock()
 	<-done
@@ -289,7 +290,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 
 // connTrack is what the server follows of a connection's state.
 type connTrack struct {
-	c *conn
+	c *h2conn.Conn
 	// idleSince is when its last stream ended (zero: streams open).
 	idleSince time.Time
 }

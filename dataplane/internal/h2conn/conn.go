@@ -1,4 +1,7 @@
-package http2
+// Package h2conn wraps the connections x/net/http2 serves (the HTTP/2
+// front end's clients) and dials (HTTP/2 upstreams): reads buffered,
+// writes held and coalesced by a drain goroutine.
+package h2conn
 
 import (
 	"bufio"
@@ -9,8 +12,8 @@ import (
 	"time"
 )
 
-// conn is a client connection as x/net/http2's server reads and writes
-// it: reads buffered, writes coalesced.
+// Conn is a connection as x/net/http2's server or client reads and
+// writes it: reads buffered, writes coalesced.
 //
 // x/net's Framer reads each frame straight from the connection, its
 // 9-byte header and then its payload: two read(2) per frame, where the
@@ -26,7 +29,7 @@ import (
 // other streams' frames finished meanwhile go out in the same write.
 // When nothing else is runnable the drain writes at once, so an idle
 // connection's answer is not delayed.
-type conn struct {
+type Conn struct {
 	net.Conn
 	r *bufio.Reader
 
@@ -41,6 +44,13 @@ type conn struct {
 	writing bool
 	err     error
 	closed  bool
+	// writeTimeout (SetWriteTimeout) bounds each write the drain makes;
+	// zero: the deadlines the caller sets.
+	writeTimeout time.Duration
+	// drainFn is c.drain as a func value made once: go c.drain() would
+	// allocate the bound method's closure at every start (about 2 per
+	// gRPC call, the front's and the upstream's).
+	drainFn func()
 	// stop is the connection's close, once.
 	stop sync.Once
 }
@@ -69,18 +79,19 @@ type pendBuf struct{ b []byte }
 var pendPool = sync.Pool{New: func() any { return &pendBuf{b: make([]byte, 0, 8<<10)} }}
 
 // held is the number of bytes held unsent; c.mu held.
-func (c *conn) held() int {
+func (c *Conn) held() int {
 	if c.pend == nil {
 		return 0
 	}
 	return len(c.pend.b)
 }
 
-// newConn wraps c for x/net: a TLS connection keeps its
+// New wraps c for x/net: a TLS connection keeps its
 // ConnectionState, which x/net checks (RFC 9113 §9.2).
-func newConn(c net.Conn) (*conn, net.Conn) {
-	w := &conn{Conn: c, r: bufio.NewReaderSize(c, readBufSize)}
+func New(c net.Conn) (*Conn, net.Conn) {
+	w := &Conn{Conn: c, r: bufio.NewReaderSize(c, readBufSize)}
 	w.cond.L = &w.mu
+	w.drainFn = w.drain
 	if cs, ok := c.(connectionStater); ok {
 		return w, tlsConn{w, cs}
 	}
@@ -91,21 +102,54 @@ type connectionStater interface {
 	ConnectionState() tls.ConnectionState
 }
 
-// tlsConn is a conn over TLS.
+// tlsConn is a Conn over TLS.
 type tlsConn struct {
-	*conn
+	*Conn
 	cs connectionStater
 }
 
 func (c tlsConn) ConnectionState() tls.ConnectionState { return c.cs.ConnectionState() }
 
+// SetWriteTimeout makes every write to the connection fail when no byte
+// of it went for d, and the caller's write deadlines ignored. A
+// deadline set around Write (x/net's client with WriteByteTimeout) would
+// bound the copy into the held bytes, not their sending by the drain:
+// the drain sets its own before each write. Call it before the first
+// Write.
+func (c *Conn) SetWriteTimeout(d time.Duration) { c.writeTimeout = d }
+
+// SetWriteDeadline implements net.Conn; ignored after SetWriteTimeout.
+func (c *Conn) SetWriteDeadline(t time.Time) error {
+	if c.writeTimeout > 0 {
+		return nil
+	}
+	return c.Conn.SetWriteDeadline(t)
+}
+
+// SetDeadline implements net.Conn: the write deadline as SetWriteDeadline.
+func (c *Conn) SetDeadline(t time.Time) error {
+	if c.writeTimeout > 0 {
+		return c.Conn.SetReadDeadline(t)
+	}
+	return c.Conn.SetDeadline(t)
+}
+
+// send writes p to the connection, within writeTimeout if set and the
+// connection is not closing (Close set its deadline, closeDrain).
+func (c *Conn) send(p []byte, closing bool) (int, error) {
+	if c.writeTimeout > 0 && !closing {
+		_ = c.Conn.SetWriteDeadline(time.Now().Add(c.writeTimeout))
+	}
+	return c.Conn.Write(p)
+}
+
 // Read implements net.Conn, from the read buffer.
-func (c *conn) Read(p []byte) (int, error) { return c.r.Read(p) }
+func (c *Conn) Read(p []byte) (int, error) { return c.r.Read(p) }
 
 // Write implements net.Conn: p is kept and sent by the drain (or at once
 // when large and nothing is held). Its error is the one that ended the
 // connection, from an earlier write.
-func (c *conn) Write(p []byte) (int, error) {
+func (c *Conn) Write(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
@@ -126,13 +170,13 @@ func (c *conn) Write(p []byte) (int, error) {
 	if large {
 		c.writing = true
 		c.mu.Unlock()
-		n, err := c.Conn.Write(p)
+		n, err := c.send(p, false)
 		c.mu.Lock()
 		c.wrote(err)
 		if c.held() > 0 && c.err == nil {
 			// Another Write came meanwhile (x/net writes one at a time,
 			// so only after a close).
-			go c.drain()
+			go c.drainFn()
 		} else {
 			c.writing = false
 			c.cond.Broadcast()
@@ -146,14 +190,14 @@ func (c *conn) Write(p []byte) (int, error) {
 	c.pend.b = append(c.pend.b, p...)
 	if !c.writing {
 		c.writing = true
-		go c.drain()
+		go c.drainFn()
 	}
 	c.mu.Unlock()
 	return len(p), nil
 }
 
 // wrote records the outcome of a write; c.mu held.
-func (c *conn) wrote(err error) {
+func (c *Conn) wrote(err error) {
 	if err != nil && c.err == nil {
 		c.err = err
 		// The reader is stopped too, so that x/net's serve loop ends
@@ -163,7 +207,7 @@ func (c *conn) wrote(err error) {
 }
 
 // drain sends what Write kept until nothing is left.
-func (c *conn) drain() {
+func (c *Conn) drain() {
 	// The goroutines already runnable (the handlers of other streams
 	// finishing their responses) go first: what they write joins this
 	// write. Without the yield (a new goroutine runs next) the sidecar-h2
@@ -174,8 +218,9 @@ func (c *conn) drain() {
 	for c.held() > 0 && c.err == nil {
 		b := c.pend
 		c.pend, c.spare = c.spare, nil
+		closing := c.closed
 		c.mu.Unlock()
-		_, err := c.Conn.Write(b.b)
+		_, err := c.send(b.b, closing)
 		c.mu.Lock()
 		c.wrote(err)
 		b.b = b.b[:0]
@@ -200,7 +245,7 @@ func (c *conn) drain() {
 
 // Close implements net.Conn: what is held goes out first, for at most
 // closeDrain.
-func (c *conn) Close() error {
+func (c *Conn) Close() error {
 	c.mu.Lock()
 	c.closed = true
 	if c.writing {
@@ -213,10 +258,10 @@ func (c *conn) Close() error {
 	return c.closeConn()
 }
 
-// abort closes the connection without sending what is held.
-func (c *conn) abort() { _ = c.closeConn() }
+// Abort closes the connection without sending what is held.
+func (c *Conn) Abort() { _ = c.closeConn() }
 
-func (c *conn) closeConn() error {
+func (c *Conn) closeConn() error {
 	var err error
 	c.stop.Do(func() { err = c.Conn.Close() })
 	return err

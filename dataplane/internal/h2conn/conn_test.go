@@ -1,9 +1,11 @@
-package http2
+package h2conn
 
 import (
 	"bytes"
+	"errors"
 	"io"
 	"net"
+	"os"
 	"runtime"
 	"sync/atomic"
 	"testing"
@@ -62,7 +64,7 @@ func TestConnReadsBurstAtOnce(t *testing.T) {
 	if _, err := c.Write(burst.Bytes()); err != nil {
 		t.Fatal(err)
 	}
-	w, _ := newConn(s)
+	w, _ := New(s)
 	rf := http2.NewFramer(nil, w)
 	for i := range n {
 		f, err := rf.ReadFrame()
@@ -87,7 +89,7 @@ func TestConnCoalescesWrites(t *testing.T) {
 	// below), after every write.
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
 	s, c := tcpPair(t)
-	w, _ := newConn(s)
+	w, _ := New(s)
 	var want bytes.Buffer
 	const n = 8
 	for i := range n {
@@ -127,7 +129,7 @@ func TestConnStalledPeer(t *testing.T) {
 	_ = c.(*net.TCPConn).SetReadBuffer(4 << 10)
 	_ = s.Conn.(*net.TCPConn).SetWriteBuffer(4 << 10)
 	_ = s.SetWriteDeadline(time.Time{})
-	w, _ := newConn(s)
+	w, _ := New(s)
 	small, large := make([]byte, 4<<10), make([]byte, 100<<10)
 	failed := make(chan error, 1)
 	var most, larges atomic.Int64
@@ -175,5 +177,40 @@ func TestConnStalledPeer(t *testing.T) {
 	}
 	if _, err := w.Write(small); err == nil {
 		t.Error("Write after Close succeeded")
+	}
+}
+
+// TestConnWriteTimeout: with SetWriteTimeout, writes to a peer that
+// stopped reading fail once the drain sent nothing for that long, though
+// Write itself only copies (and the caller's deadlines are ignored).
+func TestConnWriteTimeout(t *testing.T) {
+	s, c := tcpPair(t)
+	_ = c.(*net.TCPConn).SetReadBuffer(4 << 10)
+	_ = s.Conn.(*net.TCPConn).SetWriteBuffer(4 << 10)
+	_ = s.SetWriteDeadline(time.Time{})
+	w, _ := New(s)
+	w.SetWriteTimeout(50 * time.Millisecond)
+	failed := make(chan error, 1)
+	go func() {
+		p := make([]byte, 4<<10)
+		for {
+			// As x/net's client with WriteByteTimeout: a deadline around
+			// each Write, which would bound only the copy.
+			_ = w.SetWriteDeadline(time.Now().Add(time.Hour))
+			_, err := w.Write(p)
+			_ = w.SetWriteDeadline(time.Time{})
+			if err != nil {
+				failed <- err
+				return
+			}
+		}
+	}()
+	select {
+	case err := <-failed:
+		if !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Errorf("write failed with %v, want a deadline error", err)
+		}
+	case <-time.After(testGuard):
+		t.Fatal("writes to a peer that does not read never failed")
 	}
 }
