@@ -29,8 +29,8 @@ agents:
     address: {{.Path}}
     failure_mode: {{.Failure}}
     timeouts:
-      message: 100ms
-      request: 1s
+      message: {{or .Message "100ms"}}
+      request: {{or .Request "1s"}}
     circuit_breaker:
       failures: 3
       cooldown: {{.Cooldown}}
@@ -65,11 +65,20 @@ func (h *hangAgent) handler() sdk.Handler {
 
 func breakerSetup(t *testing.T, failure, cooldown string) (*proxy, *upstream, *hangAgent) {
 	t.Helper()
+	return breakerSetupTimeout(t, failure, cooldown, 100*time.Millisecond)
+}
+
+// breakerSetupTimeout is breakerSetup with the agent's message timeout
+// msg: every hung request waits it out, and every answered one must beat
+// it.
+func breakerSetupTimeout(t *testing.T, failure, cooldown string, msg time.Duration) (*proxy, *upstream, *hangAgent) {
+	t.Helper()
 	u := newUpstream(t, nil)
 	h := &hangAgent{}
 	path := serveAgent(t, h.handler())
-	cfg := configText(t, breakerConfig, map[string]any{"Upstream": u.addr(), "Path": path, "Failure": failure, "Cooldown": cooldown})
-	a := udsAgent(t, "slow", path, func(c *udsclient.Config) { c.MessageTimeout = 100 * time.Millisecond })
+	cfg := configText(t, breakerConfig, map[string]any{"Upstream": u.addr(), "Path": path, "Failure": failure, "Cooldown": cooldown,
+		"Message": msg.String(), "Request": max(time.Second, 2*msg).String()})
+	a := udsAgent(t, "slow", path, func(c *udsclient.Config) { c.MessageTimeout = msg })
 	return startProxy(t, cfg, map[string]agentmux.Agent{"slow": a}, nil), u, h
 }
 
@@ -203,7 +212,11 @@ func TestBreakerProbe(t *testing.T) {
 
 // Successes between failures reset the run: no circuit opens.
 func TestBreakerNeedsConsecutiveFailures(t *testing.T) {
-	p, _, h := breakerSetup(t, "open", "10m")
+	// The answered requests must beat the message timeout, or they count
+	// as failures too and the circuit opens: 100ms, which a loaded
+	// machine can miss, would make this test fail for want of CPU. Each
+	// hung request waits the timeout out (8 of them).
+	p, _, h := breakerSetupTimeout(t, "open", "10m", time.Second)
 	for i := 0; i < 4; i++ {
 		h.hung.Store(true)
 		p.do(t, "GET", "/", nil)

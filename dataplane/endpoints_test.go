@@ -99,7 +99,7 @@ upstreams:
       interval: 100ms
       timeout: 100ms
       healthy_threshold: 2
-      unhealthy_threshold: 2
+      unhealthy_threshold: {{or $.Unhealthy 2}}
 {{- end}}
     ejection:
       consecutive_5xx: {{or .C5xx 5}}
@@ -144,7 +144,12 @@ func endpointState(srv *dataplane.Server, addr string) (dataplane.EndpointStatus
 // and once it listens again its health check brings it back.
 func TestEndpointKilledUnderLoad(t *testing.T) {
 	bs := []*backend{newBackend(t, "a"), newBackend(t, "b"), newBackend(t, "c")}
-	p := startProxy(t, endpointsCfg(t, map[string]any{"Health": true}, bs...), nil, nil)
+	// The health check takes the dead endpoint out only after 30 failed
+	// checks (3s at 100ms): the requests' three consecutive errors eject
+	// it long before that, even on a loaded machine where few requests
+	// pass a second. With 2 failed checks a loaded machine could see the
+	// health check first, after 2 errors and no ejection.
+	p := startProxy(t, endpointsCfg(t, map[string]any{"Health": true, "Unhealthy": 30}, bs...), nil, nil)
 
 	var ok, failed atomic.Int64
 	var firstErr atomic.Value

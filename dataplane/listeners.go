@@ -26,7 +26,8 @@ import (
 //     old listener is retired and a new one with the new settings serves.
 //     At the same address the new one takes over the old one's socket
 //     (Detach), so nothing is refused meanwhile; connections already
-//     open finish on the old settings. A listener added at the address of
+//     open finish on the old settings, and once the Swap returns only
+//     the new one accepts. A listener added at the address of
 //     one removed (renamed) takes its socket the same way.
 //
 // Under Serve (a socket the caller gave), listeners are not changed.
@@ -184,10 +185,11 @@ func (p *listenerPlan) abort() {
 }
 
 // commitListeners applies p under s.mu: the new listeners serve, the
-// removed ones retire.
-func (s *Server) commitListeners(p *listenerPlan) {
+// removed ones retire. It returns the ends of the Serves of those whose
+// socket it handed over (Swap waits for them).
+func (s *Server) commitListeners(p *listenerPlan) (dones []chan struct{}) {
 	if p == nil {
-		return
+		return nil
 	}
 	for l, ll := range p.live {
 		s.live[l] = ll
@@ -199,6 +201,7 @@ func (s *Server) commitListeners(p *listenerPlan) {
 		handed := p.handed[l]
 		if handed {
 			l.Detach() // its Serve returns; the socket stays open
+			dones = append(dones, ll.done)
 		} else if ll.ln != nil {
 			// Closed here, not by retire's Shutdown on its goroutine: once
 			// the reload returns, the removed listener accepts nothing.
@@ -211,6 +214,7 @@ func (s *Server) commitListeners(p *listenerPlan) {
 		s.start(l, p.after[l])
 		s.log.Info().Str("listener", l.Config().Name).Str("address", p.live[l].file.Address).Msg("reload: listener added")
 	}
+	return dones
 }
 
 // start serves l on its socket once after is closed (nil: at once). Its

@@ -380,27 +380,44 @@ func (s *Server) Swap(cfg *config.Config, agents map[string]agentmux.Agent) erro
 		return err
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	handed, err := s.swap(cfg, agents)
+	s.mu.Unlock()
+	// A listener whose socket went to its successor accepts on it until
+	// its Serve has seen Detach's deadline: a goroutine preempted between
+	// the deadline check and accept(2) takes one more connection, and
+	// serves it on the old settings. Once Swap returns, only the new
+	// listener accepts, as with a socket closed. Outside s.mu: the
+	// listener's Serve may not have started (a reload just before), and
+	// starting takes s.mu.
+	for _, done := range handed {
+		<-done
+	}
+	return err
+}
+
+// swap is Swap under s.mu; handed are the ends of the Serves of the
+// listeners whose socket it handed over.
+func (s *Server) swap(cfg *config.Config, agents map[string]agentmux.Agent) (handed []chan struct{}, err error) {
 	if s.closed {
-		return ErrDataplaneClosed
+		return nil, ErrDataplaneClosed
 	}
 	old := s.core.Table()
 	oldUps := *s.ups.Load()
 	plan, err := s.planListeners(cfg)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	t, ups, err := s.buildTable(cfg, agents, old, oldUps)
 	if err != nil {
 		plan.abort()
-		return err
+		return nil, err
 	}
 	for _, up := range ups {
 		up.Start(&s.log) // before requests can see t
 	}
 	s.core.Publish(t)
 	s.ups.Store(&ups)
-	s.commitListeners(plan)
+	handed = s.commitListeners(plan)
 	for _, l := range s.lsts {
 		l.ReloadTLS(cfg)
 	}
@@ -426,7 +443,7 @@ func (s *Server) Swap(cfg *config.Config, agents map[string]agentmux.Agent) erro
 		}
 		upstream.CloseReplaced(oldUps, keepUp)
 	})
-	return nil
+	return handed, nil
 }
 
 // Stats returns the server's counters.

@@ -17,7 +17,9 @@ import (
 )
 
 // activatedConfig writes a configuration whose listener "web" is at addr
-// (which the test holds, as a socket unit would) and returns its path.
+// (which the test holds, as a socket unit would), without an admin
+// listener (its default address, 127.0.0.1:9901, is one for all the tests
+// that run at the same time), and returns its path.
 func activatedConfig(t *testing.T, addr string) string {
 	t.Helper()
 	up := stest.StartUpstream(t, "one")
@@ -26,6 +28,7 @@ func activatedConfig(t *testing.T, addr string) string {
 listeners: [{name: web, address: %q}]
 upstreams: [{name: app, address: %q}]
 routes: [{name: main, upstream: app}]
+admin: {enabled: false}
 `, addr, up.Addr))
 	return path
 }

@@ -55,6 +55,28 @@ func TestLoadCountsFailures(t *testing.T) {
 	}
 }
 
+// TestLoadShortDuration: a load whose duration ends before its workers
+// first run (a short warmup on a loaded machine) still makes one request
+// per worker, instead of measuring none and failing the row.
+func TestLoadShortDuration(t *testing.T) {
+	up, stop, err := StartUpstream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	for range 20 {
+		res, err := RunLoad(context.Background(), LoadConfig{
+			Addr:        up,
+			Request:     GetRequest(up, "/"),
+			Concurrency: 4,
+			Duration:    time.Nanosecond,
+		})
+		if err != nil || res.Requests < 4 || res.Errors != 0 {
+			t.Fatalf("got %d requests, %d errors, err %v; want at least one a worker", res.Requests, res.Errors, err)
+		}
+	}
+}
+
 func TestLoadExactRequests(t *testing.T) {
 	up, stop, err := StartUpstream()
 	if err != nil {

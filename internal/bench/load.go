@@ -30,7 +30,8 @@ type LoadConfig struct {
 	// Concurrency is the number of connections, each with one request in
 	// flight.
 	Concurrency int
-	// Duration of the measured run. Ignored when Requests > 0.
+	// Duration of the measured run, in which every worker makes at least
+	// one request. Ignored when Requests > 0.
 	Duration time.Duration
 	// Requests, when > 0, is the total number of measured requests.
 	Requests int
@@ -149,7 +150,12 @@ func RunLoad(ctx context.Context, cfg LoadConfig) (Result, error) {
 			res.lat = make([]time.Duration, 0, 4096)
 			c := loadConn{tls: cfg.TLS}
 			defer c.close()
-			for take() {
+			// In a load bounded by duration every worker makes its first
+			// request whenever it starts: on a loaded machine the timer
+			// can fire before any worker ran (a short warmup especially),
+			// and the load would measure nothing.
+			first := cfg.Requests <= 0 && ctx.Err() == nil
+			for ; first || take(); first = false {
 				t0 := time.Now()
 				if err := c.do(cfg.Addr, cfg.Request); err != nil {
 					res.errs++

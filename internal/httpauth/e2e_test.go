@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -712,13 +713,21 @@ func TestPipelinedThroughProxy(t *testing.T) {
 		}
 	}))
 	t.Cleanup(hs.Close)
-	// The batch's leader waits a moment in its yield, so that the
-	// concurrent requests join it whatever the scheduling.
+	// The first batch's leader waits in its yield until another request
+	// has joined it (at most 5s), so that the concurrent requests
+	// pipeline whatever the scheduling: a fixed pause could end before a
+	// loaded machine ran any of them.
+	var first atomic.Bool
+	first.Store(true)
 	yield.SetHook(func(owner any) bool {
-		if fmt.Sprintf("%T", owner) != "*httpauth.connPool" {
+		size, ok := httpauth.LeaderBatch(owner)
+		if !ok {
 			return false
 		}
-		time.Sleep(20 * time.Millisecond)
+		if first.Swap(false) {
+			for end := time.Now().Add(5 * time.Second); size() < 2 && time.Now().Before(end); time.Sleep(time.Millisecond) {
+			}
+		}
 		return true
 	})
 	t.Cleanup(func() { yield.SetHook(nil) })

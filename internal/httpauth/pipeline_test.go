@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/zentinelproxy/sidecar/internal/agentmux"
+	"github.com/zentinelproxy/sidecar/internal/testutil"
 	"github.com/zentinelproxy/sidecar/internal/yield"
 	"github.com/zentinelproxy/sidecar/protocol"
 )
@@ -318,6 +319,7 @@ func TestPipelineFollowerGone(t *testing.T) {
 	got := make([]string, 3)
 	left := make(chan struct{}) // the second subrequest returned
 	uris := []string{"/ok/0", "/deny/1", "/ok/2"}
+	var led *batch // the first one's
 	for i, u := range uris {
 		var cancel <-chan struct{}
 		if i == 1 {
@@ -330,7 +332,17 @@ func TestPipelineFollowerGone(t *testing.T) {
 				close(left)
 			}
 		})
-		time.Sleep(5 * time.Millisecond) // the first leads
+		// In order: the first leads (the leader does not end when its
+		// client goes away), the second follows. The batch is sent
+		// once the third joins (formBatches), and held by the service.
+		testutil.WaitFor(t, fmt.Sprintf("%s in the batch", u), func() bool {
+			c.pool.mu.Lock()
+			defer c.pool.mu.Unlock()
+			if i == 0 {
+				led = c.pool.forming
+			}
+			return led != nil && len(led.calls) == i+1
+		})
 	}
 	// All three are in the batch, sent, and held by the service.
 	for end := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {

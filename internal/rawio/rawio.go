@@ -99,6 +99,10 @@ type Conn struct {
 	wyErr     syscall.Errno // met by a yield's second read, for the next Read
 	wyYields  atomic.Uint64
 	wyPaid    atomic.Uint64
+	// wySince measures a yield from its start (nil: time.Since); tests
+	// stand in for the clock, which a loaded machine can stretch past
+	// maxPaidYield at any point.
+	wySince func(time.Time) time.Duration
 }
 
 // A dlTime is a deadline as nanoseconds from epoch, shifted so that 0

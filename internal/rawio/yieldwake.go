@@ -85,7 +85,13 @@ func (c *Conn) moreAfterYield(fd uintptr, n int) int {
 	c.wyYields.Add(1)
 	t0 := time.Now()
 	yield.OS(c)
-	long := time.Since(t0) >= maxPaidYield
+	var took time.Duration
+	if c.wySince == nil {
+		took = time.Since(t0)
+	} else {
+		took = c.wySince(t0)
+	}
+	long := took >= maxPaidYield
 	m, errno := Read(int(fd), c.rbuf[n:])
 	switch errno {
 	case 0:

@@ -34,7 +34,7 @@ func TestReloadListenerGainsH2C(t *testing.T) {
 		probe.Close() // the sidecar binds it next
 	}
 	conf := func(ls string) string {
-		return fmt.Sprintf("listeners:\n%s\nupstreams: [{name: app, address: %q}]\nroutes: [{name: main, upstream: app}]\n", ls, up.Addr)
+		return fmt.Sprintf("listeners:\n%s\nupstreams: [{name: app, address: %q}]\nroutes: [{name: main, upstream: app}]\nadmin: {enabled: false}\n", ls, up.Addr)
 	}
 	path := filepath.Join(dir, "sidecar.yaml")
 	st.WriteConfig(t, path, conf(fmt.Sprintf("  - {name: web, address: %q}", addrs[0])))

@@ -121,7 +121,7 @@ func TestReloadListenerTCPHandover(t *testing.T) {
 	addr := probe.Addr().String()
 	probe.Close() // the sidecar binds it next
 	conf := func(name, extra string) string {
-		return fmt.Sprintf("listeners: [{name: %s, address: %q%s}]\nupstreams: [{name: app, address: %q}]\nroutes: [{name: main, upstream: app}]\n",
+		return fmt.Sprintf("listeners: [{name: %s, address: %q%s}]\nupstreams: [{name: app, address: %q}]\nroutes: [{name: main, upstream: app}]\nadmin: {enabled: false}\n",
 			name, addr, extra, up.Addr)
 	}
 	path := filepath.Join(dir, "sidecar.yaml")
@@ -145,7 +145,7 @@ func TestReloadListeners(t *testing.T) {
 	up := st.StartUpstream(t, "app")
 	sock := func(n string) string { return filepath.Join(dir, n+".sock") }
 	conf := func(ls ...string) string {
-		return fmt.Sprintf("listeners:\n%s\nupstreams: [{name: app, address: %q}]\nroutes: [{name: main, upstream: app}]\n",
+		return fmt.Sprintf("listeners:\n%s\nupstreams: [{name: app, address: %q}]\nroutes: [{name: main, upstream: app}]\nadmin: {enabled: false}\n",
 			strings.Join(ls, "\n"), up.Addr)
 	}
 	lst := func(name, extra string) string {
