@@ -127,7 +127,13 @@ func (cl *Client) mapResponse(m *protocol.RequestHeaders, r *authv3.CheckRespons
 			d.SetQuery, d.Query = true, q
 			cl.count(evQueryRewrites)
 		}
-		present := presence(m.Headers)
+		// The request's header names only matter to the conditional
+		// actions of headers to set: an allow without them (the common
+		// answer) builds no set.
+		var present map[string]bool
+		if len(ok.GetHeaders()) > 0 {
+			present = presence(m.Headers)
+		}
 		for _, h := range ok.GetHeaders() {
 			if h.GetHeader() == nil {
 				continue
@@ -146,7 +152,6 @@ func (cl *Client) mapResponse(m *protocol.RequestHeaders, r *authv3.CheckRespons
 				cl.count(evIgnored) // Envoy ignores these too
 				continue
 			}
-			present[name] = false
 			d.RequestHeaderOps = append(d.RequestHeaderOps, protocol.HeaderOp{Op: protocol.HeaderRemove, Name: []byte(name)})
 		}
 		for _, h := range ok.GetResponseHeadersToAdd() {
