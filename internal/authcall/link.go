@@ -239,9 +239,10 @@ func (l *Link) call(rh *protocol.RequestHeaders, body []byte, partial bool, w ag
 	if w.Cancel != nil {
 		// The request's cancel channel (the client went away) ends the
 		// call: one goroutine while the call runs, the price of a
-		// channel that is not a context.
-		done := make(chan struct{})
-		defer close(done)
+		// channel that is not a context. It ends with ctx, which the
+		// deferred cancel ends when the call returns (the gRPC call
+		// makes ctx's Done channel anyway: no channel of its own).
+		done := ctx.Done()
 		go func() {
 			select {
 			case <-w.Cancel:
