@@ -100,14 +100,13 @@ type connPool struct {
 	started bool
 	parked  bool
 	// forming is the batch that GET subrequests join (pipelining), until
-	// its leader sends it; batch a spare one; yp decides the leader's
-	// yield.
+	// its leader sends it; yp decides the leader's yield.
 	forming *batch
-	batch   *batch
 	yp      yield.Policy
 
 	calls   sync.Pool // *call
 	readers sync.Pool // *bufio.Reader of maxResponseHeader bytes
+	batches sync.Pool // *batch
 }
 
 // get takes an idle connection (nil: none). Those idle too long, those
