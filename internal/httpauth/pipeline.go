@@ -184,17 +184,18 @@ func (c *Client) sendBatch(b *batch) {
 			}
 		}
 	}
-	if !b.deadline.IsZero() && !time.Now().Before(b.deadline) {
+	now := time.Now()
+	if !b.deadline.IsZero() && !now.Before(b.deadline) {
 		failed = fmt.Errorf("%w before the subrequest", context.DeadlineExceeded)
 		finish()
 		return
 	}
-	pc := p.get(time.Now())
+	pc := p.get(now)
 	reused := pc != nil
 	if pc == nil {
 		var err error
 		if pc, err = c.dial(b.deadline); err != nil {
-			failed = timeoutErr(err)
+			failed = c.dialErr(err, now, b.deadline) // as in try
 			finish()
 			return
 		}
