@@ -100,14 +100,13 @@ type connPool struct {
 	started bool
 	parked  bool
 	// forming is the batch that GET subrequests join (pipelining), until
-	// its leader sends it; batch a spare one; yp decides the leader's
-	// yield.
+	// its leader sends it; yp decides the leader's yield.
 	forming *batch
-	batch   *batch
 	yp      yield.Policy
 
 	calls   sync.Pool // *call
 	readers sync.Pool // *bufio.Reader of maxResponseHeader bytes
+	batches sync.Pool // *batch
 }
 
 // get takes an idle connection (nil: none). Those idle too long, those
@@ -205,16 +204,25 @@ func (p *connPool) park() bool {
 }
 
 // abort closes the connections of the calls in flight (all of them, or
-// those whose client went away), which ends their reads and writes.
+// those whose client went away), which ends their reads and writes. The
+// calls are marked under mu and their connections closed after it: a
+// close is a system call or two (a TLS one writes its close_notify
+// first), and every subrequest takes mu to start and to end. A marked
+// call's connection never goes back to the pool (detach reports it
+// aborted), so closing it late closes nothing another call uses.
 func (p *connPool) abort(all bool) {
+	var conns []*pconn // rare: only calls whose client went away
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	for _, cl := range p.inflight {
 		if cl.aborted || (!all && (cl.cancel == nil || !isClosed(cl.cancel))) {
 			continue
 		}
 		cl.aborted = true
-		_ = cl.conn.Close()
+		conns = append(conns, cl.conn)
+	}
+	p.mu.Unlock()
+	for _, pc := range conns {
+		_ = pc.Close()
 	}
 }
 

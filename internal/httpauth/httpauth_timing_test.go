@@ -2,23 +2,32 @@ package httpauth_test
 
 import (
 	"context"
-	"net/http"
-	"net/http/httptest"
+	"net"
 	"testing"
 	"time"
+
+	"github.com/valyala/fasthttp"
 
 	"github.com/zentinelproxy/sidecar/internal/conformance"
 	"github.com/zentinelproxy/sidecar/internal/httpauth"
 )
 
 // benchClient is a client of a forward-auth endpoint on loopback that
-// answers 200 with one header to copy.
+// answers 200 with one header to copy. The endpoint is a fasthttp server
+// (as the peer benchmark's auth server is), which allocates nothing per
+// request: allocs/op is the client's. net/http's server took 36 of the
+// 37 allocations per round trip that the benchmark reported with it.
 func benchClient(b *testing.B, pipeline ...int) *httpauth.Client {
-	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("X-Auth-User", "bench")
-	}))
-	b.Cleanup(hs.Close)
-	cfg := httpauth.DefaultConfig("auth", hs.URL+"/auth")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+		ctx.Response.Header.Set("X-Auth-User", "bench")
+	}}
+	go func() { _ = srv.Serve(ln) }()
+	b.Cleanup(func() { _ = srv.Shutdown() })
+	cfg := httpauth.DefaultConfig("auth", "http://"+ln.Addr().String()+"/auth")
 	cfg.ResponseHeaders = []string{"X-Auth-User"}
 	if len(pipeline) > 0 {
 		cfg.Pipeline = pipeline[0]

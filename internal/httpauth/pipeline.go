@@ -80,11 +80,10 @@ func (c *Client) tryPipelined(cl *call, w agentmux.Wait) (truncated, retry bool,
 		p.mu.Unlock()
 		return c.try(cl, w, false)
 	}
-	b := p.batch
+	b, _ := p.batches.Get().(*batch)
 	if b == nil {
 		b = &batch{}
 	}
-	p.batch = nil
 	b.calls = append(b.calls[:0], cl)
 	b.bytes, b.deadline = len(cl.buf), w.Deadline
 	p.forming = b
@@ -161,9 +160,10 @@ func (p *connPool) putBatch(b *batch) {
 	if cap(b.buf) > 2*maxHeld {
 		b.buf = nil
 	}
-	p.mu.Lock()
-	p.batch = b
-	p.mu.Unlock()
+	// Pooled, not one spare: while one batch is sent the next forms, and
+	// a batch made anew grows its calls and buf again (0.2 allocations
+	// per subrequest with 64 in flight).
+	p.batches.Put(b)
 }
 
 // sendBatch sends the batch's requests in one write and reads their
@@ -184,17 +184,18 @@ func (c *Client) sendBatch(b *batch) {
 			}
 		}
 	}
-	if !b.deadline.IsZero() && !time.Now().Before(b.deadline) {
+	now := time.Now()
+	if !b.deadline.IsZero() && !now.Before(b.deadline) {
 		failed = fmt.Errorf("%w before the subrequest", context.DeadlineExceeded)
 		finish()
 		return
 	}
-	pc := p.get(time.Now())
+	pc := p.get(now)
 	reused := pc != nil
 	if pc == nil {
 		var err error
 		if pc, err = c.dial(b.deadline); err != nil {
-			failed = timeoutErr(err)
+			failed = c.dialErr(err, now, b.deadline) // as in try
 			finish()
 			return
 		}

@@ -142,17 +142,9 @@ func formBatches(t *testing.T, c *Client, want int) {
 		if owner != &c.pool {
 			return false
 		}
+		size, _ := LeaderBatch(owner)
 		w := int(left.Swap(0))
-		for end := time.Now().Add(5 * time.Second); w > 0 && time.Now().Before(end); time.Sleep(time.Millisecond) {
-			c.pool.mu.Lock()
-			n := 0
-			if b := c.pool.forming; b != nil {
-				n = len(b.calls)
-			}
-			c.pool.mu.Unlock()
-			if n >= w {
-				break
-			}
+		for end := time.Now().Add(5 * time.Second); w > 0 && size() < w && time.Now().Before(end); time.Sleep(time.Millisecond) {
 		}
 		return true
 	})
