@@ -100,7 +100,7 @@ func (p *h2Pool) get() (*http2.ClientConn, error) {
 // one is to be dialed (the best is full, and there is room for one).
 func (p *h2Pool) pickLocked() (*http2.ClientConn, bool) {
 	var best *http2.ClientConn
-	bestLoad := 0
+	bestLoad, bestMax := 0, uint32(0)
 	live := p.conns[:0]
 	for _, cc := range p.conns {
 		st := cc.State()
@@ -110,17 +110,12 @@ func (p *h2Pool) pickLocked() (*http2.ClientConn, bool) {
 		live = append(live, cc)
 		load := st.StreamsActive + st.StreamsReserved + st.StreamsPending
 		if best == nil || load < bestLoad {
-			best, bestLoad = cc, load
+			best, bestLoad, bestMax = cc, load, st.MaxConcurrentStreams
 		}
 	}
 	clear(p.conns[len(live):])
 	p.conns = live
-	full := best == nil
-	if best != nil {
-		if m := best.State().MaxConcurrentStreams; m > 0 && bestLoad >= int(m) {
-			full = true
-		}
-	}
+	full := best == nil || bestMax > 0 && bestLoad >= int(bestMax)
 	return best, full && len(p.conns)+p.dialing < p.max
 }
 
