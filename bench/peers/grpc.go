@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -48,16 +47,7 @@ func checkGRPCJob(h *harness, rc *rowCtx, withAgent bool) error {
 	if err != nil {
 		return fmt.Errorf("upstream stats: %w", err)
 	}
-	if after.admin != before.admin {
-		return errors.New("the upstream saw /admin/Echo")
-	}
-	if after.total-before.total != 1 {
-		return fmt.Errorf("the upstream saw %d calls, want 1", after.total-before.total)
-	}
-	if withAgent && after.marked-before.marked != 1 {
-		return fmt.Errorf("the upstream did not see %s: %s", "X-Agent-Processed", "true")
-	}
-	return nil
+	return after.sawOne(before, "/admin/Echo", "calls", withAgent)
 }
 
 // runGRPCLoad runs cmd/grpcload against url for d: -connections

@@ -69,6 +69,22 @@ func (rc *rowCtx) statsAddr() string {
 // upstreamStats are the upstream's counters (cmd/upstream).
 type upstreamStats struct{ total, marked, admin int64 }
 
+// sawOne checks what the upstream saw since before, a job check's one
+// request (unit: "requests", "calls"): not the admin path, one request,
+// and marked by the agent when withAgent.
+func (s upstreamStats) sawOne(before upstreamStats, admin, unit string, withAgent bool) error {
+	if s.admin != before.admin {
+		return errors.New("the upstream saw " + admin)
+	}
+	if s.total-before.total != 1 {
+		return fmt.Errorf("the upstream saw %d %s, want 1", s.total-before.total, unit)
+	}
+	if withAgent && s.marked-before.marked != 1 {
+		return fmt.Errorf("the upstream did not see %s: %s", "X-Agent-Processed", "true")
+	}
+	return nil
+}
+
 var checkClient = &http.Client{
 	Timeout:   5 * time.Second,
 	Transport: &http.Transport{DisableKeepAlives: true},
@@ -152,16 +168,7 @@ func checkJob(h *harness, rc *rowCtx, withAgent bool) error {
 	if err != nil {
 		return fmt.Errorf("upstream stats: %w", err)
 	}
-	if after.admin != before.admin {
-		return errors.New("the upstream saw /admin")
-	}
-	if after.total-before.total != 1 {
-		return fmt.Errorf("the upstream saw %d requests, want 1", after.total-before.total)
-	}
-	if withAgent && after.marked-before.marked != 1 {
-		return fmt.Errorf("the upstream did not see %s: %s", "X-Agent-Processed", "true")
-	}
-	return nil
+	return after.sawOne(before, "/admin", "requests", withAgent)
 }
 
 // wrkOut is what the harness reads from wrk's report.

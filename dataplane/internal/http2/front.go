@@ -500,6 +500,19 @@ func (f *stream) contentLength(n int64) []string {
 	return f.clen[:1:1]
 }
 
+// addField adds the value v of the field k to h: to the values h has
+// for k already, or as a single value in vals (the backing array the
+// single values share), which it returns.
+func addField(h http.Header, vals []string, k, v string) []string {
+	if old, dup := h[k]; dup {
+		h[k] = append(old, v)
+		return vals
+	}
+	vals = append(vals, v)
+	h[k] = vals[len(vals)-1 : len(vals) : len(vals)]
+	return vals
+}
+
 // respond writes the response the exchange staged: the head, the body
 // (a streamed one flushed as each piece comes, so a gRPC stream's
 // messages are not held back), the upstream's trailers.
@@ -529,17 +542,11 @@ func (f *stream) respond() {
 		if !ok {
 			k = http.CanonicalHeaderKey(string(fl.Name))
 		}
-		v := f.value(i, fl.Value)
-		i++
-		if old, dup := h[k]; dup {
-			h[k] = append(old, v)
-			continue
-		}
 		// The values of single fields share one backing array, reused by
 		// the stream's next request: x/net copies the header when it
 		// writes it, and reads the map no more once the handler returned.
-		vals = append(vals, v)
-		h[k] = vals[len(vals)-1 : len(vals) : len(vals)]
+		vals = addField(h, vals, k, f.value(i, fl.Value))
+		i++
 	}
 	f.vals = vals
 	if _, ok := h["Date"]; !ok {
@@ -615,14 +622,8 @@ func (f *stream) respond() {
 				if !ok {
 					k = http.TrailerPrefix + string(t.Name)
 				}
-				v := f.value(i, t.Value)
+				vals = addField(h, vals, k, f.value(i, t.Value))
 				i++
-				if old, dup := h[k]; dup {
-					h[k] = append(old, v)
-					continue
-				}
-				vals = append(vals, v)
-				h[k] = vals[len(vals)-1 : len(vals) : len(vals)]
 			}
 		}
 		ex.StreamDone(written, err)

@@ -100,7 +100,7 @@ func (p *h2Pool) get() (*http2.ClientConn, error) {
 // one is to be dialed (the best is full, and there is room for one).
 func (p *h2Pool) pickLocked() (*http2.ClientConn, bool) {
 	var best *http2.ClientConn
-	bestLoad := 0
+	bestLoad, bestMax := 0, uint32(0)
 	live := p.conns[:0]
 	for _, cc := range p.conns {
 		st := cc.State()
@@ -110,17 +110,12 @@ func (p *h2Pool) pickLocked() (*http2.ClientConn, bool) {
 		live = append(live, cc)
 		load := st.StreamsActive + st.StreamsReserved + st.StreamsPending
 		if best == nil || load < bestLoad {
-			best, bestLoad = cc, load
+			best, bestLoad, bestMax = cc, load, st.MaxConcurrentStreams
 		}
 	}
 	clear(p.conns[len(live):])
 	p.conns = live
-	full := best == nil
-	if best != nil {
-		if m := best.State().MaxConcurrentStreams; m > 0 && bestLoad >= int(m) {
-			full = true
-		}
-	}
+	full := best == nil || bestMax > 0 && bestLoad >= int(bestMax)
 	return best, full && len(p.conns)+p.dialing < p.max
 }
 
@@ -302,14 +297,15 @@ func (c *h2Call) attempt(ep *Endpoint) error {
 	if !ok {
 		method = string(r.Method)
 	}
-	hreq := &http.Request{
-		Method:     method,
-		URL:        &url.URL{Scheme: scheme, Host: host, Opaque: string(r.Target)},
-		Proto:      "HTTP/2.0",
-		ProtoMajor: 2,
-		Header:     make(http.Header, len(r.Fields)+1),
-		Host:       string(r.Host),
-	}
+	// Made with its context, then filled: WithContext on the filled
+	// request would copy it (an allocation more per call; the empty one
+	// stays on the stack).
+	hreq := (&http.Request{}).WithContext(c.ctx)
+	hreq.Method = method
+	hreq.URL = &url.URL{Scheme: scheme, Host: host, Opaque: string(r.Target)}
+	hreq.Proto, hreq.ProtoMajor = "HTTP/2.0", 2
+	hreq.Header = make(http.Header, len(r.Fields)+1)
+	hreq.Host = string(r.Host)
 	// The values are substrings of one string, and the slices of single
 	// fields share one backing array: 2 allocations for the fields, not
 	// 2 or 3 each (a gRPC call's: 14 of 160 per call).
@@ -366,7 +362,6 @@ func (c *h2Call) attempt(ep *Endpoint) error {
 			hreq.ContentLength = -1
 		}
 	}
-	hreq = hreq.WithContext(c.ctx)
 	c.timer = time.AfterFunc(c.up.cfg.ResponseTimeout, c.expire)
 	resp, err := ep.h2.roundTrip(hreq)
 	if err == nil && c.body != nil && !r.Duplex {
