@@ -181,8 +181,8 @@ func (l *Logger) RecordRequest(s *observe.RequestSummary) {
 	if f&fMethod != 0 {
 		e.Bytes("method", s.Method)
 	}
-	if f&fProtocol != 0 && len(s.Proto) > 0 {
-		e.Bytes("protocol", s.Proto)
+	if f&fProtocol != 0 && len(s.Protocol) > 0 {
+		e.Bytes("protocol", s.Protocol)
 	}
 	if f&fHost != 0 {
 		e.Bytes("host", clip(s.Host))
@@ -244,9 +244,6 @@ func (l *Logger) RecordRequest(s *observe.RequestSummary) {
 	}
 	if f&fRespMutated != 0 {
 		e.Int64("response_bytes_mutated", s.Mutated[1])
-	}
-	if f&fProtocol != 0 && len(s.Protocol) > 0 {
-		e.Bytes("protocol", s.Protocol)
 	}
 	e.Msg("access")
 	l.logged.Add(1)

@@ -37,7 +37,7 @@ func blocked() *observe.RequestSummary {
 		Route:       0,
 		RouteName:   "api",
 		Method:      []byte("POST"),
-		Proto:       []byte("HTTP/1.1"),
+		Protocol:    []byte("HTTP/1.1"),
 		Host:        []byte("app.example"),
 		Path:        []byte("/upload?x=\"1\"\n"),
 		ClientIP:    []byte("10.0.0.7"),

@@ -103,10 +103,7 @@ type RequestSummary struct {
 	Route     int
 	RouteName string
 	// The request line and client.
-	Method []byte
-	// Proto is the protocol as the client's front end names it
-	// ("HTTP/1.0", "HTTP/1.1").
-	Proto    []byte
+	Method   []byte
 	Host     []byte
 	Path     []byte
 	ClientIP []byte

@@ -358,7 +358,6 @@ func (ex *Exchange) summarize(route, status int, d time.Duration, gone bool) *ob
 		InspectionSkipped: ex.skipped[0] || ex.skipped[1],
 		Aborted:           ex.respAbort,
 		Method:            ex.head.Method,
-		Proto:             ex.head.Proto,
 		Host:              ex.hostFull,
 		Path:              ex.head.Path,
 		Protocol:          ex.head.Proto,

@@ -225,20 +225,8 @@ func (ex *Exchange) globalLimited(gl *globalLimit) bool {
 			policy = strconv.AppendInt(policy, unitSeconds(l.GetUnit()), 10)
 		}
 	}
-	secs := max(int64((reset+time.Second-1)/time.Second), 1)
-	b := ex.rs.limitBuf[:0]
-	b = strconv.AppendInt(b, secs, 10)
-	n := len(b)
-	b = append(b, valueGlobalPolicy...)
-	b = append(b, ";r=0;t="...)
-	b = strconv.AppendInt(b, secs, 10)
-	ex.rs.limitBuf = b
-	ex.local(429, "too many requests", "rate limited by the service")
+	ex.tooMany(valueGlobalPolicy, max(ceilSeconds(reset), 1), policy, "rate limited by the service")
 	r := &ex.resp
-	r.Fields = append(r.Fields, Field{Name: hdrRetryAfter, Value: b[:n:n]}, Field{Name: hdrRateLimit, Value: b[n:]})
-	if policy != nil {
-		r.Fields = append(r.Fields, Field{Name: hdrRateLimitPolicy, Value: policy})
-	}
 	for _, h := range resp.GetResponseHeadersToAdd() {
 		if name, value, ok := checkedHeader(h); ok {
 			r.Fields = append(r.Fields, Field{Name: name, Value: value})

@@ -118,17 +118,18 @@ func lower(dst, b []byte) []byte {
 	return dst
 }
 
-// refusal says why a header operation is refused ("" when it is allowed).
-// name must already be lower case.
+// refusal says why a header operation is refused ("" when it is allowed),
+// for a name in any case: the fields no agent sets and no trailer section
+// carries (TrailerAllowed).
 func refusal(name []byte) string {
 	switch {
 	case hopName(name):
 		return "hop-by-hop header"
-	case string(name) == "host":
+	case foldEq(name, "host"):
 		return "host header"
-	case string(name) == "content-length":
+	case foldEq(name, "content-length"):
 		return "content-length header"
-	case len(name) >= 10 && string(name[:10]) == "x-sidecar-":
+	case len(name) >= 10 && foldEq(name[:10], "x-sidecar-"):
 		return "sidecar marker header"
 	}
 	return ""

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"math/bits"
 	"math/rand/v2"
+	"slices"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -91,22 +92,9 @@ func (p *retryPolicy) stats() observe.RouteRetryStats {
 func newRetryPolicy(c *config.Retry) *retryPolicy {
 	p := &retryPolicy{cfg: *c, num: c.NumRetries, perTry: c.PerTryTimeout, base: c.BackoffBase, maxBackoff: c.BackoffMax,
 		percent: c.Budget.Percent, minRetries: int64(c.Budget.MinRetries)}
-	for _, s := range c.RetryOn {
-		switch s {
-		case config.RetryConnectFailure:
-			p.on |= retryConnect
-		case config.RetryRefused:
-			p.on |= retryRefused
-		case config.RetryReset:
-			p.on |= retryReset
-		case config.Retry502:
-			p.on |= retry502
-		case config.Retry503:
-			p.on |= retry503
-		case config.Retry504:
-			p.on |= retry504
-		case config.RetryTimeout:
-			p.on |= retryTimeout
+	for i, r := range retryReasons {
+		if slices.Contains(c.RetryOn, r) {
+			p.on |= 1 << i
 		}
 	}
 	return p

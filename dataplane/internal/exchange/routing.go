@@ -537,17 +537,15 @@ func (ex *Exchange) redirectResponse() {
 
 // routeLimit is a route's local rate limit.
 type routeLimit struct {
-	cfg      config.RateLimit
-	l        *ratelimit.Limiter
-	key      uint8
-	header   []byte
-	after    bool // after the agents
-	policy   []byte
-	name     []byte
-	limited  atomic.Uint64
-	periodS  int64
-	requests int
-	always   bool // headers: always
+	cfg     config.RateLimit
+	l       *ratelimit.Limiter
+	key     uint8
+	header  []byte
+	after   bool // after the agents
+	policy  []byte
+	name    []byte
+	limited atomic.Uint64
+	always  bool // headers: always
 }
 
 const (
@@ -559,12 +557,11 @@ const (
 
 func newRouteLimit(name string, c *config.RateLimit) *routeLimit {
 	rl := &routeLimit{
-		cfg:      *c,
-		l:        ratelimit.New(c.Requests, c.Period, c.Burst, c.MaxKeys),
-		header:   []byte(c.Header),
-		after:    c.Stage == config.RateAfterAgents,
-		requests: c.Requests,
-		always:   c.Headers == config.RateHeadersAlways,
+		cfg:    *c,
+		l:      ratelimit.New(c.Requests, c.Period, c.Burst, c.MaxKeys),
+		header: []byte(c.Header),
+		after:  c.Stage == config.RateAfterAgents,
+		always: c.Headers == config.RateHeadersAlways,
 	}
 	switch c.Key {
 	case config.RateKeyClientIP:
@@ -574,8 +571,7 @@ func newRouteLimit(name string, c *config.RateLimit) *routeLimit {
 	case config.RateKeyMethodPath:
 		rl.key = keyMethodPath
 	}
-	w := int64((c.Period + time.Second - 1) / time.Second)
-	rl.periodS = w
+	w := ceilSeconds(c.Period)
 	// draft-ietf-httpapi-ratelimit-headers: a quota of q requests per w
 	// seconds, named by the route.
 	rl.name = []byte(strconv.Quote(name))
@@ -643,21 +639,30 @@ func (ex *Exchange) rateLimited(rl *routeLimit) bool {
 	}
 	rl.limited.Add(1)
 	ex.core.stats.rateLimited.Add(1)
-	secs := ceilSeconds(d.RetryAfter)
+	ex.tooMany(rl.name, ceilSeconds(d.RetryAfter), rl.policy, "rate limited")
+	return true
+}
+
+// tooMany stages the 429 of the limit called name (quoted, as the
+// RateLimit fields say it) that lets a request through again in secs
+// seconds: Retry-After, RateLimit-Policy (policy; nil: none) and
+// RateLimit, formatted into the request's buffer (no allocation once it
+// has grown).
+func (ex *Exchange) tooMany(name []byte, secs int64, policy []byte, outcome string) {
 	b := ex.rs.limitBuf[:0]
 	b = strconv.AppendInt(b, secs, 10)
 	n := len(b)
-	b = append(b, rl.name...)
+	b = append(b, name...)
 	b = append(b, ";r=0;t="...)
 	b = strconv.AppendInt(b, secs, 10)
 	ex.rs.limitBuf = b
-	ex.local(429, "too many requests", "rate limited")
+	ex.local(429, "too many requests", outcome)
 	r := &ex.resp
-	r.Fields = append(r.Fields,
-		Field{Name: hdrRetryAfter, Value: b[:n:n]},
-		Field{Name: hdrRateLimitPolicy, Value: rl.policy},
-		Field{Name: hdrRateLimit, Value: b[n:]})
-	return true
+	r.Fields = append(r.Fields, Field{Name: hdrRetryAfter, Value: b[:n:n]})
+	if policy != nil {
+		r.Fields = append(r.Fields, Field{Name: hdrRateLimitPolicy, Value: policy})
+	}
+	r.Fields = append(r.Fields, Field{Name: hdrRateLimit, Value: b[n:]})
 }
 
 func ceilSeconds(d time.Duration) int64 { return int64((d + time.Second - 1) / time.Second) }

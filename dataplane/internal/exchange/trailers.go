@@ -31,7 +31,10 @@ const (
 // hop-by-hop, not the sidecar's own (X-Sidecar-*), and none of those
 // RFC 9110 §6.5.1 keeps out of trailers.
 func TrailerAllowed(name []byte) bool {
-	if len(name) == 0 || hopName(name) {
+	// The fields no agent may set (hop-by-hop, Host, Content-Length, the
+	// sidecar's markers: a client never speaks for it, in a trailer
+	// section as in its head).
+	if len(name) == 0 || refusal(name) != "" {
 		return false
 	}
 	for _, c := range name {
@@ -40,11 +43,6 @@ func TrailerAllowed(name []byte) bool {
 		}
 	}
 	if len(name) >= 11 && foldEq(name[:11], "x-forwarded") {
-		return false
-	}
-	if len(name) >= 10 && foldEq(name[:10], "x-sidecar-") {
-		// The sidecar's markers: a client never speaks for it, in a
-		// trailer section as in its head.
 		return false
 	}
 	var low [24]byte
@@ -60,7 +58,7 @@ func TrailerAllowed(name []byte) bool {
 	switch string(low[:len(name)]) {
 	case
 		// Framing and routing.
-		"content-length", "host", "max-forwards", "forwarded", "via", "x-real-ip",
+		"max-forwards", "forwarded", "via", "x-real-ip",
 		// Request modifiers.
 		"expect", "range", "if-match", "if-none-match", "if-modified-since",
 		"if-unmodified-since", "if-range", "cache-control", "pragma",

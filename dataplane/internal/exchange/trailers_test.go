@@ -19,6 +19,7 @@ func TestTrailerAllowed(t *testing.T) {
 		"Cookie": false, "Set-Cookie": false, "Location": false, "Retry-After": false, "Vary": false,
 		"Age": false, "Expires": false, "Date": false, "Content-Type": false, "content-encoding": false,
 		"Content-Range": false, "Content-Location": false, "Content-Language": false,
+		"X-Sidecar-Decision": false, "x-sidecar-": false,
 	} {
 		if got := TrailerAllowed([]byte(name)); got != want {
 			t.Errorf("TrailerAllowed(%q) = %v, want %v", name, got, want)
