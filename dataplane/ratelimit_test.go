@@ -313,3 +313,20 @@ routes:
 		t.Errorf("after a reload that changed the limit: %d, want 200", s)
 	}
 }
+
+// TestRateLimitKeysEvictedCounted: a key flood past max_keys makes the
+// limit drop keys, and the drops are counted per limit (Stats and the
+// sidecar_rate_limit_keys_evicted_total metric read them).
+func TestRateLimitKeysEvictedCounted(t *testing.T) {
+	p, _ := limitProxy(t, `{requests: 5, period: 1h, key: header, header: X-Api-Key, max_keys: 64}`, false, nil)
+	const keys = 400
+	for i := range keys {
+		if resp, _ := p.do(t, "GET", "/", nil, "X-Api-Key", strconv.Itoa(i)); resp.StatusCode != 200 {
+			t.Fatalf("key %d: status %d, want 200 (each key's first request)", i, resp.StatusCode)
+		}
+	}
+	// At most max_keys keys are held, so at least keys-max_keys were dropped.
+	if n := p.srv.Stats().RateLimitKeysEvictedBy["route/limited"]; n < keys-64 || n > keys {
+		t.Errorf("keys evicted %d after %d distinct keys at max_keys 64, want %d..%d", n, keys, keys-64, keys)
+	}
+}

@@ -341,7 +341,7 @@ func TestScrapeTimeAgents(t *testing.T) {
 	})
 	m.SetStats(func() observe.Stats {
 		return observe.Stats{InFlight: 5, ResponseAborted: 2, InlineBodies: 4,
-			RateLimitedBy: map[string]uint64{"route/api": 7, "listener/pub": 2}, RouteRetries: 3, RetryBudgetExhausted: 1,
+			RateLimitedBy: map[string]uint64{"route/api": 7, "listener/pub": 2}, RateLimitKeysEvictedBy: map[string]uint64{"route/api": 5}, RouteRetries: 3, RetryBudgetExhausted: 1,
 			RouteRetriesBy:    map[string]observe.RouteRetryStats{"api": {Retries: map[string]uint64{"503": 2, "reset": 1}, BudgetExhausted: 1, NotReplayable: 4}},
 			GlobalRateLimited: 6, GlobalRateLimitErrors: 2}
 	})
@@ -366,6 +366,7 @@ func TestScrapeTimeAgents(t *testing.T) {
 	expect(t, v, `sidecar_agent_inline_bodies_total`, 4)
 	expect(t, v, `sidecar_rate_limited_total{name="api",scope="route"}`, 7)
 	expect(t, v, `sidecar_rate_limited_total{name="pub",scope="listener"}`, 2)
+	expect(t, v, `sidecar_rate_limit_keys_evicted_total{name="api",scope="route"}`, 5)
 	expect(t, v, `sidecar_route_retries_total{reason="503",route="api"}`, 2)
 	expect(t, v, `sidecar_route_retries_total{reason="reset",route="api"}`, 1)
 	expect(t, v, `sidecar_route_retry_budget_exhausted_total{route="api"}`, 1)

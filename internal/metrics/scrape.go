@@ -82,6 +82,8 @@ var (
 	// Routes: local rate limits and retry policies (routing.go).
 	descRateLimited = prometheus.NewDesc(Namespace+"_rate_limited_total",
 		"Requests answered 429 by a local rate limit, per limit (scope route or listener, and its name).", []string{"scope", "name"}, nil)
+	descKeysEvicted = prometheus.NewDesc(Namespace+"_rate_limit_keys_evicted_total",
+		"Keys a keyed local rate limit dropped (least recently used first) to stay within its max_keys, per limit (scope route or listener, and its name).", []string{"scope", "name"}, nil)
 	// Per route: route names come from the configuration, reasons are
 	// the retry_on kinds the route's policy lists.
 	descRouteRetries = prometheus.NewDesc(Namespace+"_route_retries_total",
@@ -94,7 +96,7 @@ var (
 		"Requests the rate limit service said were over a limit (429).", nil, nil)
 	descGlobalErrors = prometheus.NewDesc(Namespace+"_global_rate_limit_errors_total",
 		"Calls to the rate limit service that failed (error, timeout, UNKNOWN, an answer over the header bounds); rate_limit_service.failure_mode applied.", nil, nil)
-	routeDescs = []*prometheus.Desc{descRateLimited, descRouteRetries, descRetryBudget, descRetryNotReplayable, descGlobalLimited, descGlobalErrors}
+	routeDescs = []*prometheus.Desc{descRateLimited, descKeysEvicted, descRouteRetries, descRetryBudget, descRetryNotReplayable, descGlobalLimited, descGlobalErrors}
 
 	// descLate shares its family with the per-event agent errors counter.
 	descLate = prometheus.NewDesc(Namespace+"_agent_errors_total", agentErrorsHelp, []string{"agent", "kind"}, nil)
@@ -187,6 +189,10 @@ func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
 		for k, n := range st.RateLimitedBy {
 			scope, name, _ := strings.Cut(k, "/")
 			ch <- prometheus.MustNewConstMetric(descRateLimited, prometheus.CounterValue, float64(n), scope, name)
+		}
+		for k, n := range st.RateLimitKeysEvictedBy {
+			scope, name, _ := strings.Cut(k, "/")
+			ch <- prometheus.MustNewConstMetric(descKeysEvicted, prometheus.CounterValue, float64(n), scope, name)
 		}
 		for route, rs := range st.RouteRetriesBy {
 			for reason, n := range rs.Retries {

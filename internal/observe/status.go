@@ -46,6 +46,10 @@ type Stats struct {
 	// "route/NAME" or "listener/NAME" (a limit whose settings a reload
 	// changed starts again from 0).
 	RateLimitedBy map[string]uint64 `json:"rate_limited_by,omitempty"`
+	// RateLimitKeysEvictedBy counts, per keyed limit ("route/NAME" or
+	// "listener/NAME"), the keys dropped (least recently used first) to
+	// keep the limit within its max_keys: a key flood shows here.
+	RateLimitKeysEvictedBy map[string]uint64 `json:"rate_limit_keys_evicted_by,omitempty"`
 	// RouteRetries counts retries made under routes' retry policies.
 	RouteRetries uint64 `json:"route_retries"`
 	// RetryBudgetExhausted counts retries a route's retry budget refused.

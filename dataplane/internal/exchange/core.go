@@ -188,6 +188,7 @@ func (c *Core) Stats(st *observe.Stats) {
 	st.RateLimited = s.rateLimited.Load()
 	if t := c.tbl.Load(); t != nil {
 		st.RateLimitedBy = t.rateLimitedBy()
+		st.RateLimitKeysEvictedBy = t.keysEvictedBy()
 		st.RouteRetriesBy = t.retriesBy()
 	}
 	st.RouteRetries = s.retries.Load()

@@ -450,6 +450,30 @@ func (t *Table) rateLimitedBy() map[string]uint64 {
 	return m
 }
 
+// keysEvictedBy is the keys each keyed limit dropped to stay within its
+// max_keys, by "scope/name" as rateLimitedBy (nil: no keyed limit).
+func (t *Table) keysEvictedBy() map[string]uint64 {
+	var m map[string]uint64
+	add := func(k string, rl *routeLimit) {
+		if rl.key == keyNone {
+			return
+		}
+		if m == nil {
+			m = make(map[string]uint64)
+		}
+		m[k] = rl.l.Evicted()
+	}
+	for name, rl := range t.lstLimits {
+		add("listener/"+name, rl)
+	}
+	for _, r := range t.routes {
+		if r.ext.limit != nil {
+			add("route/"+r.name, r.ext.limit)
+		}
+	}
+	return m
+}
+
 // retriesBy is the counters of the table's retry policies, by route
 // (nil: no policy).
 func (t *Table) retriesBy() map[string]observe.RouteRetryStats {
